@@ -1,0 +1,41 @@
+// Command ambientd is the ambient-mesh node agent. main only dispatches to a
+// subcommand; each subcommand lives in its own file and keeps to flags and
+// wiring.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+const usage = `usage: ambientd <command> [flags]
+
+commands:
+  run      run the node agent (the default when the first argument is a flag)
+  rules    print the exact in-pod and host rules for given options, touching nothing
+  version  print the version
+`
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	args := os.Args[1:]
+	cmd := "run"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		os.Exit(runCmd(args))
+	case "rules":
+		os.Exit(rulesCmd(args))
+	case "version":
+		fmt.Println(version)
+	case "help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "ambientd: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+}
