@@ -12,7 +12,7 @@ all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -o $(BIN)/ambientd ./cmd/ambientd
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -trimpath -ldflags='-s -w' -o $(BIN)/ambientd-cni ./cmd/ambientd-cni
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -tags grpcnotrace -trimpath -ldflags='-s -w' -o $(BIN)/ambientd-cni ./cmd/ambientd-cni
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -o $(BIN)/ztunnel-emulator ./cmd/ztunnel-emulator
 
 deps:

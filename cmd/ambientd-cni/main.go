@@ -1,12 +1,17 @@
-// Command ambientd-cni: placeholder until its issue lands.
+// Command ambientd-cni is the chained CNI plugin that hands pod sandbox
+// events to the ambientd node agent. The logic lives in internal/cniplugin;
+// this main only wires it to skel.
 package main
 
 import (
-	"fmt"
 	"os"
+
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/ambientd/ambientd/internal/cniplugin"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "ambientd-cni: not implemented yet")
-	os.Exit(1)
+	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr}
+	skel.PluginMainFuncs(p.Funcs(), cniplugin.SupportedVersions, cniplugin.About)
 }

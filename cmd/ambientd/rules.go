@@ -1,12 +1,165 @@
 package main
 
 import (
+	"flag"
 	"fmt"
+	"io"
 	"os"
+	"strings"
+
+	"github.com/ambientd/ambientd/iptables"
 )
 
-// rulesCmd prints the rule text. Placeholder until the iptables issue lands.
+// rulesCmd prints the exact iptables-restore text ambientd would apply for
+// the given options and pod annotations. It builds the rule set as data and
+// renders it; it touches no kernel state and needs no privileges.
 func rulesCmd(args []string) int {
-	fmt.Fprintln(os.Stderr, "ambientd rules: not implemented yet")
-	return 1
+	return runRules(args, os.Stdout, os.Stderr)
+}
+
+// listFlag collects a repeatable flag; commas also separate values.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// annFlag collects repeatable --annotation key=value pairs.
+type annFlag map[string]string
+
+func (a annFlag) String() string { return fmt.Sprint(map[string]string(a)) }
+func (a annFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("annotation %q: want key=value", v)
+	}
+	a[k] = val
+	return nil
+}
+
+func runRules(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("ambientd rules", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg     iptables.Config
+		reroute listFlag
+		ann     = annFlag{}
+		family  = fs.String("family", "", `address family to print: "4", "6" or "all" (default: 4, or all with --ipv6); one family's output pipes straight into (ip6)iptables-restore --noflush`)
+		host    = fs.Bool("host", false, "print the node's probe SNAT rules instead of the in-pod rules")
+		del     = fs.Bool("delete", false, "print the batch that removes the rules instead of the one that installs them")
+	)
+	fs.BoolVar(&cfg.IPv6, "ipv6", false, "node has IPv6: add ip6tables rules")
+	fs.BoolVar(&cfg.DNSCapture, "dns-capture", false, "capture DNS by default (pods may override with the "+iptables.AnnotationDNSCapture+" annotation)")
+	fs.Var(&reroute, "reroute-interface", "virtual interface whose TCP goes to ztunnel's outbound port (repeatable, or comma separated)")
+	fs.Var(ann, "annotation", "pod annotation key=value (repeatable), e.g. "+iptables.AnnotationBypassInbound+"=true")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: ambientd rules [flags]\n\nPrints the exact iptables-restore text for the given options, touching nothing.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "ambientd rules: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	cfg.RerouteInterfaces = reroute
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
+		return 2
+	}
+	fams, err := families(*family, cfg.IPv6)
+	if err != nil {
+		fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
+		return 2
+	}
+	if len(fams) > 0 && fams[len(fams)-1] == iptables.IPv6 {
+		cfg.IPv6 = true
+	}
+
+	var rs iptables.RuleSet
+	if *host {
+		if len(ann) > 0 {
+			fmt.Fprintln(stderr, "ambientd rules: --annotation applies to pod rules, not --host")
+			return 2
+		}
+		rs = iptables.BuildHostRules(cfg)
+	} else {
+		opts, err := iptables.PodOptionsFromAnnotations(cfg, ann)
+		if err != nil {
+			fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
+			return 2
+		}
+		rs = iptables.BuildPodRules(cfg, opts)
+	}
+
+	for i, f := range fams {
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		fmt.Fprintf(stdout, "# %s-restore --noflush --wait\n", f)
+		for _, l := range notes(f, *host, *del) {
+			fmt.Fprintln(stdout, "# "+l)
+		}
+		if *del {
+			fmt.Fprint(stdout, rs.RenderDelete(f))
+		} else {
+			fmt.Fprint(stdout, rs.RenderApply(f))
+		}
+	}
+	return 0
+}
+
+func families(s string, ipv6 bool) ([]iptables.Family, error) {
+	switch s {
+	case "":
+		if ipv6 {
+			return []iptables.Family{iptables.IPv4, iptables.IPv6}, nil
+		}
+		return []iptables.Family{iptables.IPv4}, nil
+	case "4":
+		return []iptables.Family{iptables.IPv4}, nil
+	case "6":
+		return []iptables.Family{iptables.IPv6}, nil
+	case "all":
+		return []iptables.Family{iptables.IPv4, iptables.IPv6}, nil
+	}
+	return nil, fmt.Errorf("--family %q: want 4, 6 or all", s)
+}
+
+// notes describes, as comments, what ambientd does next to the batch through
+// netlink rather than iptables.
+func notes(f iptables.Family, host, del bool) []string {
+	v6 := f == iptables.IPv6
+	if host {
+		set, inet := iptables.ProbeSetV4, "inet"
+		if v6 {
+			set, inet = iptables.ProbeSetV6, "inet6"
+		}
+		if del {
+			return []string{"then, via netlink: ipset destroy " + set}
+		}
+		return []string{
+			fmt.Sprintf("first, via netlink: ipset create %s hash:ip family %s comment -exist", set, inet),
+			fmt.Sprintf("pod IPs are added as: ipset add %s <ip> comment <pod uid> -exist", set),
+		}
+	}
+	ip, dst := "ip", "0.0.0.0/0"
+	if v6 {
+		ip, dst = "ip -6", "::/0"
+	}
+	verb := "add"
+	if del {
+		verb = "del"
+	}
+	return []string{
+		fmt.Sprintf("also, via netlink inside the pod: %s rule %s pref %d fwmark %#x/%#x lookup %d", ip, verb, iptables.RulePriority, iptables.ConnMark, iptables.MarkMask, iptables.RouteTable),
+		fmt.Sprintf("and: %s route %s local %s dev lo table %d", ip, verb, dst, iptables.RouteTable),
+	}
 }

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/nodeagent/cniserver"
+)
+
+// binDir holds the plugin under test and the reference plugins, built once by
+// TestMain (exec'd tests need real binaries). It is world-readable so a test
+// can run the plugin as a non-root user.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ambientd-cni-test-")
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err == nil {
+		err = buildBinaries(dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ambientd-cni tests: build binaries:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// buildBinaries builds ambientd-cni as `make build` does (grpcnotrace keeps
+// x/net/trace, net/http and html/template out of a binary exec'd per pod), and
+// the reference plugins at the version go.mod pins.
+func buildBinaries(dir string) error {
+	// `go test` puts its own toolchain first on PATH.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("no go toolchain to build the plugins: %w", err)
+	}
+	builds := [][]string{
+		{"build", "-tags", "grpcnotrace", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, "ambientd-cni"), "github.com/ambientd/ambientd/cmd/ambientd-cni"},
+		{"build", "-o", dir + "/",
+			"github.com/containernetworking/plugins/plugins/main/loopback",
+			"github.com/containernetworking/plugins/plugins/main/bridge",
+			"github.com/containernetworking/plugins/plugins/ipam/host-local"},
+	}
+	for _, args := range builds {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		cmd := exec.CommandContext(ctx, goBin, args...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// agent is a cniserver.Handler that records what the plugin told it.
+type agent struct {
+	mu      sync.Mutex
+	adds    []cniserver.PodEvent
+	dels    []cniserver.PodEvent
+	outcome cniserver.Outcome
+	addErr  error
+	block   bool // never answer: wait for the caller to give up
+}
+
+func (a *agent) HandleAdd(ctx context.Context, ev cniserver.PodEvent) (cniserver.Outcome, error) {
+	a.mu.Lock()
+	a.adds = append(a.adds, ev)
+	out, err, block := a.outcome, a.addErr, a.block
+	a.mu.Unlock()
+	if block {
+		<-ctx.Done()
+		return cniserver.OutcomeUnknown, ctx.Err()
+	}
+	return out, err
+}
+
+func (a *agent) HandleDel(ctx context.Context, ev cniserver.PodEvent) error {
+	a.mu.Lock()
+	a.dels = append(a.dels, ev)
+	block := a.block
+	a.mu.Unlock()
+	if block {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (a *agent) events() (adds, dels []cniserver.PodEvent) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]cniserver.PodEvent(nil), a.adds...), append([]cniserver.PodEvent(nil), a.dels...)
+}
+
+// startAgent serves h on a fresh socket and returns its path; the server
+// stops at cleanup.
+func startAgent(t testing.TB, h cniserver.Handler) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "cni.sock")
+	s := cniserver.New(cniserver.Config{SocketPath: sock}, h, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	waitFor(t, "agent serving", s.Serving)
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("agent Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("agent did not stop")
+		}
+	})
+	return sock
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// newNS creates a throwaway network namespace, removed at cleanup.
+func newNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	testutil.RequireRoot(t)
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		if err := testutils.UnmountNS(n); err != nil {
+			t.Errorf("remove netns %s: %v", n.Path(), err)
+		}
+	})
+	return n
+}
+
+// run is one exec of the plugin binary.
+type run struct {
+	stdout, stderr []byte
+	exit           int
+	took           time.Duration // wall clock, exec to exit
+	cpu            time.Duration // user+system CPU of the plugin process
+}
+
+// cniError decodes stdout as a CNI error result.
+func (r run) cniError(t testing.TB) *types.Error {
+	t.Helper()
+	var e types.Error
+	if err := json.Unmarshal(r.stdout, &e); err != nil || e.Msg == "" {
+		t.Fatalf("stdout is not a CNI error result (%v): %q\nstderr: %s", err, r.stdout, r.stderr)
+	}
+	return &e
+}
+
+// execPlugin runs ambientd-cni with the CNI environment and stdin given;
+// attr, when set, applies to the process (e.g. to run it as another user).
+func execPlugin(t testing.TB, env map[string]string, stdin []byte, attr *syscall.SysProcAttr) run {
+	t.Helper()
+	return execBinary(t, filepath.Join(binDir, "ambientd-cni"), env, stdin, attr)
+}
+
+func execBinary(t testing.TB, bin string, env map[string]string, stdin []byte, attr *syscall.SysProcAttr) run {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = []string{"CNI_PATH=" + binDir}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = attr
+	start := time.Now()
+	err := cmd.Run()
+	r := run{stdout: stdout.Bytes(), stderr: stderr.Bytes(), took: time.Since(start)}
+	if cmd.ProcessState != nil {
+		r.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		r.exit = ee.ExitCode()
+	default:
+		t.Fatalf("exec %s: %v", bin, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("%s did not exit within the test's bound", bin)
+	}
+	return r
+}

@@ -1,0 +1,147 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ambientd/ambientd/internal/testutil"
+)
+
+var modes = []Mode{ModeLegacy, ModeNFT}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func requireTools(t testing.TB) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "iptables-legacy-save", "iptables-legacy-restore", "iptables-nft-save", "iptables-nft-restore",
+		"ip6tables-legacy-save", "ip6tables-legacy-restore", "ip6tables-nft-save", "ip6tables-nft-restore")
+}
+
+// newNS makes a throwaway network namespace with lo up, removed at cleanup.
+func newNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatalf("creating netns: %v", err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		if err := testutils.UnmountNS(n); err != nil {
+			t.Errorf("removing netns %s: %v", n.Path(), err)
+		}
+	})
+	if err := loUp(n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func loUp(n ns.NetNS) error {
+	return n.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	})
+}
+
+func newTestManager(t testing.TB, mode Mode, cfg Config) *Manager {
+	t.Helper()
+	cfg.Mode = mode
+	m, err := NewManager(testCtx(t), cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatalf("NewManager(%s): %v", mode, err)
+	}
+	if m.Mode() != mode {
+		t.Fatalf("Mode() = %s, want %s", m.Mode(), mode)
+	}
+	return m
+}
+
+// nsRun runs a program inside n and returns its stdout; failure fails the test.
+func nsRun(t testing.TB, n ns.NetNS, name string, args ...string) string {
+	t.Helper()
+	out, err := nsRunErr(n, name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func nsRunErr(n ns.NetNS, name string, args ...string) (string, error) {
+	var out []byte
+	err := n.Do(func(ns.NetNS) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var err error
+		out, err = exec.CommandContext(ctx, name, args...).Output()
+		if err != nil {
+			if ee, ok := err.(*exec.ExitError); ok {
+				return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, ee.Stderr)
+			}
+			return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+		}
+		return nil
+	})
+	return string(out), err
+}
+
+func tool(f Family, mode Mode, what string) string {
+	if what == "" {
+		return fmt.Sprintf("%s-%s", f, mode)
+	}
+	return fmt.Sprintf("%s-%s-%s", f, mode, what)
+}
+
+// saveText runs the variant's save in n and drops comment lines and counters
+// so two dumps of the same rules compare equal.
+func saveText(t testing.TB, n ns.NetNS, f Family, mode Mode) string {
+	t.Helper()
+	out := nsRun(t, n, tool(f, mode, "save"))
+	var keep []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "#") || l == "" {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	return strings.Join(keep, "\n")
+}
+
+// ours extracts the rules of the set's chains and the rules anywhere that
+// jump into them, keyed "table/chain", in order. It reads both iptables-save
+// output and our restore batches, so the two can be compared.
+func ours(text string, rs RuleSet) map[string][]string {
+	out := map[string][]string{}
+	table := ""
+	for _, l := range strings.Split(text, "\n") {
+		switch {
+		case strings.HasPrefix(l, "*"):
+			table = l[1:]
+		case strings.HasPrefix(l, "-A "):
+			chain, args, _ := strings.Cut(l[3:], " ")
+			target, _ := jumpTarget(args)
+			if slices.Contains(rs.chains(table), chain) || slices.Contains(rs.chains(table), target) {
+				out[table+"/"+chain] = append(out[table+"/"+chain], args)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,263 @@
+package iptables
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func TestPodOptionsFromAnnotations(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		ann     map[string]string
+		want    PodOptions
+		wantErr string
+	}{
+		{name: "defaults off", want: PodOptions{}},
+		{name: "node dns on", cfg: Config{DNSCapture: true}, want: PodOptions{DNSCapture: true}},
+		{name: "pod turns dns off", cfg: Config{DNSCapture: true}, ann: map[string]string{AnnotationDNSCapture: "false"}, want: PodOptions{}},
+		{name: "pod turns dns on", ann: map[string]string{AnnotationDNSCapture: "true"}, want: PodOptions{DNSCapture: true}},
+		{name: "bypass", ann: map[string]string{AnnotationBypassInbound: "true"}, want: PodOptions{BypassInbound: true}},
+		{name: "bypass false", ann: map[string]string{AnnotationBypassInbound: "false"}, want: PodOptions{}},
+		{name: "unrelated annotations ignored", ann: map[string]string{"foo": "bar"}, want: PodOptions{}},
+		{name: "bypass yes", ann: map[string]string{AnnotationBypassInbound: "yes"}, wantErr: `annotation ambient.istio.io/bypass-inbound-capture has invalid value "yes"`},
+		{name: "bypass True", ann: map[string]string{AnnotationBypassInbound: "True"}, wantErr: `"True"`},
+		{name: "dns empty", ann: map[string]string{AnnotationDNSCapture: ""}, wantErr: `annotation ambient.istio.io/dns-capture has invalid value ""`},
+		{name: "dns 1", ann: map[string]string{AnnotationDNSCapture: "1"}, wantErr: `ambient.istio.io/dns-capture has invalid value "1"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := PodOptionsFromAnnotations(tt.cfg, tt.ann)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []Config{
+		{Mode: "iptables"},
+		{RerouteInterfaces: []string{"a b"}},
+		{RerouteInterfaces: []string{""}},
+		{RerouteInterfaces: []string{"waytoolonginterfacename"}},
+		{RerouteInterfaces: []string{"eth0!"}},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil, want an error", c)
+		}
+	}
+	if err := (Config{RerouteInterfaces: []string{"tap0", "vm-eth1"}, Mode: ModeNFT}).Validate(); err != nil {
+		t.Errorf("valid config rejected: %v", err)
+	}
+}
+
+type goldenCase struct {
+	name string
+	fam  Family
+	cfg  Config
+	opts PodOptions
+}
+
+func goldenPodCases() []goldenCase {
+	var out []goldenCase
+	for _, fam := range []Family{IPv4, IPv6} {
+		for _, dns := range []bool{false, true} {
+			for _, bypass := range []bool{false, true} {
+				out = append(out, goldenCase{
+					name: fmt.Sprintf("pod_v%d_dns-%s_bypass-%s", fam, onOff(dns), onOff(bypass)),
+					fam:  fam,
+					cfg:  Config{IPv6: fam == IPv6},
+					opts: PodOptions{DNSCapture: dns, BypassInbound: bypass},
+				})
+			}
+		}
+	}
+	return append(out, goldenCase{
+		name: "pod_v4_dns-on_bypass-off_reroute",
+		fam:  IPv4,
+		cfg:  Config{RerouteInterfaces: []string{"tap0", "tap1"}},
+		opts: PodOptions{DNSCapture: true},
+	})
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run Golden -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the rendered batch (go test -run Golden -update rewrites it)\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+func TestGoldenPodRules(t *testing.T) {
+	for _, c := range goldenPodCases() {
+		t.Run(c.name, func(t *testing.T) {
+			checkGolden(t, c.name, BuildPodRules(c.cfg, c.opts).RenderApply(c.fam))
+		})
+	}
+	t.Run("pod_delete", func(t *testing.T) {
+		checkGolden(t, "pod_delete", BuildPodRules(Config{}, PodOptions{}).RenderDelete(IPv4))
+	})
+	for _, fam := range []Family{IPv4, IPv6} {
+		name := fmt.Sprintf("host_v%d", fam)
+		t.Run(name, func(t *testing.T) {
+			checkGolden(t, name, BuildHostRules(Config{IPv6: true}).RenderApply(fam))
+		})
+	}
+}
+
+// TestRulesDiffer guards against golden files that all say the same thing:
+// each option must change the rendered batch.
+func TestRulesDiffer(t *testing.T) {
+	seen := map[string]string{}
+	for _, c := range goldenPodCases() {
+		got := BuildPodRules(c.cfg, c.opts).RenderApply(c.fam)
+		if prev, ok := seen[got]; ok {
+			t.Errorf("%s renders the same as %s", c.name, prev)
+		}
+		seen[got] = c.name
+	}
+	v6 := BuildPodRules(Config{IPv6: true}, PodOptions{}).RenderApply(IPv6)
+	if strings.Contains(v6, "127.0.0.1") || strings.Contains(v6, "169.254.7.127") || !strings.Contains(v6, "::1/128") {
+		t.Errorf("IPv6 batch uses IPv4 addresses:\n%s", v6)
+	}
+	if rs := BuildPodRules(Config{}, PodOptions{}); rs.V6 != nil || len(rs.Families()) != 1 {
+		t.Errorf("IPv6 rules without IPv6: %+v", rs.Families())
+	}
+}
+
+const savedPod = `# Generated by iptables-save v1.8.9 on Mon Nov 30 09:53:52 2026
+*mangle
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:ISTIO_OUTPUT - [0:0]
+:ISTIO_PRERT - [0:0]
+-A PREROUTING -j ISTIO_PRERT
+-A OUTPUT -j ISTIO_OUTPUT
+-A ISTIO_OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
+-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff
+COMMIT
+# Warning: iptables-legacy tables present, use iptables-legacy-save to see them
+*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:ISTIO_OUTPUT - [0:0]
+:ISTIO_PRERT - [0:0]
+:FOREIGN - [0:0]
+-A PREROUTING -j ISTIO_PRERT
+-A PREROUTING -p udp -j FOREIGN
+-A OUTPUT -j ISTIO_OUTPUT
+-A OUTPUT -j ISTIO_OUTPUT
+-A FOREIGN -j ISTIO_OUTPUT
+-A ISTIO_OUTPUT -d 169.254.7.127/32 -p tcp -m tcp -j ACCEPT
+-A ISTIO_OUTPUT -p tcp -m mark --mark 0x111/0xfff -j ACCEPT
+-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT
+-A ISTIO_OUTPUT -p udp -j DROP
+-A ISTIO_PRERT -s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT
+-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -m tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006
+COMMIT
+`
+
+func TestDiffAndRepairFromSave(t *testing.T) {
+	st, err := parseSave(savedPod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := BuildPodRules(Config{}, PodOptions{})
+	d := rs.diff(IPv4, st)
+	wantMissing := []string{
+		"iptables -t nat -A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
+		"iptables -t raw -N ISTIO_PRERT",
+		"iptables -t raw -N ISTIO_OUTPUT",
+		"iptables -t raw -A PREROUTING -j ISTIO_PRERT",
+		"iptables -t raw -A OUTPUT -j ISTIO_OUTPUT",
+	}
+	wantUnexpected := []string{
+		"iptables -t nat -A ISTIO_OUTPUT -p udp -j DROP",
+		"iptables -t nat -A OUTPUT -j ISTIO_OUTPUT",
+		"iptables -t nat -A FOREIGN -j ISTIO_OUTPUT",
+	}
+	if !reflect.DeepEqual(d.Missing, wantMissing) || !reflect.DeepEqual(d.Unexpected, wantUnexpected) {
+		t.Errorf("diff:\n%s\nwant missing %q\nunexpected %q", d, wantMissing, wantUnexpected)
+	}
+
+	repair := rs.renderRepair(IPv4, st)
+	for _, want := range []string{
+		":ISTIO_OUTPUT - [0:0]",
+		"-D OUTPUT -j ISTIO_OUTPUT\n",
+		"-D FOREIGN -j ISTIO_OUTPUT\n",
+		"*raw\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-A PREROUTING -j ISTIO_PRERT\n-A OUTPUT -j ISTIO_OUTPUT\nCOMMIT\n",
+	} {
+		if !strings.Contains(repair, want) {
+			t.Errorf("repair batch lacks %q:\n%s", want, repair)
+		}
+	}
+	if n := strings.Count(repair, "-D OUTPUT -j ISTIO_OUTPUT"); n != 1 {
+		t.Errorf("repair deletes the duplicate jump %d times, want 1:\n%s", n, repair)
+	}
+	if strings.Contains(repair, "-D PREROUTING") || strings.Contains(repair, "FOREIGN -") && !strings.Contains(repair, "-D FOREIGN -j ISTIO_OUTPUT") {
+		t.Errorf("repair touches rules that are not ours:\n%s", repair)
+	}
+
+	del := rs.renderDeleteFrom(st)
+	if strings.Contains(del, "*raw") {
+		t.Errorf("delete touches raw where nothing of ours exists:\n%s", del)
+	}
+	for _, want := range []string{"-D PREROUTING -j ISTIO_PRERT\n", "-D FOREIGN -j ISTIO_OUTPUT\n", "-X ISTIO_PRERT\n", "-F ISTIO_OUTPUT\n"} {
+		if !strings.Contains(del, want) {
+			t.Errorf("delete batch lacks %q:\n%s", want, del)
+		}
+	}
+	if n := strings.Count(del, "-D OUTPUT -j ISTIO_OUTPUT"); n != 3 || !strings.Contains(del, "*nat\n-D PREROUTING -j ISTIO_PRERT\n-D OUTPUT -j ISTIO_OUTPUT\n-D OUTPUT -j ISTIO_OUTPUT\n") {
+		t.Errorf("delete removes %d OUTPUT jumps, want both nat ones and the mangle one:\n%s", n, del)
+	}
+	if strings.Contains(del, "-D PREROUTING -p udp -j FOREIGN") {
+		t.Errorf("delete removes a foreign rule:\n%s", del)
+	}
+
+	empty, _ := parseSave("*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j ACCEPT\nCOMMIT\n")
+	if b := rs.renderDeleteFrom(empty); b != "" {
+		t.Errorf("delete from a clean state = %q, want nothing", b)
+	}
+}
+
+func TestParseSaveRejectsGarbage(t *testing.T) {
+	for _, in := range []string{"-A FOO -j ACCEPT\n", "*nat\nwhat is this\nCOMMIT\n"} {
+		if _, err := parseSave(in); err == nil {
+			t.Errorf("parseSave(%q) = nil error", in)
+		}
+	}
+}

@@ -1,0 +1,266 @@
+package ztunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	zp "github.com/ambientd/ambientd/ztunnelproto"
+	"golang.org/x/sys/unix"
+)
+
+// request is one Add/Keep/Del/SnapshotSent and where its result goes.
+type request struct {
+	op, uid string
+	msg     *zp.WorkloadRequest
+	netns   *os.File   // only for Add
+	res     chan error // buffered: the owner never blocks on a gone caller
+}
+
+func addReq(w Workload, netns *os.File) *request {
+	return &request{
+		op: zp.OpAdd, uid: w.UID, netns: netns, res: make(chan error, 1),
+		msg: zp.AddRequest(w.UID, &zp.WorkloadInfo{Name: w.Name, Namespace: w.Namespace, ServiceAccount: w.ServiceAccount}),
+	}
+}
+
+func keepReq(uid string) *request {
+	return &request{op: zp.OpKeep, uid: uid, msg: zp.KeepRequest(uid), res: make(chan error, 1)}
+}
+
+func delReq(uid string) *request {
+	return &request{op: zp.OpDel, uid: uid, msg: zp.DelRequest(uid), res: make(chan error, 1)}
+}
+
+func snapshotSentReq() *request {
+	return &request{op: zp.OpSnapshotSent, msg: zp.SnapshotSentRequest(), res: make(chan error, 1)}
+}
+
+// readResult is one packet (or read failure) from the connection's reader.
+type readResult struct {
+	ack *zp.Ack
+	err error
+}
+
+// zconn is one ztunnel connection. A single owner goroutine (serve) writes
+// requests and consumes acks; a reader goroutine keeps a read pending at all
+// times, so a peer that hangs up or talks out of turn is noticed at once, not
+// at the next request.
+type zconn struct {
+	id            uint64
+	s             *Server
+	c             *zp.Conn
+	reqs          chan *request   // unbuffered: a request is either taken by the owner or not at all
+	in            chan readResult // from the reader
+	done          chan struct{}   // closed when the owner has stopped taking requests
+	snapshotAcked atomic.Bool
+}
+
+// do hands r to the connection's owner and waits for the answer.
+func (c *zconn) do(ctx context.Context, r *request) error {
+	select {
+	case c.reqs <- r:
+	case <-c.done:
+		c.s.metrics.requests.WithLabelValues(r.op, "broken").Inc()
+		return fmt.Errorf("%s workload %s: %w: connection %d closed", r.op, r.uid, ErrConnBroken, c.id)
+	case <-ctx.Done():
+		c.s.metrics.requests.WithLabelValues(r.op, "canceled").Inc()
+		return fmt.Errorf("%s workload %s: waiting for connection %d: %w", r.op, r.uid, c.id, ctx.Err())
+	}
+	// The owner always answers within AckTimeout; ctx may give up sooner.
+	select {
+	case err := <-r.res:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%s workload %s: waiting for ack on connection %d: %w", r.op, r.uid, c.id, ctx.Err())
+	}
+}
+
+// serveConn runs one connection from accept to close.
+func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
+	c := zp.NewConn(uc)
+	defer c.Close()
+	// Shutdown must not wait out a hello or ack timeout.
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	log := s.log.With("peer_pid", peerPID(uc))
+	hello, err := c.ReadHello(time.Now().Add(s.cfg.HelloTimeout))
+	if err != nil {
+		log.Warn("dropping ztunnel connection: no valid hello", "err", err)
+		return
+	}
+
+	zc := &zconn{
+		s:    s,
+		c:    c,
+		reqs: make(chan *request),
+		in:   make(chan readResult),
+		done: make(chan struct{}),
+	}
+	// Registered before the snapshot is taken: from here on new Adds are
+	// queued on this connection, so no pod can fall between snapshot and
+	// stream.
+	s.register(zc)
+	log = log.With("conn", zc.id)
+	log.Info("ztunnel connected", "version", hello.GetVersion().String())
+
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		zc.read()
+	}()
+	defer func() {
+		s.unregister(zc)
+		close(zc.done)
+		c.Close() // unblocks the reader
+		<-readerDone
+		log.Info("ztunnel connection closed")
+	}()
+
+	if !zc.sendSnapshot(ctx, log) {
+		return
+	}
+	zc.snapshotAcked.Store(true)
+	s.notifySnapshotAcked()
+
+	for {
+		select {
+		case r := <-zc.reqs:
+			err, fatal := zc.roundTrip(ctx, r)
+			r.res <- err
+			if fatal {
+				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "err", err)
+				return
+			}
+		case res := <-zc.in:
+			if errors.Is(res.err, io.EOF) {
+				log.Info("ztunnel hung up")
+			} else {
+				log.Warn("dropping ztunnel connection: unsolicited packet while idle", "err", res.err, "ack_error", res.ack.GetError())
+			}
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// sendSnapshot sends Add or Keep for every known pod, then SnapshotSent,
+// one at a time. It reports whether the connection is still usable.
+func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
+	var entries []SnapshotEntry
+	if c.s.src != nil {
+		entries = c.s.src.Snapshot()
+	}
+	adds, keeps := 0, 0
+	for _, e := range entries {
+		r := keepReq(e.Workload.UID)
+		if e.Netns != nil {
+			r = addReq(e.Workload, e.Netns)
+		}
+		err, fatal := c.roundTrip(ctx, r)
+		if fatal {
+			log.Warn("dropping ztunnel connection during snapshot", "op", r.op, "uid", r.uid, "err", err)
+			return false
+		}
+		if err != nil {
+			// A refused pod stays pending in the agent and is retried
+			// when this snapshot is acked.
+			log.Warn("snapshot entry failed", "op", r.op, "uid", r.uid, "err", err)
+			continue
+		}
+		if r.op == zp.OpAdd {
+			adds++
+		} else {
+			keeps++
+		}
+	}
+	r := snapshotSentReq()
+	if err, _ := c.roundTrip(ctx, r); err != nil {
+		log.Warn("dropping ztunnel connection: snapshot not acked", "err", err)
+		return false
+	}
+	log.Info("ztunnel acked snapshot", "adds", adds, "keeps", keeps)
+	return true
+}
+
+// roundTrip sends one request and waits for its ack. fatal means the
+// connection can no longer be trusted to pair acks with requests.
+func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal bool) {
+	m := c.s.metrics
+	timeout := c.s.cfg.AckTimeout
+	start := time.Now()
+	if err := c.c.Send(r.msg, r.netns, start.Add(timeout)); err != nil {
+		if r.netns != nil && errors.Is(err, os.ErrClosed) {
+			// The owner closed the netns before we could send it; nothing
+			// went on the wire, the connection is fine.
+			m.requests.WithLabelValues(r.op, "netns_closed").Inc()
+			return fmt.Errorf("%s workload %s: netns file closed before sending: %w", r.op, r.uid, err), false
+		}
+		m.requests.WithLabelValues(r.op, "broken").Inc()
+		return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, err), true
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case res := <-c.in:
+		if res.err != nil {
+			m.requests.WithLabelValues(r.op, "broken").Inc()
+			return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, res.err), true
+		}
+		m.ackSeconds.WithLabelValues(r.op).Observe(time.Since(start).Seconds())
+		if msg := res.ack.GetError(); msg != "" {
+			m.requests.WithLabelValues(r.op, "nack").Inc()
+			return &NackError{Op: r.op, UID: r.uid, Message: msg}, false
+		}
+		m.requests.WithLabelValues(r.op, "ok").Inc()
+		return nil, false
+	case <-timer.C:
+		m.requests.WithLabelValues(r.op, "timeout").Inc()
+		return fmt.Errorf("%s workload %s: %w: connection %d: no ack within %v (timed out)", r.op, r.uid, ErrConnBroken, c.id, timeout), true
+	case <-ctx.Done():
+		m.requests.WithLabelValues(r.op, "broken").Inc()
+		return fmt.Errorf("%s workload %s: %w: connection %d: agent shutting down", r.op, r.uid, ErrConnBroken, c.id), true
+	}
+}
+
+// read keeps one read pending until the connection fails. The deadline is
+// the keepalive: a healthy idle peer lets it expire and we read again; EOF
+// (or a zero-length packet) or any packet nobody asked for ends it.
+func (c *zconn) read() {
+	for {
+		ack, err := c.c.ReadAck(time.Now().Add(c.s.cfg.KeepaliveInterval))
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			continue
+		}
+		select {
+		case c.in <- readResult{ack: ack, err: err}:
+		case <-c.done:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// peerPID names the connecting process in logs (SO_PEERCRED); 0 if unknown.
+func peerPID(uc *net.UnixConn) int32 {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var pid int32
+	_ = rc.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = cred.Pid
+		}
+	})
+	return pid
+}

@@ -1,0 +1,206 @@
+package ztunnel
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Generous bounds: the machine is shared with other builds.
+const testTimeout = 20 * time.Second
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p[:len(p)-1]))
+	return len(p), nil
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if _, ok := t.(*testing.B); ok {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// socketPath returns a short path (sun_path is 108 bytes) in a dir that does
+// not exist yet: Run must create it.
+func socketPath(t testing.TB) string {
+	dir, err := os.MkdirTemp("", "zds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "run", "ztunnel.sock")
+}
+
+// source is a SnapshotSource the test edits.
+type source struct {
+	mu      sync.Mutex
+	entries []SnapshotEntry
+}
+
+func (s *source) Snapshot() []SnapshotEntry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]SnapshotEntry(nil), s.entries...)
+}
+
+func (s *source) set(e ...SnapshotEntry) {
+	s.mu.Lock()
+	s.entries = e
+	s.mu.Unlock()
+}
+
+// runServer starts a server; cleanup stops it and checks Run's result.
+func runServer(t testing.TB, cfg Config, src SnapshotSource) (*Server, func()) {
+	t.Helper()
+	if cfg.SocketPath == "" {
+		cfg.SocketPath = socketPath(t)
+	}
+	s := NewServer(cfg, src, testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("server Run: %v", err)
+				}
+			case <-time.After(testTimeout):
+				t.Error("server did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	// Serving once the socket exists.
+	waitUntil(t, "server socket", func() bool { _, err := os.Stat(cfg.SocketPath); return err == nil })
+	return s, stop
+}
+
+func runEmu(t testing.TB, cfg ztunnelemu.Config) (*ztunnelemu.Emulator, func()) {
+	t.Helper()
+	if cfg.ReconnectMin == 0 {
+		cfg.ReconnectMin = 10 * time.Millisecond
+		cfg.ReconnectMax = 200 * time.Millisecond
+	}
+	e := ztunnelemu.New(cfg, testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(testTimeout):
+				t.Error("emulator did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return e, stop
+}
+
+// waitEmu waits until the emulator's current connection has its snapshot.
+func waitSnapshot(t testing.TB, e *ztunnelemu.Emulator, connID int) ztunnelemu.State {
+	t.Helper()
+	return waitState(t, e, "snapshot on conn", func(s ztunnelemu.State) bool {
+		c, ok := s.Conn(connID)
+		return ok && c.SnapshotSent && s.CurrentConn == connID
+	})
+}
+
+func waitState(t testing.TB, e *ztunnelemu.Emulator, what string, cond func(ztunnelemu.State) bool) ztunnelemu.State {
+	t.Helper()
+	if err := e.WaitFor(ctxT(t), cond); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+	return e.State()
+}
+
+// waitUntil polls cond with a deadline; for state outside the emulator.
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// testNetns is a throwaway network namespace with lo up.
+type testNetns struct {
+	ns    ns.NetNS
+	file  *os.File
+	inode uint64
+}
+
+func newNetns(t testing.TB) *testNetns {
+	t.Helper()
+	testutil.RequireRoot(t)
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		testutils.UnmountNS(n)
+	})
+	if err := n.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	}); err != nil {
+		t.Fatalf("lo up: %v", err)
+	}
+	f, err := os.Open(n.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	return &testNetns{ns: n, file: f, inode: st.Ino}
+}
+
+func countFDs(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func wl(uid string) Workload {
+	return Workload{UID: uid, Name: "pod-" + uid, Namespace: "ns", ServiceAccount: "sa"}
+}

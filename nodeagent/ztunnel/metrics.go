@@ -1,0 +1,50 @@
+package ztunnel
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the server's Prometheus collectors. They are not registered
+// anywhere; the agent registers them (Metrics implements prometheus.Collector).
+type Metrics struct {
+	connections prometheus.Gauge
+	accepted    prometheus.Counter
+	requests    *prometheus.CounterVec
+	ackSeconds  *prometheus.HistogramVec
+}
+
+func newMetrics() *Metrics {
+	return &Metrics{
+		connections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ambientd_ztunnel_connections",
+			Help: "Live ztunnel connections.",
+		}),
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ambientd_ztunnel_connections_accepted_total",
+			Help: "ztunnel connections accepted.",
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ambientd_ztunnel_requests_total",
+			Help: "ZDS requests by operation and result (ok, nack, timeout, broken, no_ztunnel, canceled, netns_closed).",
+		}, []string{"op", "result"}),
+		ackSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ambientd_ztunnel_ack_duration_seconds",
+			Help:    "Time from sending a ZDS request to its ack.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}, []string{"op"}),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.connections.Describe(ch)
+	m.accepted.Describe(ch)
+	m.requests.Describe(ch)
+	m.ackSeconds.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.connections.Collect(ch)
+	m.accepted.Collect(ch)
+	m.requests.Collect(ch)
+	m.ackSeconds.Collect(ch)
+}
