@@ -1,12 +1,249 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/cniapi"
+	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/nodeagent/ztunnel"
 )
 
-// runCmd runs the node agent. Placeholder until the agent issue lands.
+// runFlags are the agent's settings; each flag has an environment variable
+// that sets it when the flag is not given (flags win).
+type runFlags struct {
+	kubeconfig, nodeName, ztunnelSocket, cniSocket  string
+	healthAddr, metricsAddr, hostProc, iptablesMode string
+	excludeNamespaces, logLevel                     string
+	dnsCapture, ipv6, installCNI, failPending       bool
+	podLookupTimeout, retryBase, retryMax           time.Duration
+}
+
+// envOf maps flag names to their environment variables.
+var envOf = map[string]string{
+	"kubeconfig":         "KUBECONFIG",
+	"node-name":          "NODE_NAME",
+	"ztunnel-socket":     "ZTUNNEL_UDS_ADDRESS",
+	"cni-socket":         "AMBIENTD_CNI_SOCKET",
+	"health-addr":        "AMBIENTD_HEALTH_ADDR",
+	"metrics-addr":       "AMBIENTD_METRICS_ADDR",
+	"host-proc":          "AMBIENTD_HOST_PROC",
+	"iptables":           "AMBIENTD_IPTABLES",
+	"exclude-namespaces": "AMBIENTD_EXCLUDE_NAMESPACES",
+	"dns-capture":        "AMBIENTD_DNS_CAPTURE",
+	"ipv6":               "AMBIENTD_IPV6",
+	"install-cni":        "AMBIENTD_INSTALL_CNI",
+	"fail-pending":       "AMBIENTD_FAIL_PENDING",
+	"pod-lookup-timeout": "AMBIENTD_POD_LOOKUP_TIMEOUT",
+	"retry-base-delay":   "AMBIENTD_RETRY_BASE_DELAY",
+	"retry-max-delay":    "AMBIENTD_RETRY_MAX_DELAY",
+	"log-level":          "AMBIENTD_LOG_LEVEL",
+}
+
+func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) {
+	var f runFlags
+	fs := flag.NewFlagSet("ambientd run", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty = in-cluster config")
+	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (required)")
+	fs.StringVar(&f.ztunnelSocket, "ztunnel-socket", ztunnel.DefaultSocketPath, "Unix socket ztunnel connects to")
+	fs.StringVar(&f.cniSocket, "cni-socket", cniapi.DefaultSocketPath, "Unix socket the CNI plugin calls")
+	fs.StringVar(&f.healthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
+	fs.StringVar(&f.hostProc, "host-proc", "/proc", "host /proc, scanned for running pods' network namespaces")
+	fs.StringVar(&f.iptablesMode, "iptables", "auto", "iptables variant: auto, legacy or nft")
+	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", "kube-system", "comma-separated namespaces never enrolled")
+	fs.BoolVar(&f.dnsCapture, "dns-capture", false, "capture DNS to ztunnel by default (pod annotation ambient.istio.io/dns-capture overrides)")
+	fs.BoolVar(&f.ipv6, "ipv6", false, "also program IPv6 rules")
+	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin and conflist (not implemented yet; must be false)")
+	fs.BoolVar(&f.failPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
+	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", 10*time.Second, "how long a CNI ADD waits for an unknown pod to appear in the API")
+	fs.DurationVar(&f.retryBase, "retry-base-delay", 200*time.Millisecond, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
+	fs.DurationVar(&f.retryMax, "retry-max-delay", 30*time.Second, "cap of the per-pod exponential backoff")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	for name, env := range envOf {
+		fl := fs.Lookup(name)
+		fl.Usage += " (env " + env + ")"
+	}
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	if fs.NArg() > 0 {
+		return f, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	for name, env := range envOf {
+		if v := getenv(env); v != "" && !given[name] {
+			if err := fs.Set(name, v); err != nil {
+				return f, fmt.Errorf("%s (for --%s): %w", env, name, err)
+			}
+		}
+	}
+	return f, f.validate()
+}
+
+func (f runFlags) validate() error {
+	if f.nodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required")
+	}
+	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
+		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
+	}
+	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc} {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("%s %q: must be an absolute path", flagName, p)
+		}
+	}
+	if f.ztunnelSocket == f.cniSocket {
+		return fmt.Errorf("--ztunnel-socket and --cni-socket must differ (both %q)", f.cniSocket)
+	}
+	if fi, err := os.Stat(f.hostProc); err != nil || !fi.IsDir() {
+		return fmt.Errorf("--host-proc %q: not a readable directory: %v", f.hostProc, err)
+	}
+	for flagName, a := range map[string]string{"--health-addr": f.healthAddr, "--metrics-addr": f.metricsAddr} {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%s %q: want host:port: %w", flagName, a, err)
+		}
+	}
+	if _, err := iptables.ParseMode(f.iptablesMode); err != nil {
+		return fmt.Errorf("--iptables: %w", err)
+	}
+	for _, n := range f.excluded() {
+		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+			return fmt.Errorf("--exclude-namespaces: %q: %s", n, strings.Join(errs, "; "))
+		}
+	}
+	if f.installCNI {
+		return errors.New("--install-cni: installing the CNI plugin is not implemented yet; run with --install-cni=false")
+	}
+	if f.podLookupTimeout <= 0 || f.podLookupTimeout > 5*time.Minute {
+		return fmt.Errorf("--pod-lookup-timeout %v: want between 0 and 5m", f.podLookupTimeout)
+	}
+	if f.retryBase <= 0 {
+		return fmt.Errorf("--retry-base-delay %v: must be positive", f.retryBase)
+	}
+	if f.retryMax < f.retryBase {
+		return fmt.Errorf("--retry-max-delay %v: must not be below --retry-base-delay %v", f.retryMax, f.retryBase)
+	}
+	if _, err := parseLevel(f.logLevel); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	return nil
+}
+
+func (f runFlags) excluded() []string {
+	var out []string
+	for _, n := range strings.Split(f.excludeNamespaces, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+// runCmd runs the node agent until SIGINT/SIGTERM.
 func runCmd(args []string) int {
-	fmt.Fprintln(os.Stderr, "ambientd run: not implemented yet")
-	return 1
+	f, err := parseRunFlags(args, os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ambientd run: %v\n", err)
+		return 2
+	}
+	level, _ := parseLevel(f.logLevel)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, f, log); err != nil {
+		log.Error("ambientd run failed", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// run wires the pieces; all behaviour lives in nodeagent/.
+func run(ctx context.Context, f runFlags, log *slog.Logger) error {
+	restCfg, err := kubeConfig(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	restCfg.UserAgent = "ambientd/" + version
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	rulesCfg := iptables.Config{IPv6: f.ipv6, DNSCapture: f.dnsCapture, Mode: iptables.Mode(f.iptablesMode)}
+	rules, err := iptables.NewManager(ctx, rulesCfg, log.With("component", "iptables"))
+	if err != nil {
+		return fmt.Errorf("--iptables %s: %w", f.iptablesMode, err)
+	}
+	if err := rules.EnsureHostRules(ctx); err != nil {
+		return fmt.Errorf("host probe rules: %w", err)
+	}
+	reg := registry.New()
+	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: f.ztunnelSocket}, agent.RegistrySnapshot{Reg: reg}, log)
+	pol := policy.DefaultConfig()
+	pol.ExcludeNamespaces = f.excluded()
+	a, err := agent.New(agent.Config{
+		NodeName:         f.nodeName,
+		Policy:           pol,
+		Rules:            rulesCfg,
+		HostProc:         f.hostProc,
+		FailPending:      f.failPending,
+		PodLookupTimeout: f.podLookupTimeout,
+		RetryBaseDelay:   f.retryBase,
+		RetryMaxDelay:    f.retryMax,
+		HealthAddr:       f.healthAddr,
+		MetricsAddr:      f.metricsAddr,
+		Collectors:       []prometheus.Collector{zs.Metrics()},
+	}, client, zs, rules, reg, log)
+	if err != nil {
+		return err
+	}
+	cs := cniserver.New(cniserver.Config{SocketPath: f.cniSocket}, a, log)
+	log.Info("ambientd starting", "version", version, "node", f.nodeName, "ztunnel_socket", f.ztunnelSocket, "cni_socket", f.cniSocket, "iptables", rules.Mode())
+	return a.Run(ctx, cs)
+}
+
+func kubeConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig is empty and in-cluster config failed: %w", err)
+		}
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
+	}
+	return c, nil
 }

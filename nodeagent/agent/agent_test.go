@@ -1,0 +1,584 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+)
+
+// fakeZtunnel records requests; it is "connected" when connected is true and
+// nacks the uids in nack.
+type fakeZtunnel struct {
+	mu        sync.Mutex
+	connected bool
+	nack      map[string]string
+	adds      []ztunnel.Workload
+	dels      []string
+	subs      []chan struct{}
+}
+
+func (z *fakeZtunnel) AddWorkload(_ context.Context, w ztunnel.Workload, netns *os.File) error {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if netns == nil {
+		return errors.New("no netns")
+	}
+	if !z.connected {
+		return fmt.Errorf("add %s: %w", w.UID, ztunnel.ErrNoZtunnel)
+	}
+	if msg, ok := z.nack[w.UID]; ok {
+		return &ztunnel.NackError{Op: "add", UID: w.UID, Message: msg}
+	}
+	z.adds = append(z.adds, w)
+	return nil
+}
+
+func (z *fakeZtunnel) DelWorkload(_ context.Context, uid string) error {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.dels = append(z.dels, uid)
+	return nil
+}
+
+func (z *fakeZtunnel) SubscribeSnapshotAcked() (<-chan struct{}, func()) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	ch := make(chan struct{}, 1)
+	z.subs = append(z.subs, ch)
+	return ch, func() {}
+}
+
+func (z *fakeZtunnel) Status() ztunnel.Status {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.connected {
+		return ztunnel.Status{Connections: 1, SnapshotAcked: true}
+	}
+	return ztunnel.Status{}
+}
+
+func (z *fakeZtunnel) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+
+// connect simulates a ztunnel connecting and acking its snapshot.
+func (z *fakeZtunnel) connect() {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.connected = true
+	for _, ch := range z.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (z *fakeZtunnel) setNack(uid, msg string) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if msg == "" {
+		delete(z.nack, uid)
+		return
+	}
+	z.nack[uid] = msg
+}
+
+func (z *fakeZtunnel) added(uid string) int {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	n := 0
+	for _, w := range z.adds {
+		if w.UID == uid {
+			n++
+		}
+	}
+	return n
+}
+
+func (z *fakeZtunnel) deleted(uid string) bool {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return slices.Contains(z.dels, uid)
+}
+
+// fakeRules records what the agent asked of the rule manager.
+type fakeRules struct {
+	mu       sync.Mutex
+	applyErr error
+	applied  int
+	deleted  int
+	probes   map[string][]netip.Addr
+}
+
+func (r *fakeRules) ApplyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n.Fd() == 0 {
+		return errors.New("bad netns")
+	}
+	if r.applyErr != nil {
+		return r.applyErr
+	}
+	r.applied++
+	return nil
+}
+
+func (r *fakeRules) DeletePod(context.Context, ns.NetNS) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.deleted++
+	return nil
+}
+
+func (r *fakeRules) AddProbeIPs(_ context.Context, uid string, ips []netip.Addr) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.probes[uid] = ips
+	return nil
+}
+
+func (r *fakeRules) RemoveProbeIPs(_ context.Context, uid string, _ []netip.Addr) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.probes, uid)
+	return nil
+}
+
+func (r *fakeRules) counts() (applied, deleted, probes int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.applied, r.deleted, len(r.probes)
+}
+
+type fakeCNI struct{}
+
+func (fakeCNI) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+func (fakeCNI) Serving() bool                 { return true }
+
+type harness struct {
+	t      testing.TB
+	client *fake.Clientset
+	zt     *fakeZtunnel
+	rules  *fakeRules
+	agent  *Agent
+	reg    *registry.Registry
+}
+
+const node = "node-1"
+
+func newHarness(t testing.TB, objs ...any) *harness {
+	t.Helper()
+	return newHarnessWith(t, nil, objs...)
+}
+
+func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
+	t.Helper()
+	client := fake.NewClientset()
+	for _, o := range objs {
+		var err error
+		switch o := o.(type) {
+		case *corev1.Namespace:
+			_, err = client.CoreV1().Namespaces().Create(context.Background(), o, metav1.CreateOptions{})
+		case *corev1.Pod:
+			_, err = client.CoreV1().Pods(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: &fakeRules{probes: map[string][]netip.Addr{}}, reg: registry.New()}
+	cfg := Config{
+		NodeName:         node,
+		Policy:           policy.DefaultConfig(),
+		PodLookupTimeout: 500 * time.Millisecond,
+		CacheWait:        100 * time.Millisecond,
+		RetryBaseDelay:   20 * time.Millisecond,
+		RetryMaxDelay:    200 * time.Millisecond,
+		HostProc:         t.TempDir(), // empty: no running pod is ever found
+	}
+	if mut != nil {
+		mut(&cfg)
+	}
+	a, err := New(cfg, client, h.zt, h.rules, h.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, fakeCNI{}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not return after cancel")
+		}
+	})
+	h.waitFor("agent running", func() bool { return a.running.Load() })
+	return h
+}
+
+func (h *harness) waitFor(what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (h *harness) annotation(namespace, name string) (string, bool) {
+	p, err := h.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return "<" + err.Error() + ">", false
+	}
+	v, ok := p.Annotations[policy.AnnotationRedirection]
+	return v, ok
+}
+
+func (h *harness) state(uid string) string {
+	e, ok := h.reg.Get(uid)
+	if !ok {
+		return "absent"
+	}
+	return e.State.String()
+}
+
+func namespace(name string, ambient bool) *corev1.Namespace {
+	n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if ambient {
+		n.Labels = map[string]string{policy.LabelDataplaneMode: policy.ModeAmbient}
+	}
+	return n
+}
+
+func pod(ns, name, uid string, ann map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid), Annotations: ann},
+		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: "sa-" + name},
+	}
+}
+
+func event(p *corev1.Pod) cniserver.PodEvent {
+	return cniserver.PodEvent{
+		Name: p.Name, Namespace: p.Namespace, UID: string(p.UID),
+		NetnsPath: "/proc/self/ns/net", // a real netns file; the fake rules never enter it
+		IPs:       []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24")},
+	}
+}
+
+func TestCNIAddEnrolls(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.zt.connect()
+	out, err := h.agent.HandleAdd(context.Background(), event(p))
+	if err != nil || out != cniserver.Enrolled {
+		t.Fatalf("HandleAdd = %v, %v; want Enrolled", out, err)
+	}
+	if got := h.state("uid-a"); got != "enabled" {
+		t.Errorf("registry state %s, want enabled", got)
+	}
+	h.zt.mu.Lock()
+	w := h.zt.adds[0]
+	h.zt.mu.Unlock()
+	if want := (ztunnel.Workload{UID: "uid-a", Name: "a", Namespace: "app", ServiceAccount: "sa-a"}); w != want {
+		t.Errorf("AddWorkload %+v, want %+v", w, want)
+	}
+	if _, _, probes := h.rules.counts(); probes != 1 {
+		t.Errorf("probe set has %d pods, want 1", probes)
+	}
+	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation("app", "a"); return v == "enabled" })
+}
+
+func TestCNIAddNotInMesh(t *testing.T) {
+	plain := pod("plain", "a", "uid-1", nil)
+	sys := pod("kube-system", "b", "uid-2", map[string]string{})
+	sys.Labels = map[string]string{policy.LabelDataplaneMode: policy.ModeAmbient}
+	h := newHarness(t, namespace("plain", false), namespace("kube-system", true), plain, sys)
+	h.zt.connect()
+	for _, p := range []*corev1.Pod{plain, sys} {
+		out, err := h.agent.HandleAdd(context.Background(), event(p))
+		if err != nil || out != cniserver.NotInMesh {
+			t.Errorf("%s: HandleAdd = %v, %v; want NotInMesh", p.Name, out, err)
+		}
+	}
+	if applied, _, _ := h.rules.counts(); applied != 0 || h.reg.Len() != 0 {
+		t.Errorf("rules applied %d times, registry %d; want nothing", applied, h.reg.Len())
+	}
+}
+
+func TestPendingBecomesEnabledOnSnapshotAck(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	// A backoff far longer than the test: only the snapshot ack can retry.
+	slow := func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }
+	h := newHarnessWith(t, slow, namespace("app", true), p)
+	out, err := h.agent.HandleAdd(context.Background(), event(p))
+	if err != nil || out != cniserver.Pending {
+		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
+	}
+	if applied, _, _ := h.rules.counts(); applied != 1 {
+		t.Errorf("rules applied %d times, want 1 (a pending pod has its rules)", applied)
+	}
+	h.waitFor("annotation pending", func() bool { v, _ := h.annotation("app", "a"); return v == "pending" })
+	start := time.Now()
+	h.zt.connect()
+	h.waitFor("pod enabled", func() bool { return h.state("uid-a") == "enabled" })
+	t.Logf("pending → enabled %v after ztunnel connected", time.Since(start))
+	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation("app", "a"); return v == "enabled" })
+}
+
+func TestFailPendingRollsBack(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.agent.cfg.FailPending = true
+	if _, err := h.agent.HandleAdd(context.Background(), event(p)); err == nil {
+		t.Fatal("HandleAdd with no ztunnel and FailPending: no error")
+	}
+	if _, deleted, _ := h.rules.counts(); deleted != 1 || h.reg.Len() != 0 {
+		t.Errorf("rules deleted %d times, registry %d; want rolled back", deleted, h.reg.Len())
+	}
+}
+
+func TestNackLeavesOnlyThatPodPending(t *testing.T) {
+	a, b := pod("app", "a", "uid-a", nil), pod("app", "b", "uid-b", nil)
+	h := newHarness(t, namespace("app", true), a, b)
+	h.zt.connect()
+	h.zt.setNack("uid-a", "netns broken")
+	if out, err := h.agent.HandleAdd(context.Background(), event(a)); err != nil || out != cniserver.Pending {
+		t.Fatalf("a: HandleAdd = %v, %v; want Pending", out, err)
+	}
+	if out, err := h.agent.HandleAdd(context.Background(), event(b)); err != nil || out != cniserver.Enrolled {
+		t.Fatalf("b: HandleAdd = %v, %v; want Enrolled", out, err)
+	}
+	// The backoff retries a while it is nacked...
+	h.waitFor("a retried", func() bool {
+		h.zt.mu.Lock()
+		defer h.zt.mu.Unlock()
+		return len(h.zt.adds) >= 1 && h.state("uid-a") == "pending"
+	})
+	// ...and it is enabled as soon as ztunnel accepts it.
+	h.zt.setNack("uid-a", "")
+	h.waitFor("a enabled after nack cleared", func() bool { return h.state("uid-a") == "enabled" })
+	if got := h.state("uid-b"); got != "enabled" {
+		t.Errorf("b state %s, want enabled", got)
+	}
+}
+
+func TestCNIAddBadInput(t *testing.T) {
+	badDNS := pod("app", "dns", "uid-d", map[string]string{iptables.AnnotationDNSCapture: "maybe"})
+	ok := pod("app", "ok", "uid-ok", nil)
+	h := newHarness(t, namespace("app", true), badDNS, ok)
+	h.zt.connect()
+	fdsBefore := openFDs(t)
+
+	unknown := event(pod("app", "ghost", "uid-ghost", nil))
+	start := time.Now()
+	if _, err := h.agent.HandleAdd(context.Background(), unknown); err == nil {
+		t.Error("unknown pod: no error")
+	} else {
+		t.Logf("unknown pod after %v: %v", time.Since(start), err)
+	}
+	if _, err := h.agent.HandleAdd(context.Background(), event(badDNS)); err == nil {
+		t.Error("invalid dns-capture: no error")
+	}
+	missing := event(ok)
+	missing.NetnsPath = "/var/run/netns/does-not-exist"
+	if _, err := h.agent.HandleAdd(context.Background(), missing); err == nil {
+		t.Error("missing netns: no error")
+	}
+	notNS := event(ok)
+	notNS.NetnsPath = "/etc/hostname"
+	if _, err := h.agent.HandleAdd(context.Background(), notNS); err == nil {
+		t.Error("netns path that is not a netns: no error")
+	}
+	h.rules.mu.Lock()
+	h.rules.applyErr = errors.New("iptables-restore: boom")
+	h.rules.mu.Unlock()
+	if _, err := h.agent.HandleAdd(context.Background(), event(ok)); err == nil {
+		t.Error("rule failure: no error")
+	}
+	if applied, deleted, probes := h.rules.counts(); applied != 0 || deleted != 1 || probes != 0 || h.reg.Len() != 0 {
+		t.Errorf("leaked: applied=%d deleted=%d probes=%d registry=%d", applied, deleted, probes, h.reg.Len())
+	}
+	if h.zt.added("uid-ok") != 0 {
+		t.Error("pod with failed rules reached ztunnel")
+	}
+	if after := openFDs(t); after > fdsBefore {
+		t.Errorf("open fds %d → %d: a netns handle leaked", fdsBefore, after)
+	}
+	for reason, want := range map[string]float64{"pod_unknown": 1, "bad_annotation": 1, "netns": 2, "rules": 1} {
+		var m dto.Metric
+		if err := h.agent.metrics.failures.WithLabelValues(reason).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if v := m.GetCounter().GetValue(); v != want {
+			t.Errorf("failures{reason=%q} = %v, want %v", reason, v, want)
+		}
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func TestNamespaceUnlabelRemovesPod(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.zt.connect()
+	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != cniserver.Enrolled {
+		t.Fatalf("HandleAdd = %v, %v", out, err)
+	}
+	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation("app", "a"); return v == "enabled" })
+	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), namespace("app", false), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("pod removed", func() bool { return h.state("uid-a") == "absent" })
+	if !h.zt.deleted("uid-a") {
+		t.Error("DelWorkload not sent")
+	}
+	if _, deleted, probes := h.rules.counts(); deleted != 1 || probes != 0 {
+		t.Errorf("rules deleted %d times, probes %d; want 1, 0", deleted, probes)
+	}
+	h.waitFor("annotation removed", func() bool { _, ok := h.annotation("app", "a"); return !ok })
+}
+
+func TestDeletedPodIsForgotten(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.zt.connect()
+	if _, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.client.CoreV1().Pods("app").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("pod forgotten", func() bool { return h.state("uid-a") == "absent" })
+	if !h.zt.deleted("uid-a") {
+		t.Error("DelWorkload not sent")
+	}
+	if snap := h.agent.Snapshot(); len(snap) != 0 {
+		t.Errorf("snapshot after delete: %+v", snap)
+	}
+}
+
+func TestTerminalPodIsRemoved(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.zt.connect()
+	if _, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := h.client.CoreV1().Pods("app").Get(context.Background(), "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Status.Phase = corev1.PodSucceeded
+	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("terminal pod removed", func() bool { return h.state("uid-a") == "absent" })
+	if !h.zt.deleted("uid-a") {
+		t.Error("DelWorkload not sent for terminal pod")
+	}
+	if _, _, probes := h.rules.counts(); probes != 0 {
+		t.Errorf("probe entries left: %d", probes)
+	}
+}
+
+func TestRestartRebuildsRegistry(t *testing.T) {
+	running := func(p *corev1.Pod, ip string) *corev1.Pod {
+		p.Status.Phase = corev1.PodRunning
+		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		return p
+	}
+	enabled := running(pod("app", "a", "uid-a", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.5")
+	pending := running(pod("app", "b", "uid-b", map[string]string{policy.AnnotationRedirection: "pending"}), "10.1.0.6")
+	plain := running(pod("app", "c", "uid-c", nil), "10.1.0.7")
+	done := running(pod("app", "d", "uid-d", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.8")
+	done.Status.Phase = corev1.PodSucceeded
+	// The host proc is empty, so no netns is found: the restored pods are
+	// offered as Keep. The hour-long backoff keeps the pending pod's failed
+	// netns lookup from changing anything while the test looks.
+	h := newHarnessWith(t, func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour },
+		namespace("app", true), enabled, pending, plain, done)
+	snap := h.agent.Snapshot()
+	var got []string
+	for _, e := range snap {
+		if e.Netns != nil {
+			t.Errorf("%s: netns found in an empty host proc", e.Workload.UID)
+		}
+		got = append(got, e.Workload.UID+"/"+e.Workload.ServiceAccount)
+	}
+	if want := []string{"uid-a/sa-a", "uid-b/sa-b"}; !slices.Equal(got, want) {
+		t.Errorf("snapshot after rebuild %v, want %v (Keep entries)", got, want)
+	}
+	if h.state("uid-a") != "enabled" || h.state("uid-b") != "pending" {
+		t.Errorf("states a=%s b=%s, want enabled, pending", h.state("uid-a"), h.state("uid-b"))
+	}
+	if applied, _, _ := h.rules.counts(); applied != 0 {
+		t.Errorf("rebuild applied rules %d times, want 0 (rules are left as they are)", applied)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	h := newHarness(t)
+	if err := h.agent.Live(); err != nil {
+		t.Errorf("Live: %v", err)
+	}
+	if err := h.agent.Ready(); err == nil {
+		t.Error("Ready with no ztunnel: nil")
+	}
+	h.zt.connect()
+	if err := h.agent.Ready(); err != nil {
+		t.Errorf("Ready: %v", err)
+	}
+}
+
+// BenchmarkHandleAdd measures the agent's own cost of a CNI ADD for an
+// in-mesh pod (cache lookup, policy, netns open, registry, bookkeeping), with
+// fake rules and ztunnel: the floor under the real iptables and ZDS costs.
+func BenchmarkHandleAdd(b *testing.B) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(b, namespace("app", true), p)
+	h.zt.connect()
+	ev := event(p)
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		if out, err := h.agent.HandleAdd(ctx, ev); err != nil || out != cniserver.Enrolled {
+			b.Fatalf("HandleAdd = %v, %v", out, err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/add")
+}

@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ambientd/ambientd/nodeagent/registry"
+)
+
+// metrics are the agent's own collectors, in a registry of their own (no
+// global state; tests can run several agents).
+type metrics struct {
+	reg         *prometheus.Registry
+	failures    *prometheus.CounterVec
+	cniAdds     *prometheus.CounterVec
+	removals    *prometheus.CounterVec
+	annotations *prometheus.CounterVec
+	steps       *prometheus.HistogramVec
+}
+
+// failure reasons (label values of ambientd_enrollment_failures_total).
+var failureReasons = []string{
+	"pod_unknown", "bad_annotation", "netns", "netns_not_found", "rules",
+	"no_ztunnel", "ztunnel_nack", "ztunnel", "probe_ips", "removal", "api",
+}
+
+func newMetrics(reg *registry.Registry) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ambientd_enrollment_failures_total",
+			Help: "Failures while enrolling or removing pods, by reason.",
+		}, []string{"reason"}),
+		cniAdds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ambientd_cni_add_total",
+			Help: "CNI ADD events handled, by outcome (enrolled, pending, not-in-mesh, error).",
+		}, []string{"outcome"}),
+		removals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ambientd_pod_removals_total",
+			Help: "Pods taken out of the mesh, by reason.",
+		}, []string{"reason"}),
+		annotations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ambientd_annotation_writes_total",
+			Help: "Attempts to write the redirection annotation, by result (ok, retry, dropped).",
+		}, []string{"result"}),
+		steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ambientd_enrollment_step_duration_seconds",
+			Help:    "Duration of enrollment steps (lookup, rules, ztunnel_add, probe).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
+		}, []string{"step"}),
+	}
+	for _, r := range failureReasons {
+		m.failures.WithLabelValues(r)
+	}
+	count := func(s registry.State) func() float64 {
+		return func() float64 { return float64(len(reg.UIDs(s))) }
+	}
+	m.reg.MustRegister(m.failures, m.cniAdds, m.removals, m.annotations, m.steps,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_pending", Help: "Registered pods ztunnel has not acked."}, count(registry.Pending)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_enabled", Help: "Registered pods ztunnel has acked."}, count(registry.Enabled)),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+func (m *metrics) failure(reason string) { m.failures.WithLabelValues(reason).Inc() }
+
+func (m *metrics) step(name string, start time.Time) {
+	m.steps.WithLabelValues(name).Observe(time.Since(start).Seconds())
+}

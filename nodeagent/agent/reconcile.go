@@ -1,0 +1,426 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+)
+
+// podLog returns the agent's logger with the pod's identity on every line.
+func (a *Agent) podLog(namespace, name, uid string) *slog.Logger {
+	return a.log.With("namespace", namespace, "pod", name, "uid", uid)
+}
+
+// podByUID returns the cached pod with uid, or nil.
+func (a *Agent) podByUID(uid string) *corev1.Pod {
+	objs, err := a.podInformer.GetIndexer().ByIndex(uidIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	p, _ := objs[0].(*corev1.Pod)
+	return p
+}
+
+// podByName returns the cached pod namespace/name, or nil.
+func (a *Agent) podByName(namespace, name string) *corev1.Pod {
+	obj, ok, err := a.podInformer.GetIndexer().GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	p, _ := obj.(*corev1.Pod)
+	return p
+}
+
+func (a *Agent) namespaceLabels(ctx context.Context, name string) (map[string]string, error) {
+	if n, err := a.nsLister.Get(name); err == nil {
+		return n.Labels, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := a.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get namespace %s: %w", name, err)
+	}
+	return n.Labels, nil
+}
+
+// decide applies the enrollment policy to pod.
+func (a *Agent) decide(ctx context.Context, pod *corev1.Pod) (policy.Decision, error) {
+	labels, err := a.namespaceLabels(ctx, pod.Namespace)
+	if err != nil && !apierrors.IsNotFound(errors.Unwrap(err)) {
+		return policy.Decision{}, err
+	}
+	return a.cfg.Policy.Decide(pod, labels), nil
+}
+
+// reconcile drives one pod (by uid) to its wanted state. It is idempotent and
+// safe to run any number of times; an error requeues the pod with backoff.
+func (a *Agent) reconcile(ctx context.Context, uid string) error {
+	unlock := a.locks.lock(uid)
+	defer unlock()
+
+	pod := a.podByUID(uid)
+	entry, registered := a.reg.Get(uid)
+	if pod == nil {
+		if !registered {
+			return nil
+		}
+		// The cache says the pod is gone; make sure before dropping it
+		// (a CNI ADD may have enrolled a pod the cache has not seen yet).
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		p, err := a.client.CoreV1().Pods(entry.Namespace).Get(cctx, entry.Name, metav1.GetOptions{})
+		cancel()
+		switch {
+		case err == nil && string(p.UID) == uid:
+			pod = p
+		case err == nil || apierrors.IsNotFound(err):
+			return a.forget(ctx, entry, "deleted")
+		default:
+			a.metrics.failure("api")
+			return fmt.Errorf("check pod %s/%s: %w", entry.Namespace, entry.Name, err)
+		}
+	}
+	log := a.podLog(pod.Namespace, pod.Name, uid)
+
+	d, err := a.decide(ctx, pod)
+	if err != nil {
+		a.metrics.failure("api")
+		return err
+	}
+	if !d.InMesh {
+		if registered {
+			log.Info("pod left the mesh", "reason", d.Reason)
+			return a.removeFromMesh(ctx, pod, entry, d.Reason)
+		}
+		if _, ok := pod.Annotations[policy.AnnotationRedirection]; ok && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+			a.status.Set(pod.Namespace, pod.Name, uid, "")
+		}
+		return nil
+	}
+
+	if registered {
+		if entry.State == registry.Enabled {
+			// Heal an annotation that does not match (e.g. written while
+			// the API was down and lost, or edited by hand).
+			if pod.Annotations[policy.AnnotationRedirection] != policy.RedirectionEnabled {
+				if v, ok := a.status.Wanted(pod.Namespace, pod.Name); !ok || v != policy.RedirectionEnabled {
+					a.status.Set(pod.Namespace, pod.Name, uid, policy.RedirectionEnabled)
+				}
+			}
+			return nil
+		}
+		return a.retryPending(ctx, log, entry)
+	}
+
+	// A running pod that belongs in the mesh but was not enrolled through
+	// CNI (label added later, or enrolled before we knew): find its netns.
+	ips := podIPs(pod)
+	if len(ips) == 0 || pod.Status.Phase != corev1.PodRunning {
+		return nil // not started yet; its CNI ADD or a later update brings it
+	}
+	opts, err := iptables.PodOptionsFromAnnotations(a.cfg.Rules, pod.Annotations)
+	if err != nil {
+		a.metrics.failure("bad_annotation")
+		log.Warn("cannot enroll pod", "error", err)
+		return nil // retrying cannot help; the next pod update will
+	}
+	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: uid, IPs: ips})
+	if err != nil {
+		a.metrics.failure("netns_not_found")
+		log.Warn("cannot find the pod's network namespace", "error", err)
+		return err
+	}
+	log.Info("enrolling running pod", "reason", d.Reason, "netns", h.Name())
+	_, err = a.enroll(ctx, log, pod, h, ips, opts)
+	return err // a pending pod is retried with backoff
+}
+
+// errPending marks an enrollment whose rules are in place but that ztunnel has
+// not acked; the pod stays registered as pending.
+var errPending = errors.New("pod is pending: ztunnel has not acked it")
+
+// enroll programs the pod's rules in the netns open as h (taking ownership of
+// h), registers it, and activates it with ztunnel. Rule failure: nothing is
+// left behind and the error is returned. ztunnel failure: the pod stays
+// registered as pending and an error wrapping errPending is returned.
+func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h *os.File, ips []netip.Addr, opts iptables.PodOptions) (registry.State, error) {
+	uid := string(pod.UID)
+	start := time.Now()
+	err := withNetNS(h, func(n ns.NetNS) error { return a.rules.ApplyPod(ctx, n, opts) })
+	a.metrics.step("rules", start)
+	if err != nil {
+		a.metrics.failure("rules")
+		// Apply is atomic per family, but one family may have landed.
+		if derr := withNetNS(h, func(n ns.NetNS) error { return a.rules.DeletePod(context.WithoutCancel(ctx), n) }); derr != nil {
+			log.Warn("cleanup after failed rule apply", "error", derr)
+		}
+		h.Close()
+		return registry.Pending, fmt.Errorf("program in-pod rules for %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	a.reg.Put(registry.Entry{
+		UID: uid, Name: pod.Name, Namespace: pod.Namespace, ServiceAccount: sa,
+		IPs: ips, Netns: h, State: registry.Pending,
+	})
+	entry, _ := a.reg.Get(uid)
+	return a.activate(ctx, log, entry, true)
+}
+
+// activate tells ztunnel about a registered pod and, once acked, adds its
+// probe IPs and marks it enabled. first says the pod was just registered, so
+// its pending state must be recorded even if it was pending before.
+func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry, first bool) (registry.State, error) {
+	setPending := func(reason string, err error) (registry.State, error) {
+		a.metrics.failure(reason)
+		a.reg.SetState(e.UID, registry.Pending)
+		if first || e.State != registry.Pending {
+			a.status.Set(e.Namespace, e.Name, e.UID, policy.RedirectionPending)
+		}
+		log.Warn("pod pending", "reason", reason, "error", err)
+		return registry.Pending, fmt.Errorf("%w: %w", errPending, err)
+	}
+	start := time.Now()
+	err := a.zt.AddWorkload(ctx, ztunnel.Workload{UID: e.UID, Name: e.Name, Namespace: e.Namespace, ServiceAccount: e.ServiceAccount}, e.Netns)
+	a.metrics.step("ztunnel_add", start)
+	if err != nil {
+		reason := "ztunnel"
+		var nack *ztunnel.NackError
+		switch {
+		case errors.Is(err, ztunnel.ErrNoZtunnel):
+			reason = "no_ztunnel"
+		case errors.As(err, &nack):
+			reason = "ztunnel_nack"
+		}
+		return setPending(reason, err)
+	}
+	start = time.Now()
+	err = a.rules.AddProbeIPs(ctx, e.UID, e.IPs)
+	a.metrics.step("probe", start)
+	if err != nil {
+		return setPending("probe_ips", err)
+	}
+	if !a.reg.SetState(e.UID, registry.Enabled) {
+		return registry.Pending, fmt.Errorf("pod %s/%s was removed while being enrolled", e.Namespace, e.Name)
+	}
+	a.status.Set(e.Namespace, e.Name, e.UID, policy.RedirectionEnabled)
+	log.Info("pod enrolled", "ips", e.IPs)
+	return registry.Enabled, nil
+}
+
+// retryPending re-activates a pending pod, finding its netns first if a
+// restart left it without one.
+func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, e registry.Entry) error {
+	if e.Netns == nil {
+		h, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs})
+		if err != nil {
+			a.metrics.failure("netns_not_found")
+			return err
+		}
+		a.reg.SetNetns(e.UID, h)
+		e, _ = a.reg.Get(e.UID)
+	}
+	_, err := a.activate(ctx, log, e, false)
+	return err
+}
+
+// removeFromMesh undoes everything enrollment did for a running pod. Every
+// step is idempotent; on error the pod stays registered and is retried.
+func (a *Agent) removeFromMesh(ctx context.Context, pod *corev1.Pod, e registry.Entry, reason policy.Reason) error {
+	log := a.podLog(e.Namespace, e.Name, e.UID)
+	var errs []error
+	if err := a.zt.DelWorkload(ctx, e.UID); err != nil {
+		errs = append(errs, fmt.Errorf("ztunnel del: %w", err))
+	}
+	h := e.Netns
+	if h == nil {
+		// Restarted agent that never found the netns: try once more.
+		if f, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs}); err == nil {
+			a.reg.SetNetns(e.UID, f)
+			h = f
+		} else {
+			log.Warn("pod netns not found; its rules cannot be removed", "error", err)
+		}
+	}
+	if h != nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		if err := withNetNS(h, func(n ns.NetNS) error { return a.rules.DeletePod(ctx, n) }); err != nil {
+			errs = append(errs, fmt.Errorf("delete rules: %w", err))
+		}
+	}
+	if err := a.rules.RemoveProbeIPs(ctx, e.UID, e.IPs); err != nil {
+		errs = append(errs, fmt.Errorf("remove probe IPs: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		a.metrics.failure("removal")
+		log.Warn("removing pod from the mesh failed, will retry", "error", err)
+		return err
+	}
+	a.reg.Delete(e.UID)
+	if _, ok := pod.Annotations[policy.AnnotationRedirection]; ok || e.State == registry.Enabled || e.State == registry.Pending {
+		a.status.Set(pod.Namespace, pod.Name, e.UID, "")
+	}
+	a.metrics.removals.WithLabelValues(string(reason)).Inc()
+	log.Info("pod removed from the mesh", "reason", reason)
+	return nil
+}
+
+// forget drops a pod whose sandbox or object is gone: ztunnel is told on
+// every connection, the probe entry and the registry entry go. Rules are not
+// touched: the namespace is going away with the pod.
+func (a *Agent) forget(ctx context.Context, e registry.Entry, reason string) error {
+	log := a.podLog(e.Namespace, e.Name, e.UID)
+	var errs []error
+	if err := a.zt.DelWorkload(ctx, e.UID); err != nil {
+		errs = append(errs, fmt.Errorf("ztunnel del: %w", err))
+	}
+	if err := a.rules.RemoveProbeIPs(ctx, e.UID, e.IPs); err != nil {
+		errs = append(errs, fmt.Errorf("remove probe IPs: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		a.metrics.failure("removal")
+		log.Warn("forgetting deleted pod failed, will retry", "error", err)
+		return err
+	}
+	a.reg.Delete(e.UID)
+	a.metrics.removals.WithLabelValues(reason).Inc()
+	log.Info("pod forgotten", "reason", reason)
+	return nil
+}
+
+// rebuild fills the registry after a restart from this node's pods annotated
+// enabled or pending, with one /proc pass for all their namespaces. Pods whose
+// netns is not found are still registered (ztunnel gets Keep for them), so a
+// reconnecting ztunnel never drops a live pod. Their rules are left alone.
+func (a *Agent) rebuild(ctx context.Context) {
+	var pods []*corev1.Pod
+	var targets []podnetns.Target
+	for _, obj := range a.podInformer.GetStore().List() {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			continue
+		}
+		switch p.Annotations[policy.AnnotationRedirection] {
+		case policy.RedirectionEnabled, policy.RedirectionPending:
+		default:
+			continue
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		pods = append(pods, p)
+		targets = append(targets, podnetns.Target{UID: string(p.UID), IPs: podIPs(p)})
+	}
+	if len(pods) == 0 {
+		return
+	}
+	start := time.Now()
+	found, err := a.finder.Find(ctx, targets)
+	if err != nil {
+		a.log.Warn("scanning host proc for pod netns failed; pods will be kept as they are", "error", err)
+		found = nil
+	}
+	for _, p := range pods {
+		st := registry.Pending
+		if p.Annotations[policy.AnnotationRedirection] == policy.RedirectionEnabled {
+			st = registry.Enabled
+		}
+		sa := p.Spec.ServiceAccountName
+		if sa == "" {
+			sa = "default"
+		}
+		h := found[string(p.UID)]
+		a.reg.Put(registry.Entry{UID: string(p.UID), Name: p.Name, Namespace: p.Namespace, ServiceAccount: sa, IPs: podIPs(p), Netns: h, State: st})
+		a.podLog(p.Namespace, p.Name, string(p.UID)).Info("restored pod", "state", st.String(), "netns_found", h != nil)
+	}
+	a.log.Info("registry rebuilt", "pods", len(pods), "netns_found", len(found), "took", time.Since(start))
+}
+
+// Snapshot implements ztunnel.SnapshotSource from the registry.
+func (a *Agent) Snapshot() []ztunnel.SnapshotEntry {
+	return SnapshotOf(a.reg)
+}
+
+// SnapshotOf lists reg as a ztunnel snapshot. The ztunnel server is created
+// before the agent, so it can use this through a small adapter.
+func SnapshotOf(reg *registry.Registry) []ztunnel.SnapshotEntry {
+	list := reg.List()
+	out := make([]ztunnel.SnapshotEntry, 0, len(list))
+	for _, e := range list {
+		out = append(out, ztunnel.SnapshotEntry{
+			Workload: ztunnel.Workload{UID: e.UID, Name: e.Name, Namespace: e.Namespace, ServiceAccount: e.ServiceAccount},
+			Netns:    e.Netns,
+		})
+	}
+	return out
+}
+
+// RegistrySnapshot adapts a registry to ztunnel.SnapshotSource.
+type RegistrySnapshot struct{ Reg *registry.Registry }
+
+// Snapshot implements ztunnel.SnapshotSource.
+func (r RegistrySnapshot) Snapshot() []ztunnel.SnapshotEntry { return SnapshotOf(r.Reg) }
+
+func podIPs(p *corev1.Pod) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	if len(out) == 0 && p.Status.PodIP != "" {
+		if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+// withNetNS runs fn with the netns open as h, through /proc/self/fd so the
+// original path (maybe already unmounted) does not matter.
+func withNetNS(h *os.File, fn func(ns.NetNS) error) error {
+	n, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", h.Fd()))
+	if err != nil {
+		return fmt.Errorf("reopen netns %s: %w", h.Name(), err)
+	}
+	defer n.Close()
+	return fn(n)
+}
+
+// openNetns opens path and checks it is a network namespace.
+func openNetns(path string) (*os.File, error) {
+	if path == "" {
+		return nil, errors.New("no netns path")
+	}
+	h, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open netns: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(h.Fd()), &st); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("statfs netns %s: %w", path, err)
+	}
+	if st.Type != unix.NSFS_MAGIC && st.Type != unix.PROC_SUPER_MAGIC {
+		h.Close()
+		return nil, fmt.Errorf("%s is not a network namespace (filesystem type %#x)", path, st.Type)
+	}
+	return h, nil
+}

@@ -1,0 +1,200 @@
+// Package podstatus writes the ambient.istio.io/redirection annotation. Writes
+// are merge patches on the pods/status subresource (what the agent's RBAC
+// allows), queued and retried with capped backoff until they land, so a slow or
+// unreachable API server never blocks enrollment. Only the newest wanted value
+// of a pod is written; a pod that is gone (or replaced by a new pod of the same
+// name) is dropped.
+package podstatus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Annotation is the annotation this package writes.
+const Annotation = "ambient.istio.io/redirection"
+
+// Key names a pod.
+type Key struct{ Namespace, Name string }
+
+func (k Key) String() string { return k.Namespace + "/" + k.Name }
+
+type want struct {
+	uid   string
+	value string // "" removes the annotation
+	gen   uint64
+}
+
+// Result is reported to the optional OnResult hook after every attempt.
+type Result string
+
+const (
+	ResultOK      Result = "ok"
+	ResultRetry   Result = "retry"   // failed, will retry
+	ResultDropped Result = "dropped" // pod gone or replaced; not retried
+)
+
+// Options tune the patcher. Zero values take the defaults.
+type Options struct {
+	BaseDelay, MaxDelay time.Duration // retry backoff, default 100ms .. 5s
+	Timeout             time.Duration // per request, default 10s
+	// OnResult, when set, is called after each attempt (metrics hook).
+	OnResult func(r Result)
+}
+
+// Patcher queues annotation writes. Create with New, then Run.
+type Patcher struct {
+	client kubernetes.Interface
+	log    *slog.Logger
+	opts   Options
+	queue  workqueue.TypedRateLimitingInterface[Key]
+
+	mu     sync.Mutex
+	wanted map[Key]want
+	gen    uint64
+}
+
+// New returns a Patcher using client.
+func New(client kubernetes.Interface, log *slog.Logger, opts Options) *Patcher {
+	if opts.BaseDelay <= 0 {
+		opts.BaseDelay = 100 * time.Millisecond
+	}
+	if opts.MaxDelay <= 0 {
+		opts.MaxDelay = 5 * time.Second
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	return &Patcher{
+		client: client,
+		log:    log,
+		opts:   opts,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](opts.BaseDelay, opts.MaxDelay),
+			workqueue.TypedRateLimitingQueueConfig[Key]{}),
+		wanted: make(map[Key]want),
+	}
+}
+
+// Set asks for the annotation of pod namespace/name (which must have uid) to
+// become value; value "" removes it. It never blocks.
+func (p *Patcher) Set(namespace, name, uid, value string) {
+	k := Key{namespace, name}
+	p.mu.Lock()
+	p.gen++
+	p.wanted[k] = want{uid: uid, value: value, gen: p.gen}
+	p.mu.Unlock()
+	p.queue.Add(k)
+}
+
+// Pending returns the number of writes not landed yet.
+func (p *Patcher) Pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.wanted)
+}
+
+// Wanted returns the value queued for a pod and whether a write is queued.
+func (p *Patcher) Wanted(namespace, name string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w, ok := p.wanted[Key{namespace, name}]
+	return w.value, ok
+}
+
+// Run writes queued annotations with the given number of workers until ctx
+// ends.
+func (p *Patcher) Run(ctx context.Context, workers int) {
+	if workers < 1 {
+		workers = 1
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for p.next(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	p.queue.ShutDown()
+	wg.Wait()
+}
+
+func (p *Patcher) next(ctx context.Context) bool {
+	k, quit := p.queue.Get()
+	if quit {
+		return false
+	}
+	defer p.queue.Done(k)
+	p.mu.Lock()
+	w, ok := p.wanted[k]
+	p.mu.Unlock()
+	if !ok {
+		p.queue.Forget(k)
+		return true
+	}
+	err := p.patch(ctx, k, w)
+	res := ResultOK
+	switch {
+	case err == nil:
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err):
+		// Gone, or a different pod now has this name (the uid precondition
+		// failed): the write is moot.
+		res = ResultDropped
+		p.log.Info("annotation write dropped", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "value", w.value, "reason", err)
+	default:
+		res = ResultRetry
+	}
+	if p.opts.OnResult != nil {
+		p.opts.OnResult(res)
+	}
+	if res == ResultRetry {
+		if ctx.Err() == nil {
+			p.log.Warn("annotation write failed, retrying", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "value", w.value, "error", err)
+		}
+		p.queue.AddRateLimited(k)
+		return true
+	}
+	p.queue.Forget(k)
+	p.mu.Lock()
+	if cur, ok := p.wanted[k]; ok && cur.gen == w.gen {
+		delete(p.wanted, k)
+	}
+	p.mu.Unlock()
+	return true
+}
+
+// patch sends the merge patch. metadata.uid in the patch is a precondition: if
+// the pod was recreated under the same name, the API server rejects the write.
+func (p *Patcher) patch(ctx context.Context, k Key, w want) error {
+	var val any
+	if w.value != "" {
+		val = w.value
+	}
+	body, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{
+			"uid":         w.uid,
+			"annotations": map[string]any{Annotation: val},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("podstatus: encode patch: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
+	defer cancel()
+	_, err = p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
+	if err != nil {
+		return fmt.Errorf("podstatus: patch %s %s=%q: %w", k, Annotation, w.value, err)
+	}
+	return nil
+}

@@ -1,0 +1,106 @@
+package podstatus
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+func pod(name, uid string, ann map[string]string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("u-" + uid), Annotations: ann}}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func annotation(t *testing.T, c *fake.Clientset, name string) (string, bool) {
+	t.Helper()
+	p, err := c.CoreV1().Pods("ns").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok := p.Annotations[Annotation]
+	return v, ok
+}
+
+func start(t *testing.T, p *Patcher) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { p.Run(ctx, 2) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+func TestSetRetriesUntilLanded(t *testing.T) {
+	c := fake.NewClientset(pod("a", "1", nil))
+	var fails atomic.Int32
+	fails.Store(3)
+	var sawStatus atomic.Bool
+	c.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "status" {
+			sawStatus.Store(true)
+		}
+		if fails.Add(-1) >= 0 {
+			return true, nil, apierrors.NewServiceUnavailable("apiserver down")
+		}
+		return false, nil, nil
+	})
+	var results sync.Map
+	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond,
+		OnResult: func(r Result) {
+			n, _ := results.LoadOrStore(r, new(atomic.Int32))
+			n.(*atomic.Int32).Add(1)
+		}})
+	start(t, p)
+	p.Set("ns", "a", "u-1", "pending")
+	p.Set("ns", "a", "u-1", "enabled") // only the newest value matters
+	waitFor(t, "annotation enabled", func() bool { v, _ := annotation(t, c, "a"); return v == "enabled" && p.Pending() == 0 })
+	if !sawStatus.Load() {
+		t.Error("patch did not target the status subresource")
+	}
+	if n, _ := results.Load(ResultRetry); n == nil || n.(*atomic.Int32).Load() < 3 {
+		t.Errorf("retries not reported: %v", n)
+	}
+
+	p.Set("ns", "a", "u-1", "")
+	waitFor(t, "annotation removed", func() bool { _, ok := annotation(t, c, "a"); return !ok && p.Pending() == 0 })
+}
+
+func TestSetDropsGoneOrReplacedPod(t *testing.T) {
+	c := fake.NewClientset(pod("b", "2", nil))
+	c.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.PatchAction).GetName() == "b" {
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, "b", errors.New("uid precondition"))
+		}
+		return false, nil, nil
+	})
+	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: time.Millisecond})
+	start(t, p)
+	p.Set("ns", "missing", "u-9", "enabled")
+	p.Set("ns", "b", "u-old", "enabled")
+	waitFor(t, "writes dropped", func() bool { return p.Pending() == 0 })
+	if _, ok := annotation(t, c, "b"); ok {
+		t.Error("replaced pod got annotated")
+	}
+}

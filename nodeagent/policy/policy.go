@@ -1,0 +1,114 @@
+// Package policy decides whether a pod belongs in the ambient mesh. It is pure:
+// it looks only at the pod and its namespace's labels, never at the cluster.
+package policy
+
+import (
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Labels and annotations shared with Istio, so pods and namespaces labelled for
+// istio-cni behave the same under ambientd.
+const (
+	LabelDataplaneMode      = "istio.io/dataplane-mode"
+	ModeAmbient             = "ambient"
+	ModeNone                = "none"
+	AnnotationSidecarStatus = "sidecar.istio.io/status"
+	AnnotationRedirection   = "ambient.istio.io/redirection"
+	RedirectionEnabled      = "enabled"
+	RedirectionPending      = "pending"
+)
+
+// Reason says why a pod is or is not in the mesh; it is used as a metric label
+// and in logs, so the set is small and fixed.
+type Reason string
+
+const (
+	ReasonPodLabel          Reason = "pod-label"
+	ReasonNamespaceLabel    Reason = "namespace-label"
+	ReasonNotLabelled       Reason = "not-labelled"
+	ReasonPodOptOut         Reason = "pod-opt-out"
+	ReasonExcludedNamespace Reason = "excluded-namespace"
+	ReasonHostNetwork       Reason = "host-network"
+	ReasonSidecar           Reason = "sidecar"
+	ReasonZtunnel           Reason = "ztunnel"
+	ReasonSelf              Reason = "self"
+	ReasonTerminal          Reason = "terminal"
+)
+
+// Decision is the outcome of Decide.
+type Decision struct {
+	InMesh bool
+	Reason Reason
+}
+
+// Config holds what the policy needs besides the pod.
+type Config struct {
+	// ExcludeNamespaces are never enrolled (default kube-system).
+	ExcludeNamespaces []string
+	// ZtunnelLabels identify ztunnel pods (all must match). Default app=ztunnel.
+	ZtunnelLabels map[string]string
+	// SelfLabels identify the agent's own pods (all must match). Default
+	// app=ambientd.
+	SelfLabels map[string]string
+}
+
+// DefaultConfig returns the documented defaults.
+func DefaultConfig() Config {
+	return Config{
+		ExcludeNamespaces: []string{"kube-system"},
+		ZtunnelLabels:     map[string]string{"app": "ztunnel"},
+		SelfLabels:        map[string]string{"app": "ambientd"},
+	}
+}
+
+// Decide says whether pod belongs in the mesh given its namespace's labels.
+// The exclusions come first: no label can enroll a hostNetwork pod, a sidecar
+// pod, ztunnel, the agent itself, or a pod in an excluded namespace. Terminal
+// pods (Succeeded/Failed) are out: their network is about to go away.
+func (c Config) Decide(pod *corev1.Pod, nsLabels map[string]string) Decision {
+	switch {
+	case slices.Contains(c.ExcludeNamespaces, pod.Namespace):
+		return Decision{Reason: ReasonExcludedNamespace}
+	case pod.Spec.HostNetwork:
+		return Decision{Reason: ReasonHostNetwork}
+	case hasKey(pod.Annotations, AnnotationSidecarStatus):
+		return Decision{Reason: ReasonSidecar}
+	case matches(pod.Labels, c.ZtunnelLabels):
+		return Decision{Reason: ReasonZtunnel}
+	case matches(pod.Labels, c.SelfLabels):
+		return Decision{Reason: ReasonSelf}
+	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
+		return Decision{Reason: ReasonTerminal}
+	}
+	switch pod.Labels[LabelDataplaneMode] {
+	case ModeNone:
+		return Decision{Reason: ReasonPodOptOut}
+	case ModeAmbient:
+		return Decision{InMesh: true, Reason: ReasonPodLabel}
+	}
+	if nsLabels[LabelDataplaneMode] == ModeAmbient {
+		return Decision{InMesh: true, Reason: ReasonNamespaceLabel}
+	}
+	return Decision{Reason: ReasonNotLabelled}
+}
+
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+// matches reports whether labels hold every pair of sel. An empty selector
+// matches nothing, so an unset config never excludes every pod.
+func matches(labels, sel map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}

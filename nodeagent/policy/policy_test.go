@@ -1,0 +1,60 @@
+package policy
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestDecide(t *testing.T) {
+	ambient := map[string]string{LabelDataplaneMode: ModeAmbient}
+	none := map[string]string{LabelDataplaneMode: ModeNone}
+	pod := func(ns string, labels, ann map[string]string, mut ...func(*corev1.Pod)) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels, Annotations: ann}}
+		for _, m := range mut {
+			m(p)
+		}
+		return p
+	}
+	hostNet := func(p *corev1.Pod) { p.Spec.HostNetwork = true }
+	phase := func(ph corev1.PodPhase) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Status.Phase = ph } }
+
+	tests := []struct {
+		name     string
+		pod      *corev1.Pod
+		nsLabels map[string]string
+		want     Decision
+	}{
+		{"namespace labelled", pod("a", nil, nil), ambient, Decision{true, ReasonNamespaceLabel}},
+		{"pod labelled", pod("a", ambient, nil), nil, Decision{true, ReasonPodLabel}},
+		{"nothing labelled", pod("a", nil, nil), nil, Decision{false, ReasonNotLabelled}},
+		{"other namespace mode", pod("a", nil, nil), map[string]string{LabelDataplaneMode: "sidecar"}, Decision{false, ReasonNotLabelled}},
+		{"pod opts out of ambient namespace", pod("a", none, nil), ambient, Decision{false, ReasonPodOptOut}},
+		{"excluded namespace beats pod label", pod("kube-system", ambient, nil), ambient, Decision{false, ReasonExcludedNamespace}},
+		{"host network", pod("a", ambient, nil, hostNet), ambient, Decision{false, ReasonHostNetwork}},
+		{"sidecar injected", pod("a", nil, map[string]string{AnnotationSidecarStatus: "{}"}), ambient, Decision{false, ReasonSidecar}},
+		{"sidecar annotation empty still counts", pod("a", nil, map[string]string{AnnotationSidecarStatus: ""}), ambient, Decision{false, ReasonSidecar}},
+		{"ztunnel pod", pod("istio-system", map[string]string{"app": "ztunnel"}, nil), ambient, Decision{false, ReasonZtunnel}},
+		{"agent pod", pod("istio-system", map[string]string{"app": "ambientd", LabelDataplaneMode: ModeAmbient}, nil), ambient, Decision{false, ReasonSelf}},
+		{"succeeded pod", pod("a", nil, nil, phase(corev1.PodSucceeded)), ambient, Decision{false, ReasonTerminal}},
+		{"failed pod", pod("a", nil, nil, phase(corev1.PodFailed)), ambient, Decision{false, ReasonTerminal}},
+		{"running pod", pod("a", nil, nil, phase(corev1.PodRunning)), ambient, Decision{true, ReasonNamespaceLabel}},
+	}
+	cfg := DefaultConfig()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := cfg.Decide(tt.pod, tt.nsLabels); got != tt.want {
+				t.Errorf("Decide = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecideEmptyConfigExcludesNothing(t *testing.T) {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Labels: map[string]string{"app": "ztunnel"}}}
+	got := Config{}.Decide(p, map[string]string{LabelDataplaneMode: ModeAmbient})
+	if !got.InMesh {
+		t.Errorf("empty config: Decide = %+v, want in mesh", got)
+	}
+}
