@@ -24,7 +24,7 @@ test: deps
 
 # End-to-end: real kube-apiserver + etcd, the real CNI chain, the agent.
 e2e: deps build
-	hack/e2e.sh
+	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e.sh
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)

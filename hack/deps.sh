@@ -19,6 +19,7 @@ declare -A want=(
   [ps]=procps
   [make]=make
   [gcc]=gcc
+  [flock]=util-linux
 )
 
 missing=()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Usage: hack/leftovers.sh RUN_ID
+# Fails (exit 1, listing them) when a finished e2e run or demo left anything
+# behind; kills/removes what it finds so the next run starts clean:
+#   - processes whose environment carries AMBIENTD_E2E_RUN=RUN_ID
+#   - node network namespaces ambientd-e2e-<pid>-* whose creator is gone
+#   - bridges/veths of the chain in the machine's own network namespace
+#   - mounts and work dirs of the run
+set -uo pipefail
+run=${1:?usage: $0 RUN_ID}
+# Our own children must not match the search below.
+unset AMBIENTD_E2E_RUN
+bad=0
+report() { echo "leftovers: $*" >&2; bad=1; }
+
+for d in /proc/[0-9]*; do
+  pid=${d#/proc/}
+  [ "$pid" = "$$" ] && continue
+  if { tr '\0' '\n' < "$d/environ"; } 2>/dev/null | grep -qx "AMBIENTD_E2E_RUN=$run"; then
+    report "process $pid still running: $({ tr '\0' ' ' < "$d/cmdline"; } 2>/dev/null)"
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+done
+
+for ns in $(ls /run/netns 2>/dev/null | grep '^ambientd-e2e-' || true); do
+  creator=${ns#ambientd-e2e-}; creator=${creator%%-*}
+  if ! kill -0 "$creator" 2>/dev/null; then
+    report "network namespace $ns left behind"
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  fi
+done
+
+# The chain's bridge (ambe2e0) and pod veths live only in the node netns; in
+# the machine's netns they would mean the isolation broke.
+if ip -o link show ambe2e0 >/dev/null 2>&1; then
+  report "bridge ambe2e0 exists in the machine's network namespace"
+fi
+
+tmp=${TMPDIR:-/tmp}
+if grep -F "ambientd-e2e-$run" /proc/self/mountinfo >&2; then
+  report "mounts of run $run remain (above)"
+fi
+for d in "$tmp"/ambientd-e2e-"$run"-*; do
+  [ -e "$d" ] || continue
+  report "work dir $d left behind (removed now)"
+  rm -rf "$d"
+done
+
+if [ "$bad" -eq 0 ]; then
+  echo "leftovers: none (processes, netns, bridges, mounts, work dirs checked for run $run)"
+fi
+exit "$bad"

@@ -1,0 +1,276 @@
+package e2eenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// PodSpec describes a pod for CreatePod.
+type PodSpec struct {
+	Namespace, Name string
+	Labels          map[string]string
+	Annotations     map[string]string
+	// ServiceAccount defaults to "default"; it is created if missing.
+	ServiceAccount string
+	// Mutate, if set, may change the Pod object before it is created
+	// (readiness gates, host network, extra containers...).
+	Mutate func(*corev1.Pod)
+	// Chain runs the pod's CNI (default Env.Chain; Env.PlainChain leaves
+	// our plugin out).
+	Chain *Chain
+}
+
+// Pod is a pod the environment created: the API object, its network
+// namespace and what the CNI chain assigned.
+type Pod struct {
+	Namespace, Name string
+	UID             string
+	ContainerID     string
+	Netns           ns.NetNS
+	NetnsPath       string
+	IPs             []netip.Addr
+	Result          *current.Result
+	// Object is the Pod as last written by CreatePod (status Running).
+	Object *corev1.Pod
+
+	chain *Chain
+}
+
+// Attachment is what the chain was run with for this pod.
+func (p *Pod) Attachment() Attachment { return p.attachment() }
+
+// IP is the pod's first IP.
+func (p *Pod) IP() netip.Addr {
+	if len(p.IPs) == 0 {
+		return netip.Addr{}
+	}
+	return p.IPs[0]
+}
+
+func (p *Pod) attachment() Attachment {
+	return Attachment{ContainerID: p.ContainerID, NetnsPath: p.NetnsPath, PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.UID}
+}
+
+// CreatePod does what the scheduler, kubelet and container runtime do for a
+// new pod on this node: create the Pod object bound to the node (status
+// Pending), create the sandbox's network namespace, run CNI ADD through the
+// chain, then patch pods/status to Running with the assigned IPs. If ADD
+// fails, DEL runs, the netns and the Pod object are removed, and the error
+// (see IsCNIError) is returned.
+func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
+	if spec.ServiceAccount == "" {
+		spec.ServiceAccount = "default"
+	}
+	if err := e.EnsureServiceAccount(ctx, spec.Namespace, spec.ServiceAccount); err != nil {
+		return nil, err
+	}
+	obj := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: spec.Namespace, Labels: spec.Labels, Annotations: spec.Annotations},
+		Spec: corev1.PodSpec{
+			NodeName:                      e.NodeName,
+			ServiceAccountName:            spec.ServiceAccount,
+			TerminationGracePeriodSeconds: new(int64),
+			Containers:                    []corev1.Container{{Name: "app", Image: "registry.invalid/e2e/app:1"}},
+		},
+	}
+	if spec.Mutate != nil {
+		spec.Mutate(obj)
+	}
+	obj, err := e.CP.Admin.CoreV1().Pods(spec.Namespace).Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create pod %s/%s: %w", spec.Namespace, spec.Name, err)
+	}
+	if spec.Chain == nil {
+		spec.Chain = e.Chain
+	}
+	p := &Pod{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID), ContainerID: "e2e-" + randHex(12), chain: spec.Chain}
+	fail := func(err error) (*Pod, error) {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return nil, errors.Join(err, e.DeletePod(cctx, p))
+	}
+	e.track(p)
+	if p.Netns, err = NewNetns(e.netnsDir, p.Namespace+"_"+p.Name+"_"+p.ContainerID); err != nil {
+		return fail(fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err))
+	}
+	p.NetnsPath = p.Netns.Path()
+	if p.Result, err = p.chain.Add(ctx, p.attachment()); err != nil {
+		return fail(err)
+	}
+	for _, ipc := range p.Result.IPs {
+		if a, ok := netip.AddrFromSlice(ipc.Address.IP); ok {
+			p.IPs = append(p.IPs, a.Unmap())
+		}
+	}
+	if len(p.IPs) == 0 {
+		return fail(fmt.Errorf("pod %s/%s: CNI ADD returned no IPs: %v", p.Namespace, p.Name, p.Result))
+	}
+	if p.Object, err = e.MarkRunning(ctx, obj, p.IPs); err != nil {
+		return fail(err)
+	}
+	return p, nil
+}
+
+// MarkRunning sets the pod's status as the kubelet would once the sandbox has
+// its IPs: phase Running, podIP(s), hostIP, Ready.
+func (e *Env) MarkRunning(ctx context.Context, obj *corev1.Pod, ips []netip.Addr) (*corev1.Pod, error) {
+	var err error
+	for range 10 {
+		var out *corev1.Pod
+		out, err = e.markRunning(ctx, obj, ips)
+		if !apierrors.IsConflict(err) {
+			return out, err
+		}
+	}
+	return nil, err
+}
+
+func (e *Env) markRunning(ctx context.Context, obj *corev1.Pod, ips []netip.Addr) (*corev1.Pod, error) {
+	now := metav1.Now()
+	obj = obj.DeepCopy()
+	obj.Status.Phase = corev1.PodRunning
+	obj.Status.HostIP = "127.0.0.1"
+	obj.Status.HostIPs = []corev1.HostIP{{IP: "127.0.0.1"}}
+	obj.Status.PodIP = ips[0].String()
+	obj.Status.PodIPs = nil
+	for _, ip := range ips {
+		obj.Status.PodIPs = append(obj.Status.PodIPs, corev1.PodIP{IP: ip.String()})
+	}
+	obj.Status.StartTime = &now
+	obj.Status.Conditions = []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+	}
+	obj.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "app", Ready: true, Image: obj.Spec.Containers[0].Image,
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+	}}
+	// Keep conditions other writers (the agent's readiness condition) set
+	// since the object was read.
+	if cur, err := e.CP.Admin.CoreV1().Pods(obj.Namespace).Get(ctx, obj.Name, metav1.GetOptions{}); err == nil {
+		obj.ResourceVersion = cur.ResourceVersion
+		obj.Annotations = cur.Annotations
+		for _, c := range cur.Status.Conditions {
+			if !isKubeletCondition(c.Type) {
+				obj.Status.Conditions = append(obj.Status.Conditions, c)
+			}
+		}
+	}
+	out, err := e.CP.Admin.CoreV1().Pods(obj.Namespace).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("update pod %s/%s status to Running: %w", obj.Namespace, obj.Name, err)
+	}
+	return out, nil
+}
+
+func isKubeletCondition(t corev1.PodConditionType) bool {
+	switch t {
+	case corev1.PodScheduled, corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady:
+		return true
+	}
+	return false
+}
+
+// DeletePod tears a pod down as the kubelet does: CNI DEL, remove the netns,
+// delete the Pod object (grace 0). Every step runs even when an earlier one
+// fails; the errors are joined. Deleting twice is fine.
+func (e *Env) DeletePod(ctx context.Context, p *Pod) error {
+	var errs []error
+	if p.NetnsPath != "" && p.chain != nil {
+		if err := p.chain.Del(ctx, p.attachment()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if p.Netns != nil {
+		if err := DeleteNetns(p.Netns); err != nil {
+			errs = append(errs, err)
+		}
+		p.Netns = nil
+	}
+	err := e.CP.Admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	if err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete pod %s/%s: %w", p.Namespace, p.Name, err))
+	}
+	e.untrack(p)
+	return errors.Join(errs...)
+}
+
+// Dial connects from inside the pod's network namespace: the socket is
+// created on a thread switched into the netns, so it belongs there (routing,
+// in-pod iptables rules) for its whole life. addr must be an IP:port (no DNS
+// lookups from the node netns).
+func (p *Pod) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if p.Netns == nil {
+		return nil, fmt.Errorf("pod %s/%s has no netns", p.Namespace, p.Name)
+	}
+	var conn net.Conn
+	err := p.Netns.Do(func(ns.NetNS) error {
+		var d net.Dialer
+		var err error
+		conn, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial %s %s from pod %s/%s: %w", network, addr, p.Namespace, p.Name, err)
+	}
+	return conn, nil
+}
+
+// Listen opens a listener inside the pod's network namespace.
+func (p *Pod) Listen(network, addr string) (net.Listener, error) {
+	if p.Netns == nil {
+		return nil, fmt.Errorf("pod %s/%s has no netns", p.Namespace, p.Name)
+	}
+	var l net.Listener
+	err := p.Netns.Do(func(ns.NetNS) error {
+		var err error
+		l, err = net.Listen(network, addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s %s in pod %s/%s: %w", network, addr, p.Namespace, p.Name, err)
+	}
+	return l, nil
+}
+
+// Do runs f on a thread inside the pod's network namespace.
+func (p *Pod) Do(f func() error) error {
+	if p.Netns == nil {
+		return fmt.Errorf("pod %s/%s has no netns", p.Namespace, p.Name)
+	}
+	return p.Netns.Do(func(ns.NetNS) error { return f() })
+}
+
+func (e *Env) track(p *Pod) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pods[p] = struct{}{}
+}
+
+func (e *Env) untrack(p *Pod) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.pods, p)
+}
+
+func (e *Env) trackedPods() []*Pod {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*Pod
+	for p := range e.pods {
+		out = append(out, p)
+	}
+	return out
+}

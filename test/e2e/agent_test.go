@@ -1,0 +1,983 @@
+//go:build e2e
+
+package e2e
+
+// End-to-end tests of the node agent (issue 6): bin/ambientd against the real
+// kube-apiserver + etcd, pods created through the real CNI chain with our
+// plugin last, and bin/ztunnel-emulator in netns mode standing in for ztunnel.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ambientd/ambientd/internal/e2eenv"
+	"github.com/ambientd/ambientd/internal/ztunnelemu"
+)
+
+const (
+	labelMode     = "istio.io/dataplane-mode"
+	annRedirect   = "ambient.istio.io/redirection"
+	annSidecar    = "sidecar.istio.io/status"
+	annDNSCapture = "ambient.istio.io/dns-capture"
+)
+
+var nsCounter atomic.Int32
+
+// uniqueNS returns a fresh namespace name for one test.
+func uniqueNS(prefix string) string {
+	return fmt.Sprintf("%s-%d-%d", prefix, os.Getpid()%1000, nsCounter.Add(1))
+}
+
+// fakeHostProc stands in for the container runtime's sandbox processes, which
+// the environment does not run: for each pod it holds <n>/cgroup naming the
+// pod uid (systemd spelling) and <n>/ns/net, a symlink to the pod's real
+// network namespace. The agent scans it through --host-proc like /proc.
+type fakeHostProc struct {
+	dir string
+	n   int
+}
+
+func newFakeHostProc(t *testing.T) *fakeHostProc {
+	t.Helper()
+	dir, err := os.MkdirTemp(testEnv.Dir, "hostproc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return &fakeHostProc{dir: dir, n: 1000}
+}
+
+func (h *fakeHostProc) add(t *testing.T, p *e2eenv.Pod) {
+	t.Helper()
+	h.n++
+	pd := filepath.Join(h.dir, fmt.Sprint(h.n))
+	if err := os.MkdirAll(filepath.Join(pd, "ns"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg := "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + strings.ReplaceAll(p.UID, "-", "_") + ".slice/cri-containerd-" + p.ContainerID + ".scope\n"
+	if err := os.WriteFile(filepath.Join(pd, "cgroup"), []byte(cg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(p.NetnsPath, filepath.Join(pd, "ns", "net")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startAgent starts bin/ambientd and waits until it is live; it is stopped
+// when the test ends (after the test's pods are deleted, registered later).
+func startAgent(t *testing.T, ctx context.Context, args ...string) *e2eenv.Agent {
+	t.Helper()
+	a, err := testEnv.StartAgent(ctx, e2eenv.AgentConfig{Args: args})
+	if err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	a.LogOnFailure(t)
+	t.Cleanup(func() {
+		if err := a.Stop(10 * time.Second); err != nil {
+			t.Errorf("stop agent: %v", err)
+		}
+	})
+	if err := a.WaitLive(ctx); err != nil {
+		t.Fatalf("agent not live: %v\n%s", err, a.LogTail(50))
+	}
+	waitCNIServing(t, ctx)
+	return a
+}
+
+// waitCNIServing waits until the agent accepts connections on its CNI socket
+// (it serves only after its caches synced and its registry is rebuilt).
+func waitCNIServing(t *testing.T, ctx context.Context) {
+	t.Helper()
+	waitFor(t, ctx, "agent serving the CNI socket", func() bool {
+		c, err := net.DialTimeout("unix", testEnv.CNISocket, time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+}
+
+func startEmulator(t *testing.T, ctx context.Context, name string) *e2eenv.Emulator {
+	t.Helper()
+	em, err := testEnv.StartEmulator(ctx, e2eenv.EmulatorConfig{NetnsMode: true, Name: name})
+	if err != nil {
+		t.Fatalf("start emulator: %v", err)
+	}
+	em.LogOnFailure(t)
+	t.Cleanup(func() {
+		if err := em.Stop(10 * time.Second); err != nil {
+			t.Errorf("stop emulator: %v", err)
+		}
+	})
+	return em
+}
+
+// createPod creates a pod through the CNI chain and deletes it when the test
+// ends (CNI DEL, netns, object).
+func createPod(t *testing.T, ctx context.Context, spec e2eenv.PodSpec) *e2eenv.Pod {
+	t.Helper()
+	p, err := testEnv.CreatePod(ctx, spec)
+	if err != nil {
+		t.Fatalf("create pod %s/%s: %v", spec.Namespace, spec.Name, err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := testEnv.DeletePod(cctx, p); err != nil {
+			t.Errorf("delete pod %s/%s: %v", p.Namespace, p.Name, err)
+		}
+	})
+	return p
+}
+
+func createNamespace(t *testing.T, ctx context.Context, name string, ambient bool) {
+	t.Helper()
+	var labels map[string]string
+	if ambient {
+		labels = map[string]string{labelMode: "ambient"}
+	}
+	if _, err := testEnv.CreateNamespace(ctx, name, labels); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setNamespaceMode(t *testing.T, ctx context.Context, name, mode string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, labelMode, jsonOrNull(mode))
+	if _, err := testEnv.CP.Admin.CoreV1().Namespaces().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setPodMode(t *testing.T, ctx context.Context, p *e2eenv.Pod, mode string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, labelMode, jsonOrNull(mode))
+	if _, err := testEnv.CP.Admin.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func jsonOrNull(s string) string {
+	if s == "" {
+		return "null"
+	}
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func waitAnnotation(t *testing.T, ctx context.Context, p *e2eenv.Pod, want string) {
+	t.Helper()
+	if _, err := testEnv.WaitForPodAnnotation(ctx, p.Namespace, p.Name, annRedirect, want); err != nil {
+		t.Fatalf("pod %s/%s annotation %s=%q: %v", p.Namespace, p.Name, annRedirect, want, err)
+	}
+}
+
+func waitNoAnnotation(t *testing.T, ctx context.Context, p *e2eenv.Pod) {
+	t.Helper()
+	if _, err := testEnv.WaitForPod(ctx, p.Namespace, p.Name, func(o *corev1.Pod) (bool, error) {
+		_, ok := o.Annotations[annRedirect]
+		return !ok, nil
+	}); err != nil {
+		t.Fatalf("pod %s/%s annotation %s not removed: %v", p.Namespace, p.Name, annRedirect, err)
+	}
+}
+
+func annotationOf(t *testing.T, ctx context.Context, p *e2eenv.Pod) (string, bool) {
+	t.Helper()
+	o, err := testEnv.CP.Admin.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok := o.Annotations[annRedirect]
+	return v, ok
+}
+
+func emuState(t *testing.T, ctx context.Context, em *e2eenv.Emulator) ztunnelemu.State {
+	t.Helper()
+	var st ztunnelemu.State
+	if err := em.State(ctx, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// waitEmu polls the emulator's state until cond holds.
+func waitEmu(t *testing.T, ctx context.Context, em *e2eenv.Emulator, what string, cond func(ztunnelemu.State) bool) ztunnelemu.State {
+	t.Helper()
+	raw, err := em.WaitState(ctx, func(b []byte) (bool, error) {
+		var st ztunnelemu.State
+		if err := json.Unmarshal(b, &st); err != nil {
+			return false, err
+		}
+		return cond(st), nil
+	})
+	if err != nil {
+		t.Fatalf("emulator: waiting for %s: %v", what, err)
+	}
+	var st ztunnelemu.State
+	_ = json.Unmarshal(raw, &st)
+	return st
+}
+
+func countOps(st ztunnelemu.State, op, uid string) int {
+	n := 0
+	for _, r := range st.Requests {
+		if r.Op == op && r.UID == uid {
+			n++
+		}
+	}
+	return n
+}
+
+// netnsInode is the inode of the pod's network namespace, as the emulator
+// reports it for the fd it received.
+func netnsInode(t *testing.T, p *e2eenv.Pod) uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(p.NetnsPath, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+var counters = regexp.MustCompile(`\[\d+:\d+\]`)
+
+// podRules returns our rules inside the pod's netns (iptables-save of both
+// variants, only lines naming the ISTIO_ chains, counters stripped).
+func podRules(t *testing.T, p *e2eenv.Pod) string {
+	t.Helper()
+	var out []string
+	for _, tool := range []string{"iptables-legacy-save", "iptables-nft-save"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			continue
+		}
+		var buf bytes.Buffer
+		err := p.Do(func() error {
+			cmd := exec.Command(tool)
+			cmd.Stdout = &buf
+			cmd.Stderr = &buf
+			return cmd.Run()
+		})
+		if err != nil {
+			t.Fatalf("%s in pod %s/%s: %v: %s", tool, p.Namespace, p.Name, err, buf.String())
+		}
+		for _, l := range strings.Split(buf.String(), "\n") {
+			if strings.Contains(l, "ISTIO_") && !strings.HasPrefix(l, "#") {
+				out = append(out, tool+": "+counters.ReplaceAllString(l, ""))
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// outsideAddr is an address in the pod subnet that nobody holds: routable
+// from the pod (so connect reaches the nat OUTPUT hook) but outside it.
+func outsideAddr() string {
+	pfx := testEnv.Chain.Subnet()
+	a := pfx.Addr()
+	for range 250 {
+		a = a.Next()
+	}
+	return netip.AddrPortFrom(a, 8080).String()
+}
+
+// TestAgentEnrollsNewPod: a pod of an ambient namespace created through the
+// CNI chain reaches ztunnel with its identity and netns, gets `enabled`, and
+// its outbound TCP lands on ztunnel's 15001 with the original destination.
+func TestAgentEnrollsNewPod(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("enroll")
+	createNamespace(t, ctx, nsName, true)
+	em := startEmulator(t, ctx, "ztunnel-enroll")
+	a := startAgent(t, ctx)
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatalf("agent not ready with a ztunnel connected: %v", err)
+	}
+
+	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web", ServiceAccount: "web-sa"})
+	waitAnnotation(t, ctx, p, "enabled")
+
+	st := waitEmu(t, ctx, em, "workload "+p.UID, func(s ztunnelemu.State) bool { _, ok := s.Workload(p.UID); return ok })
+	w, _ := st.Workload(p.UID)
+	if w.Name != "web" || w.Namespace != nsName || w.ServiceAccount != "web-sa" {
+		t.Errorf("emulator workload %+v: want name web, namespace %s, service account web-sa", w, nsName)
+	}
+	if want := netnsInode(t, p); w.NetnsInode != want {
+		t.Errorf("emulator got netns inode %d, pod netns is %d", w.NetnsInode, want)
+	}
+	if rules := podRules(t, p); !strings.Contains(rules, "ISTIO_OUTPUT") || !strings.Contains(rules, "ISTIO_PRERT") {
+		t.Errorf("in-pod rules missing:\n%s", rules)
+	}
+
+	dst := outsideAddr()
+	conn, err := p.Dial(ctx, "tcp", dst)
+	if err != nil {
+		t.Fatalf("dial from pod: %v", err)
+	}
+	conn.Close()
+	st = waitEmu(t, ctx, em, "accepted connection from the pod", func(s ztunnelemu.State) bool {
+		return slices.ContainsFunc(s.Accepted, func(r ztunnelemu.AcceptRecord) bool { return r.UID == p.UID })
+	})
+	for _, r := range st.Accepted {
+		if r.UID != p.UID {
+			continue
+		}
+		if r.Port != 15001 || r.OrigDst != dst {
+			t.Errorf("accepted %+v: want port 15001 and original destination %s", r, dst)
+		}
+	}
+}
+
+// TestAgentPendingUntilZtunnel: with no ztunnel the ADD succeeds (documented
+// policy), the pod is `pending` with its rules in place; when ztunnel
+// connects it becomes `enabled` within a second, without any pod update.
+func TestAgentPendingUntilZtunnel(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("pending")
+	createNamespace(t, ctx, nsName, true)
+	// A backoff far longer than the test: only the agent's reaction to the
+	// ztunnel snapshot can enable the pod in time.
+	startAgent(t, ctx, "--retry-base-delay=10m", "--retry-max-delay=10m")
+
+	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "early"})
+	obj := waitPodAnnotationObj(t, ctx, p, "pending")
+	if rules := podRules(t, p); !strings.Contains(rules, "ISTIO_OUTPUT") {
+		t.Errorf("pending pod has no rules:\n%s", rules)
+	}
+
+	em := startEmulator(t, ctx, "ztunnel-late")
+	var connectedAt time.Time
+	waitEmu(t, ctx, em, "snapshot sent", func(s ztunnelemu.State) bool {
+		for _, c := range s.Connections {
+			if c.SnapshotSent {
+				if connectedAt.IsZero() {
+					connectedAt = time.Now()
+				}
+				return true
+			}
+		}
+		return false
+	})
+	enabled := waitPodAnnotationObj(t, ctx, p, "enabled")
+	took := time.Since(connectedAt)
+	t.Logf("pending → enabled %v after the emulator's snapshot (upper bound; includes polling)", took)
+	if took > time.Second+200*time.Millisecond {
+		t.Errorf("pod took %v to become enabled after ztunnel connected; want ≤ 1s", took)
+	}
+	// No pod update between pending and enabled other than the annotation.
+	if enabled.Generation != obj.Generation || !sameLabels(enabled.Labels, obj.Labels) {
+		t.Errorf("pod spec/labels changed between pending and enabled")
+	}
+}
+
+func waitPodAnnotationObj(t *testing.T, ctx context.Context, p *e2eenv.Pod, want string) *corev1.Pod {
+	t.Helper()
+	o, err := testEnv.WaitForPodAnnotation(ctx, p.Namespace, p.Name, annRedirect, want)
+	if err != nil {
+		t.Fatalf("pod %s/%s annotation %s=%q: %v", p.Namespace, p.Name, annRedirect, want, err)
+	}
+	return o
+}
+
+func sameLabels(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestAgentLabelsEnrollAndRemoveRunningPods: labelling a namespace enrolls its
+// running pods (netns found through --host-proc); unlabelling, or a pod's
+// `none`, removes them completely. hostNetwork, kube-system and sidecar pods
+// are never touched.
+func TestAgentLabelsEnrollAndRemoveRunningPods(t *testing.T) {
+	ctx := testContext(t, 5*time.Minute)
+	nsName := uniqueNS("labels")
+	createNamespace(t, ctx, nsName, false)
+	hp := newFakeHostProc(t)
+	em := startEmulator(t, ctx, "ztunnel-labels")
+	startAgent(t, ctx, "--host-proc="+hp.dir)
+
+	p1 := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "one"})
+	p2 := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "two"})
+	sidecar := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "sidecar", Annotations: map[string]string{annSidecar: "{}"}})
+	hostNet := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "hostnet", Mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true }})
+	sys := createPod(t, ctx, e2eenv.PodSpec{Namespace: "kube-system", Name: uniqueNS("sys"), Labels: map[string]string{labelMode: "ambient"}})
+	never := []*e2eenv.Pod{sidecar, hostNet, sys}
+	for _, p := range append([]*e2eenv.Pod{p1, p2}, never...) {
+		hp.add(t, p)
+		if v, ok := annotationOf(t, ctx, p); ok {
+			t.Fatalf("pod %s annotated %q before any label", p.Name, v)
+		}
+	}
+
+	setNamespaceMode(t, ctx, nsName, "ambient")
+	for _, p := range []*e2eenv.Pod{p1, p2} {
+		waitAnnotation(t, ctx, p, "enabled")
+		if rules := podRules(t, p); !strings.Contains(rules, "ISTIO_OUTPUT") {
+			t.Errorf("pod %s enrolled without rules:\n%s", p.Name, rules)
+		}
+	}
+	st := emuState(t, ctx, em)
+	for _, p := range []*e2eenv.Pod{p1, p2} {
+		w, ok := st.Workload(p.UID)
+		if !ok || w.NetnsInode != netnsInode(t, p) {
+			t.Errorf("emulator workload for %s: %+v (found %v), want netns inode %d", p.Name, w, ok, netnsInode(t, p))
+		}
+	}
+
+	// A pod's own `none` removes just that pod.
+	setPodMode(t, ctx, p2, "none")
+	waitNoAnnotation(t, ctx, p2)
+	waitEmu(t, ctx, em, "Del of "+p2.Name, func(s ztunnelemu.State) bool { return countOps(s, "del", p2.UID) > 0 })
+	if rules := podRules(t, p2); rules != "" {
+		t.Errorf("pod %s left the mesh but has rules:\n%s", p2.Name, rules)
+	}
+	if v, _ := annotationOf(t, ctx, p1); v != "enabled" {
+		t.Errorf("pod %s annotation %q after its neighbour opted out", p1.Name, v)
+	}
+
+	// Unlabelling the namespace removes the rest.
+	setNamespaceMode(t, ctx, nsName, "")
+	waitNoAnnotation(t, ctx, p1)
+	st = waitEmu(t, ctx, em, "Del of "+p1.Name, func(s ztunnelemu.State) bool { return countOps(s, "del", p1.UID) > 0 })
+	if rules := podRules(t, p1); rules != "" {
+		t.Errorf("pod %s left the mesh but has rules:\n%s", p1.Name, rules)
+	}
+	if _, ok := st.Workload(p1.UID); ok {
+		t.Errorf("emulator still serves %s", p1.Name)
+	}
+
+	for _, p := range never {
+		if v, ok := annotationOf(t, ctx, p); ok {
+			t.Errorf("pod %s/%s must never be touched, has %s=%q", p.Namespace, p.Name, annRedirect, v)
+		}
+		if countOps(st, "add", p.UID) != 0 {
+			t.Errorf("pod %s/%s reached ztunnel", p.Namespace, p.Name)
+		}
+		if rules := podRules(t, p); rules != "" {
+			t.Errorf("pod %s/%s has rules:\n%s", p.Namespace, p.Name, rules)
+		}
+	}
+}
+
+// TestAgentDeleteAndReconnect: deleting a pod sends Del to every connected
+// ztunnel; a ztunnel that connects afterwards gets exactly the live pods.
+func TestAgentDeleteAndReconnect(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("delete")
+	createNamespace(t, ctx, nsName, true)
+	em1 := startEmulator(t, ctx, "ztunnel-del-1")
+	a := startAgent(t, ctx)
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	em2 := startEmulator(t, ctx, "ztunnel-del-2")
+	waitEmu(t, ctx, em2, "second ztunnel snapshot", func(s ztunnelemu.State) bool {
+		return s.Connected && len(s.Connections) > 0 && s.Connections[len(s.Connections)-1].SnapshotSent
+	})
+
+	keep := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "keep"})
+	gone := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "gone"})
+	waitAnnotation(t, ctx, keep, "enabled")
+	waitAnnotation(t, ctx, gone, "enabled")
+
+	if err := testEnv.DeletePod(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	for _, em := range []*e2eenv.Emulator{em1, em2} {
+		waitEmu(t, ctx, em, "Del of the deleted pod", func(s ztunnelemu.State) bool { return countOps(s, "del", gone.UID) > 0 })
+	}
+
+	// Reconnect: the newest emulator restarts and must get exactly the live
+	// pods of this node (every pod the agent has annotated).
+	if err := em2.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	em3 := startEmulator(t, ctx, "ztunnel-del-3")
+	st := waitEmu(t, ctx, em3, "snapshot", func(s ztunnelemu.State) bool {
+		return len(s.Connections) > 0 && s.Connections[0].SnapshotSent
+	})
+	var got []string
+	for _, it := range st.Connections[0].Snapshot {
+		got = append(got, it.UID)
+	}
+	want := annotatedUIDs(t, ctx)
+	sort.Strings(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("reconnect snapshot %v, want the live pods %v", got, want)
+	}
+	if slices.Contains(got, gone.UID) || !slices.Contains(got, keep.UID) {
+		t.Errorf("snapshot %v: must hold %s and not the deleted %s", got, keep.UID, gone.UID)
+	}
+}
+
+// annotatedUIDs lists this node's pods annotated enabled or pending.
+func annotatedUIDs(t *testing.T, ctx context.Context) []string {
+	t.Helper()
+	list, err := testEnv.CP.Admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + testEnv.NodeName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range list.Items {
+		switch p.Annotations[annRedirect] {
+		case "enabled", "pending":
+			out = append(out, string(p.UID))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestAgentRestartKeepsPods: SIGKILL the agent with 10 pods enrolled; the
+// reconnecting ztunnel's first snapshot holds exactly those pods, nothing is
+// dropped, rules are untouched, and a new pod enrolls afterwards.
+func TestAgentRestartKeepsPods(t *testing.T) {
+	ctx := testContext(t, 6*time.Minute)
+	nsName := uniqueNS("restart")
+	createNamespace(t, ctx, nsName, true)
+	hp := newFakeHostProc(t)
+	em := startEmulator(t, ctx, "ztunnel-restart")
+	a := startAgent(t, ctx, "--host-proc="+hp.dir)
+
+	var pods []*e2eenv.Pod
+	rulesBefore := map[string]string{}
+	for i := range 10 {
+		p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: fmt.Sprintf("p%d", i)})
+		pods = append(pods, p)
+		// Half the pods have a findable sandbox (re-sent as Add with their
+		// netns), half not (kept as they are with Keep).
+		if i%2 == 0 {
+			hp.add(t, p)
+		}
+	}
+	var uids []string
+	for _, p := range pods {
+		waitAnnotation(t, ctx, p, "enabled")
+		rulesBefore[p.UID] = podRules(t, p)
+		uids = append(uids, p.UID)
+	}
+	sort.Strings(uids)
+	if want := annotatedUIDs(t, ctx); !slices.Equal(uids, want) {
+		t.Fatalf("node has other enrolled pods %v besides this test's %v", want, uids)
+	}
+	before := emuState(t, ctx, em)
+	connsBefore := len(before.Connections)
+
+	if err := a.Kill(); err != nil {
+		t.Fatalf("SIGKILL agent: %v", err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatalf("restart agent: %v", err)
+	}
+	waitCNIServing(t, ctx)
+	st := waitEmu(t, ctx, em, "snapshot from the restarted agent", func(s ztunnelemu.State) bool {
+		return len(s.Connections) > connsBefore && s.Connections[len(s.Connections)-1].SnapshotSent
+	})
+	c := st.Connections[len(st.Connections)-1]
+	var got []string
+	adds := 0
+	for _, it := range c.Snapshot {
+		got = append(got, it.UID)
+		if it.Op == "add" {
+			adds++
+		}
+	}
+	sort.Strings(got)
+	if !slices.Equal(got, uids) {
+		t.Errorf("first snapshot after restart %v, want exactly %v", got, uids)
+	}
+	if adds != 5 {
+		t.Errorf("snapshot has %d Adds, want 5 (the pods whose netns the /proc scan finds; the rest Keep)", adds)
+	}
+	for _, p := range pods {
+		if _, ok := st.Workload(p.UID); !ok {
+			t.Errorf("emulator dropped pod %s after the restart", p.Name)
+		}
+		if after := podRules(t, p); after != rulesBefore[p.UID] {
+			t.Errorf("pod %s rules changed across restart:\nbefore:\n%s\nafter:\n%s", p.Name, rulesBefore[p.UID], after)
+		}
+	}
+	if len(st.ProtocolErrors) > 0 {
+		t.Errorf("protocol errors: %+v", st.ProtocolErrors)
+	}
+
+	fresh := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "after-restart"})
+	waitAnnotation(t, ctx, fresh, "enabled")
+	for _, p := range pods {
+		if v, _ := annotationOf(t, ctx, p); v != "enabled" {
+			t.Errorf("pod %s annotation %q after restart", p.Name, v)
+		}
+	}
+}
+
+// TestAgentNackKeepsPodPending: ztunnel refusing one pod leaves it pending and
+// retried; other pods are unaffected; once accepted it becomes enabled.
+func TestAgentNackKeepsPodPending(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("nack")
+	createNamespace(t, ctx, nsName, true)
+	em := startEmulator(t, ctx, "ztunnel-nack")
+	a := startAgent(t, ctx)
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := em.SetNack(ctx, nsName+"/refused", "netns setup failed"); err != nil {
+		t.Fatal(err)
+	}
+	refused := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "refused"})
+	fine := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "fine"})
+	waitAnnotation(t, ctx, refused, "pending")
+	waitAnnotation(t, ctx, fine, "enabled")
+	// Retried: more than one Add arrives while it is refused.
+	waitEmu(t, ctx, em, "retried Adds of the refused pod", func(s ztunnelemu.State) bool { return countOps(s, "add", refused.UID) >= 3 })
+	if v, _ := annotationOf(t, ctx, refused); v != "pending" {
+		t.Errorf("refused pod annotation %q while nacked, want pending", v)
+	}
+	if err := em.ClearNack(ctx, nsName+"/refused"); err != nil {
+		t.Fatal(err)
+	}
+	waitAnnotation(t, ctx, refused, "enabled")
+	if v, _ := annotationOf(t, ctx, fine); v != "enabled" {
+		t.Errorf("other pod annotation %q, want enabled", v)
+	}
+}
+
+// TestAgentAPIServerDown: with the kube-apiserver stopped, a new pod still
+// gets its rules and reaches ztunnel; its annotation lands once the API is
+// back.
+func TestAgentAPIServerDown(t *testing.T) {
+	ctx := testContext(t, 6*time.Minute)
+	nsName := uniqueNS("apidown")
+	createNamespace(t, ctx, nsName, true)
+	em := startEmulator(t, ctx, "ztunnel-apidown")
+	a := startAgent(t, ctx)
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := testEnv.EnsureServiceAccount(ctx, nsName, "default"); err != nil {
+		t.Fatal(err)
+	}
+	cachedBefore := informerPods(t, ctx, a)
+	obj, err := testEnv.CP.Admin.CoreV1().Pods(nsName).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "offline", Namespace: nsName},
+		Spec: corev1.PodSpec{NodeName: testEnv.NodeName, ServiceAccountName: "default",
+			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/e2e/app:1"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = testEnv.CP.Admin.CoreV1().Pods(nsName).Delete(cctx, "offline", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	})
+	// The agent's cache must know the pod before the API goes away.
+	waitFor(t, ctx, "agent cache has the new pod", func() bool { return informerPods(t, ctx, a) > cachedBefore })
+
+	if err := testEnv.CP.APIServer.Stop(10 * time.Second); err != nil {
+		t.Fatalf("stop kube-apiserver: %v", err)
+	}
+	apiUp := false
+	t.Cleanup(func() {
+		if !apiUp {
+			_ = testEnv.CP.APIServer.Start()
+			_ = testEnv.CP.WaitReady(context.Background())
+		}
+	})
+
+	netns, err := e2eenv.NewNetns(filepath.Join(testEnv.Dir, "netns"), nsName+"_offline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	att := e2eenv.Attachment{ContainerID: "e2e-offline", NetnsPath: netns.Path(), PodName: "offline", PodNamespace: nsName, PodUID: string(obj.UID)}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = testEnv.Chain.Del(cctx, att)
+		_ = e2eenv.DeleteNetns(netns)
+	})
+	if _, err := testEnv.Chain.Add(ctx, att); err != nil {
+		t.Fatalf("CNI ADD with the API down: %v", err)
+	}
+	waitEmu(t, ctx, em, "Add of the pod created while the API is down", func(s ztunnelemu.State) bool { _, ok := s.Workload(string(obj.UID)); return ok })
+	pod := &e2eenv.Pod{Namespace: nsName, Name: "offline", UID: string(obj.UID), Netns: netns, NetnsPath: netns.Path()}
+	if rules := podRules(t, pod); !strings.Contains(rules, "ISTIO_OUTPUT") {
+		t.Errorf("no rules in the pod programmed while the API was down:\n%s", rules)
+	}
+
+	if err := testEnv.CP.APIServer.Start(); err != nil {
+		t.Fatalf("restart kube-apiserver: %v", err)
+	}
+	if err := testEnv.CP.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	apiUp = true
+	waitAnnotation(t, ctx, pod, "enabled")
+}
+
+func informerPods(t *testing.T, ctx context.Context, a *e2eenv.Agent) int {
+	t.Helper()
+	return int(metricValue(t, ctx, a, "ambientd_informer_pods", ""))
+}
+
+// metricValue reads one sample from the agent's /metrics; labels is the
+// exact label text (e.g. `reason="rules"`), or "" for an unlabelled metric.
+func metricValue(t *testing.T, ctx context.Context, a *e2eenv.Agent, name, labels string) float64 {
+	t.Helper()
+	body, err := a.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := name
+	if labels != "" {
+		prefix += "{" + labels + "}"
+	}
+	for _, l := range strings.Split(body, "\n") {
+		if rest, ok := strings.CutPrefix(l, prefix+" "); ok {
+			var v float64
+			if _, err := fmt.Sscan(rest, &v); err == nil {
+				return v
+			}
+		}
+	}
+	return 0
+}
+
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
+
+// TestAgentBadInput: a CNI event for a pod the API does not know, an invalid
+// dns-capture annotation and a netns path that does not exist each fail with a
+// clear error, are counted, and leak no rules or registry entries.
+func TestAgentBadInput(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("bad")
+	createNamespace(t, ctx, nsName, true)
+	em := startEmulator(t, ctx, "ztunnel-bad")
+	a := startAgent(t, ctx, "--pod-lookup-timeout=2s")
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// 1. Unknown pod: run the chain for a pod that has no API object.
+	ghostNS, err := e2eenv.NewNetns(filepath.Join(testEnv.Dir, "netns"), nsName+"_ghost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost := e2eenv.Attachment{ContainerID: "e2e-ghost", NetnsPath: ghostNS.Path(), PodName: "ghost", PodNamespace: nsName, PodUID: "00000000-0000-0000-0000-00000000dead"}
+	t.Cleanup(func() {
+		_ = testEnv.Chain.Del(context.Background(), ghost)
+		_ = e2eenv.DeleteNetns(ghostNS)
+	})
+	start := time.Now()
+	_, err = testEnv.Chain.Add(ctx, ghost)
+	if err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Errorf("CNI ADD of an unknown pod: err = %v, want a not-found error", err)
+	}
+	t.Logf("unknown pod rejected after %v: %v", time.Since(start), err)
+	ghostPod := &e2eenv.Pod{Namespace: nsName, Name: "ghost", Netns: ghostNS, NetnsPath: ghostNS.Path()}
+	if rules := podRules(t, ghostPod); rules != "" {
+		t.Errorf("unknown pod got rules:\n%s", rules)
+	}
+
+	// 2. Invalid dns-capture annotation: CreatePod fails (and cleans up).
+	_, err = testEnv.CreatePod(ctx, e2eenv.PodSpec{Namespace: nsName, Name: "baddns", Annotations: map[string]string{annDNSCapture: "maybe"}})
+	if err == nil || !strings.Contains(err.Error(), annDNSCapture) {
+		t.Errorf("pod with %s=maybe: err = %v, want an error naming the annotation", annDNSCapture, err)
+	}
+
+	// 3. A netns path that does not exist, for a pod the API knows. The
+	// bridge plugin would reject the path before ours runs, so the plugin is
+	// exec'd directly as the last plugin of a chain, with a prevResult.
+	missing := createObjectOnly(t, ctx, nsName, "nonetns")
+	out, err := runPluginAdd(ctx, missing, "/var/run/netns/does-not-exist")
+	if err == nil || !strings.Contains(out+err.Error(), "does-not-exist") {
+		t.Errorf("CNI ADD with a missing netns: err = %v, output %s; want an error naming the path", err, out)
+	}
+
+	for _, r := range []string{`reason="pod_unknown"`, `reason="bad_annotation"`, `reason="netns"`} {
+		if v := metricValue(t, ctx, a, "ambientd_enrollment_failures_total", r); v < 1 {
+			t.Errorf("ambientd_enrollment_failures_total{%s} = %v, want ≥ 1", r, v)
+		}
+	}
+	if v := metricValue(t, ctx, a, "ambientd_pods_pending", "") + metricValue(t, ctx, a, "ambientd_pods_enabled", ""); v != float64(len(annotatedUIDs(t, ctx))) {
+		t.Errorf("registry holds %v pods, the node has %d enrolled: an entry leaked", v, len(annotatedUIDs(t, ctx)))
+	}
+	st := emuState(t, ctx, em)
+	for _, r := range st.Requests {
+		if r.Op == "add" && r.Namespace == nsName {
+			t.Errorf("bad input reached ztunnel: %+v", r)
+		}
+	}
+}
+
+// createObjectOnly creates the Pod object without sandbox or CNI.
+func createObjectOnly(t *testing.T, ctx context.Context, namespace, name string) *corev1.Pod {
+	t.Helper()
+	if err := testEnv.EnsureServiceAccount(ctx, namespace, "default"); err != nil {
+		t.Fatal(err)
+	}
+	obj, err := testEnv.CP.Admin.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.PodSpec{NodeName: testEnv.NodeName, ServiceAccountName: "default",
+			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/e2e/app:1"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = testEnv.CP.Admin.CoreV1().Pods(namespace).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	})
+	return obj
+}
+
+// runPluginAdd execs bin/ambientd-cni directly (as the runtime would, as the
+// last plugin of a chain) with a prevResult, for inputs the reference
+// plugins before it would reject.
+func runPluginAdd(ctx context.Context, pod *corev1.Pod, netnsPath string) (string, error) {
+	conf := e2eenv.AmbientPluginConf(testEnv.CNISocket, testEnv.CNIPluginLog)
+	conf["cniVersion"] = "1.0.0"
+	conf["name"] = "e2e-direct"
+	conf["prevResult"] = map[string]any{
+		"cniVersion": "1.0.0",
+		"interfaces": []any{map[string]any{"name": "eth0", "sandbox": netnsPath}},
+		"ips":        []any{map[string]any{"address": "10.88.0.254/24", "interface": 0}},
+	}
+	stdin, err := json.Marshal(conf)
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, testEnv.Bins.CNIPlugin)
+	cmd.Stdin = bytes.NewReader(stdin)
+	cmd.Env = append(os.Environ(),
+		"CNI_COMMAND=ADD",
+		"CNI_CONTAINERID=e2e-direct",
+		"CNI_NETNS="+netnsPath,
+		"CNI_IFNAME=eth0",
+		"CNI_PATH="+filepath.Dir(testEnv.Bins.CNIPlugin),
+		fmt.Sprintf("CNI_ARGS=K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s", pod.Namespace, pod.Name, pod.UID),
+	)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestAgentEnrollmentLoad enrolls 20 pods, 4 at a time, and reports numbers
+// (no timing assertions): CNI chain time per pod (netns, bridge, host-local,
+// our plugin → agent → rules + ztunnel ack) and create → `enabled` time.
+func TestAgentEnrollmentLoad(t *testing.T) {
+	const pods, parallel = 20, 4
+	ctx := testContext(t, 6*time.Minute)
+	nsName := uniqueNS("load")
+	createNamespace(t, ctx, nsName, true)
+	em := startEmulator(t, ctx, "ztunnel-load")
+	a := startAgent(t, ctx)
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		pod            *e2eenv.Pod
+		create, enable time.Duration
+		err            error
+	}
+	results := make(chan result, pods)
+	sem := make(chan struct{}, parallel)
+	start := time.Now()
+	for i := range pods {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			t0 := time.Now()
+			p, err := testEnv.CreatePod(ctx, e2eenv.PodSpec{Namespace: nsName, Name: fmt.Sprintf("load-%02d", i)})
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			create := time.Since(t0)
+			_, err = testEnv.WaitForPodAnnotation(ctx, p.Namespace, p.Name, annRedirect, "enabled")
+			results <- result{pod: p, create: create, enable: time.Since(t0), err: err}
+		}()
+	}
+	var creates, enables []time.Duration
+	for range pods {
+		r := <-results
+		if r.pod != nil {
+			t.Cleanup(func() {
+				cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				_ = testEnv.DeletePod(cctx, r.pod)
+			})
+		}
+		if r.err != nil {
+			t.Errorf("pod: %v", r.err)
+			continue
+		}
+		creates = append(creates, r.create)
+		enables = append(enables, r.enable)
+	}
+	wall := time.Since(start)
+	if t.Failed() {
+		return
+	}
+	st := emuState(t, ctx, em)
+	n := 0
+	for _, w := range st.Workloads {
+		if w.Namespace == nsName {
+			n++
+		}
+	}
+	if n != pods {
+		t.Errorf("emulator serves %d pods of %s, want %d", n, nsName, pods)
+	}
+	pct := func(d []time.Duration, p float64) time.Duration {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[int(float64(len(s)-1)*p)].Round(time.Millisecond)
+	}
+	t.Logf("%d pods, %d at a time: wall %v (%.1f pods/s); CNI chain per pod p50 %v p95 %v max %v; create→enabled p50 %v p95 %v max %v",
+		pods, parallel, wall.Round(time.Millisecond), float64(pods)/wall.Seconds(),
+		pct(creates, .5), pct(creates, .95), pct(creates, 1), pct(enables, .5), pct(enables, .95), pct(enables, 1))
+	if m, err := a.Metrics(ctx); err == nil {
+		for _, l := range strings.Split(m, "\n") {
+			if strings.HasPrefix(l, "ambientd_enrollment_step_duration_seconds_sum") || strings.HasPrefix(l, "ambientd_enrollment_step_duration_seconds_count") {
+				t.Log(l)
+			}
+		}
+	}
+}
