@@ -10,6 +10,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/ambientd/ambientd/internal/testutil"
 )
 
 // BenchmarkPodRules measures apply and delete of the full in-pod rule set
@@ -46,7 +48,7 @@ func benchPod(b *testing.B, mode Mode, naive bool) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := loUp(pod); err != nil {
+		if err := testutil.LoUp(pod); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
-	"github.com/vishvananda/netlink"
 
 	"github.com/ambientd/ambientd/internal/testutil"
 )
@@ -36,30 +34,7 @@ func requireTools(t testing.TB) {
 // newNS makes a throwaway network namespace with lo up, removed at cleanup.
 func newNS(t testing.TB) ns.NetNS {
 	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating netns: %v", err)
-	}
-	t.Cleanup(func() {
-		n.Close()
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("removing netns %s: %v", n.Path(), err)
-		}
-	})
-	if err := loUp(n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func loUp(n ns.NetNS) error {
-	return n.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	})
+	return testutil.NewNetNS(t).NS
 }
 
 func newTestManager(t testing.TB, mode Mode, cfg Config) *Manager {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ambientd/ambientd/internal/testutil"
 )
 
 // foreign adds rules that are not ours to n, before and after we apply, so
@@ -192,7 +194,7 @@ func TestBadInput(t *testing.T) {
 	m := newTestManager(t, ModeNFT, Config{})
 	pod := newNS(t)
 	gone, fresh := newNS(t), newNS(t)
-	fds, goroutines := countFDs(t), runtime.NumGoroutine()
+	fds, goroutines := testutil.CountFDs(t), runtime.NumGoroutine()
 
 	// lo down: refused before any rule is written.
 	nsRun(t, pod, "ip", "link", "set", "lo", "down")
@@ -228,7 +230,7 @@ func TestBadInput(t *testing.T) {
 	if s := saveText(t, fresh, IPv4, ModeNFT); strings.Contains(s, "ISTIO_") {
 		t.Errorf("rules written with a cancelled context:\n%s", s)
 	}
-	if after := countFDs(t); after > fds {
+	if after := testutil.CountFDs(t); after > fds {
 		t.Errorf("file descriptors leaked: %d before, %d after", fds, after)
 	}
 	// Goroutines of finished processes wind down; wait for that, bounded.
@@ -239,15 +241,6 @@ func TestBadInput(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > goroutines {
 		t.Errorf("goroutines leaked: %d before, %d after", goroutines, n)
 	}
-}
-
-func countFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
 }
 
 // TestProcessBudget holds each operation to its process budget: one restore

@@ -39,15 +39,6 @@ func pair(t *testing.T) (*Conn, *Conn) {
 	return conns[0], conns[1]
 }
 
-func countFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
-}
-
 // rawSend writes a packet with arbitrary descriptors, bypassing Conn's checks.
 func rawSend(t *testing.T, c *Conn, b []byte, fds ...int) {
 	t.Helper()
@@ -144,7 +135,7 @@ func TestTruncatedPacket(t *testing.T) {
 
 func TestTruncatedControlDataClosesFDs(t *testing.T) {
 	a, b := pair(t)
-	before := countFDs(t)
+	before := testutil.CountFDs(t)
 	var fds []int
 	for range maxFDs * 2 {
 		f, err := os.Open(os.DevNull)
@@ -159,7 +150,7 @@ func TestTruncatedControlDataClosesFDs(t *testing.T) {
 		t.Fatalf("got %v, want ErrTruncated (MSG_CTRUNC)", err)
 	}
 	// Only our own maxFDs*2 opens remain: the received copies are closed.
-	if got := countFDs(t); got != before+len(fds) {
+	if got := testutil.CountFDs(t); got != before+len(fds) {
 		t.Fatalf("fds: %d before, %d after, want %d (received fds leaked)", before, got, before+len(fds))
 	}
 }
@@ -171,12 +162,12 @@ func TestUnexpectedFDIsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	before := countFDs(t)
+	before := testutil.CountFDs(t)
 	rawSend(t, a, []byte{0x0a, 0x00}, int(f.Fd()))
 	if _, err := b.ReadAck(deadline()); !errors.Is(err, ErrUnexpectedFD) {
 		t.Fatalf("ack with fd: %v, want ErrUnexpectedFD", err)
 	}
-	if got := countFDs(t); got != before {
+	if got := testutil.CountFDs(t); got != before {
 		t.Fatalf("fds: %d before, %d after: received fd leaked", before, got)
 	}
 	// Same for a request that must not carry one.
@@ -185,7 +176,7 @@ func TestUnexpectedFDIsClosed(t *testing.T) {
 	if !errors.Is(err, ErrUnexpectedFD) || RequestOp(req) != OpDel || files != nil {
 		t.Fatalf("del with fd: %v %v %v, want ErrUnexpectedFD", req, files, err)
 	}
-	if got := countFDs(t); got != before {
+	if got := testutil.CountFDs(t); got != before {
 		t.Fatalf("fds: %d before, %d after: received fd leaked", before, got)
 	}
 }
@@ -234,7 +225,7 @@ func TestAddCarriesNetnsFD(t *testing.T) {
 	defer f.Close()
 
 	a, b := pair(t)
-	before := countFDs(t)
+	before := testutil.CountFDs(t)
 	req := AddRequest("uid-1", &WorkloadInfo{Name: "p", Namespace: "ns", ServiceAccount: "sa"})
 	if err := a.Send(req, f, deadline()); err != nil {
 		t.Fatal(err)
@@ -253,7 +244,7 @@ func TestAddCarriesNetnsFD(t *testing.T) {
 		t.Fatalf("received netns inode %d, want %d", have, want)
 	}
 	files[0].Close()
-	if n := countFDs(t); n != before {
+	if n := testutil.CountFDs(t); n != before {
 		t.Fatalf("fds: %d before, %d after", before, n)
 	}
 }

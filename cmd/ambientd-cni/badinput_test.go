@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ambientd/ambientd/internal/cniplugin"
+	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
 )
 
@@ -122,7 +123,7 @@ func TestBadInput(t *testing.T) {
 	if warm.exit == 0 {
 		t.Fatalf("warm-up against the refusing agent succeeded: %s", warm.stdout)
 	}
-	goroutines, fds := runtime.NumGoroutine(), countFDs(t)
+	goroutines, fds := runtime.NumGoroutine(), testutil.CountFDs(t)
 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -149,22 +150,14 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 
-	waitFor(t, "agent goroutines back to baseline", func() bool { return runtime.NumGoroutine() <= goroutines })
-	waitFor(t, "agent fds back to baseline", func() bool { return countFDs(t) <= fds })
+	testutil.Eventually(t, "agent goroutines back to baseline", waitTimeout, func() bool { return runtime.NumGoroutine() <= goroutines })
+	testutil.Eventually(t, "agent fds back to baseline", waitTimeout, func() bool { return testutil.CountFDs(t) <= fds })
 	for _, sock := range []string{refusingSock, silentSock} {
 		ents, err := os.ReadDir(filepath.Dir(sock))
 		if err != nil || len(ents) != 1 {
 			t.Errorf("socket dir of %s holds %v (%v), want only the socket", sock, ents, err)
 		}
 	}
-}
-
-func countFDs(t testing.TB) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatalf("read /proc/self/fd: %v", err)
-	}
-	return len(ents)
 }
 
 // TestPassThrough: calls the plugin must not take to the agent succeed with

@@ -17,7 +17,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
@@ -27,6 +26,9 @@ import (
 // TestMain (exec'd tests need real binaries). It is world-readable so a test
 // can run the plugin as a non-root user.
 var binDir string
+
+// waitTimeout bounds waits for the agent's state; the machine is shared.
+const waitTimeout = 30 * time.Second
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "ambientd-cni-test-")
@@ -125,7 +127,7 @@ func startAgent(t testing.TB, h cniserver.Handler) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	waitFor(t, "agent serving", s.Serving)
+	testutil.Eventually(t, "agent serving", waitTimeout, s.Serving)
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -140,32 +142,11 @@ func startAgent(t testing.TB, h cniserver.Handler) string {
 	return sock
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// newNS creates a throwaway network namespace, removed at cleanup.
+// newNS creates a throwaway network namespace, removed at cleanup. Its lo is
+// left down, as a container runtime hands a sandbox to the first plugin.
 func newNS(t testing.TB) ns.NetNS {
 	t.Helper()
-	testutil.RequireRoot(t)
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	t.Cleanup(func() {
-		n.Close()
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("remove netns %s: %v", n.Path(), err)
-		}
-	})
-	return n
+	return testutil.NewNetNSWith(t, testutil.NetNSOptions{LoDown: true}).NS
 }
 
 // run is one exec of the plugin binary.

@@ -21,7 +21,6 @@ import (
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
-	"github.com/containernetworking/plugins/pkg/testutils"
 )
 
 const testTimeout = 20 * time.Second
@@ -46,17 +45,7 @@ func TestCommandAgainstServer(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*testTimeout)
 	defer cancel()
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer testutils.UnmountNS(netns)
-	defer netns.Close()
-	nsFile, err := os.Open(netns.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsFile.Close()
+	nsFile := testutil.NewNetNSWith(t, testutil.NetNSOptions{LoDown: true, IgnoreRemovalErr: true}).File
 
 	dir, err := os.MkdirTemp("", "zemu")
 	if err != nil {
@@ -109,13 +98,7 @@ func TestCommandAgainstServer(t *testing.T) {
 		t.Fatal("no status address logged")
 	}
 
-	deadline := time.Now().Add(testTimeout)
-	for !srv.Status().SnapshotAcked {
-		if time.Now().After(deadline) {
-			t.Fatal("emulator never acked its snapshot")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, "the emulator to ack its snapshot", testTimeout, func() bool { return srv.Status().SnapshotAcked })
 	// --nack from the command line.
 	var nack *ztunnel.NackError
 	err = srv.AddWorkload(ctx, ztunnel.Workload{UID: "u1", Name: "denied", Namespace: "ns"}, nsFile)

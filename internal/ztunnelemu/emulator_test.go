@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ambientd/ambientd/internal/testutil"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 	"golang.org/x/sys/unix"
 )
@@ -21,7 +22,7 @@ func TestSnapshotReconnectAndStreaming(t *testing.T) {
 	e, _ := runEmu(t, Config{SocketPath: a.path, ReconnectMin: 10 * time.Millisecond})
 
 	c := a.accept()
-	if got := ack(t, c, zp.AddRequest("a", info), n1.file); got != "" {
+	if got := ack(t, c, zp.AddRequest("a", info), n1.File); got != "" {
 		t.Fatalf("add a: %q", got)
 	}
 	if got := ack(t, c, zp.KeepRequest("ghost"), nil); got != "" {
@@ -34,8 +35,8 @@ func TestSnapshotReconnectAndStreaming(t *testing.T) {
 		req *zp.WorkloadRequest
 		f   *os.File
 	}{
-		{zp.AddRequest("b", &zp.WorkloadInfo{Name: "b", Namespace: "ns"}), n2.file},
-		{zp.AddRequest("b", &zp.WorkloadInfo{Name: "b", Namespace: "ns"}), n2.file}, // duplicate, same netns: OK
+		{zp.AddRequest("b", &zp.WorkloadInfo{Name: "b", Namespace: "ns"}), n2.File},
+		{zp.AddRequest("b", &zp.WorkloadInfo{Name: "b", Namespace: "ns"}), n2.File}, // duplicate, same netns: OK
 		{zp.DelRequest("never-added"), nil},                                         // unknown: OK
 	} {
 		if got := ack(t, c, step.req, step.f); got != "" {
@@ -45,7 +46,7 @@ func TestSnapshotReconnectAndStreaming(t *testing.T) {
 	st := e.State()
 	wa, okA := st.Workload("a")
 	wb, okB := st.Workload("b")
-	if !okA || !okB || wa.NetnsInode != n1.inode || wb.NetnsInode != n2.inode || wa.Name != "pod" || wa.ServiceAccount != "sa" {
+	if !okA || !okB || wa.NetnsInode != n1.Inode || wb.NetnsInode != n2.Inode || wa.Name != "pod" || wa.ServiceAccount != "sa" {
 		t.Fatalf("workloads after first connection: %+v", st.Workloads)
 	}
 	want := []SnapshotItem{{zp.OpAdd, "a"}, {zp.OpKeep, "ghost"}}
@@ -79,15 +80,15 @@ func TestNack(t *testing.T) {
 	e, _ := runEmu(t, Config{SocketPath: a.path, Nacks: map[string]string{"ns/pod": long}})
 	c := a.accept()
 	ack(t, c, zp.SnapshotSentRequest(), nil)
-	if got := ack(t, c, zp.AddRequest("u1", info), n.file); got != long {
+	if got := ack(t, c, zp.AddRequest("u1", info), n.File); got != long {
 		t.Fatalf("nack by namespace/name: got %d bytes", len(got))
 	}
 	e.SetNack("u2", "no u2")
-	if got := ack(t, c, zp.AddRequest("u2", &zp.WorkloadInfo{Name: "other"}), n.file); got != "no u2" {
+	if got := ack(t, c, zp.AddRequest("u2", &zp.WorkloadInfo{Name: "other"}), n.File); got != "no u2" {
 		t.Fatalf("nack by uid: %q", got)
 	}
 	e.ClearNack("ns/pod")
-	if got := ack(t, c, zp.AddRequest("u1", info), n.file); got != "" {
+	if got := ack(t, c, zp.AddRequest("u1", info), n.File); got != "" {
 		t.Fatalf("after ClearNack: %q", got)
 	}
 	if st := e.State(); len(st.Workloads) != 1 || st.Workloads[0].UID != "u1" {
@@ -112,14 +113,14 @@ func TestProtocolErrors(t *testing.T) {
 		want  string
 	}{
 		{"add without workload info", nil, func(t *testing.T, c *zp.Conn) error {
-			return c.Send(zp.AddRequest("u", nil), n.file, time.Now().Add(testTimeout))
+			return c.Send(zp.AddRequest("u", nil), n.File, time.Now().Add(testTimeout))
 		}, "without workload_info"},
 		{"add without fd", nil, func(t *testing.T, c *zp.Conn) error {
 			return c.Send(zp.AddRequest("u", info), nil, time.Now().Add(testTimeout))
 		}, "0 file descriptors"},
 		{"add with two fds", nil, func(t *testing.T, c *zp.Conn) error {
 			b, _ := zp.Marshal(zp.AddRequest("u", info))
-			_, _, err := lastConn.WriteMsgUnix(b, unix.UnixRights(int(n.file.Fd()), int(devnull.Fd())), nil)
+			_, _, err := lastConn.WriteMsgUnix(b, unix.UnixRights(int(n.File.Fd()), int(devnull.Fd())), nil)
 			return err
 		}, "2 file descriptors"},
 		{"keep after snapshot", func(t *testing.T, c *zp.Conn) { ack(t, c, zp.SnapshotSentRequest(), nil) }, func(t *testing.T, c *zp.Conn) error {
@@ -137,7 +138,7 @@ func TestProtocolErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			before := countFDs(t)
+			before := testutil.CountFDs(t)
 			a := newFakeAgent(t)
 			e, done := runEmu(t, Config{SocketPath: a.path, ExitOnProtocolError: true})
 			c := a.accept()
@@ -166,7 +167,7 @@ func TestProtocolErrors(t *testing.T) {
 			}
 			c.Close()
 			a.l.Close()
-			if got := countFDs(t); got != before {
+			if got := testutil.CountFDs(t); got != before {
 				t.Fatalf("fds: %d before, %d after", before, got)
 			}
 		})
@@ -180,7 +181,7 @@ func TestProtocolErrorReconnects(t *testing.T) {
 	n := newNetns(t)
 	e, _ := runEmu(t, Config{SocketPath: a.path, ReconnectMin: 10 * time.Millisecond})
 	c := a.accept()
-	ack(t, c, zp.AddRequest("u", info), n.file)
+	ack(t, c, zp.AddRequest("u", info), n.File)
 	ack(t, c, zp.SnapshotSentRequest(), nil)
 	if err := c.Send(zp.SnapshotSentRequest(), nil, time.Now().Add(testTimeout)); err != nil {
 		t.Fatal(err)

@@ -13,24 +13,10 @@ import (
 	"github.com/ambientd/ambientd/internal/testutil"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Generous bounds: the machine is shared with other builds.
 const testTimeout = 20 * time.Second
-
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p[:len(p)-1]))
-	return len(p), nil
-}
 
 // socketPath returns a short path (sun_path is 108 bytes) in a fresh dir.
 func socketPath(t testing.TB) string {
@@ -99,7 +85,7 @@ type emuRun struct {
 
 // runEmu starts the emulator and stops it (waiting for Run) at cleanup.
 func runEmu(t testing.TB, cfg Config) (*Emulator, *emuRun) {
-	e := New(cfg, testLogger(t))
+	e := New(cfg, testutil.Logger(t, slog.LevelDebug))
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &emuRun{stopped: make(chan struct{})}
 	go func() {
@@ -128,50 +114,19 @@ func waitFor(t testing.TB, e *Emulator, what string, cond func(State) bool) Stat
 }
 
 // testNetns is a throwaway network namespace with lo up.
-type testNetns struct {
-	ns    ns.NetNS
-	file  *os.File
-	inode uint64
-}
+type testNetns struct{ *testutil.NetNS }
 
-func newNetns(t testing.TB) *testNetns {
+func newNetns(t testing.TB) testNetns {
 	t.Helper()
-	testutil.RequireRoot(t)
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		n.Close()
-		testutils.UnmountNS(n)
-	})
-	if err := n.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	}); err != nil {
-		t.Fatalf("lo up: %v", err)
-	}
-	f, err := os.Open(n.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		t.Fatal(err)
-	}
-	return &testNetns{ns: n, file: f, inode: st.Ino}
+	return testNetns{testutil.NewNetNSWith(t, testutil.NetNSOptions{IgnoreRemovalErr: true})}
 }
 
 // dial connects from inside the netns and returns the line the emulator
 // writes, or the dial error.
-func (n *testNetns) dial(t testing.TB, addr string) (string, error) {
+func (n testNetns) dial(t testing.TB, addr string) (string, error) {
 	t.Helper()
 	var line string
-	err := n.ns.Do(func(ns.NetNS) error {
+	err := n.NS.Do(func(ns.NetNS) error {
 		c, err := net.DialTimeout("tcp", addr, testTimeout)
 		if err != nil {
 			return err
@@ -194,13 +149,4 @@ func (n *testNetns) dial(t testing.TB, addr string) (string, error) {
 		return nil
 	})
 	return line, err
-}
-
-func countFDs(t testing.TB) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
 }

@@ -23,7 +23,7 @@ func TestNetnsModeListensInReceivedNetns(t *testing.T) {
 	n := newNetns(t)
 	// In the test's own netns only: send TCP to 10.99.0.1:80 to the
 	// outbound listener, as the in-pod rules would.
-	if err := n.ns.Do(func(ns.NetNS) error {
+	if err := n.NS.Do(func(ns.NetNS) error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return err
@@ -44,12 +44,12 @@ func TestNetnsModeListensInReceivedNetns(t *testing.T) {
 	e, _ := runEmu(t, Config{SocketPath: a.path, NetnsMode: true})
 	c := a.accept()
 	ack(t, c, zp.SnapshotSentRequest(), nil)
-	if got := ack(t, c, zp.AddRequest("uid-1", info), n.file); got != "" {
+	if got := ack(t, c, zp.AddRequest("uid-1", info), n.File); got != "" {
 		t.Fatalf("add: %q", got)
 	}
 	w, ok := e.State().Workload("uid-1")
-	if !ok || w.NetnsInode != n.inode {
-		t.Fatalf("workload %+v, want netns inode %d", w, n.inode)
+	if !ok || w.NetnsInode != n.Inode {
+		t.Fatalf("workload %+v, want netns inode %d", w, n.Inode)
 	}
 	_, hasV6 := os.Stat("/proc/sys/net/ipv6")
 	wantListeners := 3

@@ -32,7 +32,7 @@ func BenchmarkAddAck(b *testing.B) {
 			for b.Loop() {
 				uid := fmt.Sprint("p", i)
 				i++
-				if err := s.AddWorkload(ctx, wl(uid), n.file); err != nil {
+				if err := s.AddWorkload(ctx, wl(uid), n.File); err != nil {
 					b.Fatal(err)
 				}
 				if bc.del {

@@ -11,27 +11,16 @@ import (
 
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Generous bounds: the machine is shared with other builds.
 const testTimeout = 20 * time.Second
 
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p[:len(p)-1]))
-	return len(p), nil
-}
-
 func testLogger(t testing.TB) *slog.Logger {
 	if _, ok := t.(*testing.B); ok {
 		return slog.New(slog.DiscardHandler)
 	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	return testutil.Logger(t, slog.LevelInfo)
 }
 
 func ctxT(t testing.TB) context.Context {
@@ -144,61 +133,13 @@ func waitState(t testing.TB, e *ztunnelemu.Emulator, what string, cond func(ztun
 // waitUntil polls cond with a deadline; for state outside the emulator.
 func waitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, what, testTimeout, cond)
 }
 
-// testNetns is a throwaway network namespace with lo up.
-type testNetns struct {
-	ns    ns.NetNS
-	file  *os.File
-	inode uint64
-}
-
-func newNetns(t testing.TB) *testNetns {
+// newNetns makes a throwaway network namespace with lo up.
+func newNetns(t testing.TB) *testutil.NetNS {
 	t.Helper()
-	testutil.RequireRoot(t)
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		n.Close()
-		testutils.UnmountNS(n)
-	})
-	if err := n.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	}); err != nil {
-		t.Fatalf("lo up: %v", err)
-	}
-	f, err := os.Open(n.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		t.Fatal(err)
-	}
-	return &testNetns{ns: n, file: f, inode: st.Ino}
-}
-
-func countFDs(t testing.TB) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
+	return testutil.NewNetNSWith(t, testutil.NetNSOptions{IgnoreRemovalErr: true})
 }
 
 func wl(uid string) Workload {

@@ -16,17 +16,17 @@ func TestMetrics(t *testing.T) {
 	if err := reg.Register(s.Metrics()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AddWorkload(ctxT(t), wl("x"), n.file); !errors.Is(err, ErrNoZtunnel) {
+	if err := s.AddWorkload(ctxT(t), wl("x"), n.File); !errors.Is(err, ErrNoZtunnel) {
 		t.Fatal(err)
 	}
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, e, 1)
 	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
 	e.SetNack("y", "no")
-	if err := s.AddWorkload(ctxT(t), wl("x"), n.file); err != nil {
+	if err := s.AddWorkload(ctxT(t), wl("x"), n.File); err != nil {
 		t.Fatal(err)
 	}
-	_ = s.AddWorkload(ctxT(t), wl("y"), n.file)
+	_ = s.AddWorkload(ctxT(t), wl("y"), n.File)
 
 	m := s.Metrics()
 	for _, tc := range []struct {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -24,9 +25,9 @@ func TestSnapshotOrderKeepAndNetns(t *testing.T) {
 	n1, n3 := newNetns(t), newNetns(t)
 	src := &source{}
 	src.set(
-		SnapshotEntry{Workload: wl("a"), Netns: n1.file},
+		SnapshotEntry{Workload: wl("a"), Netns: n1.File},
 		SnapshotEntry{Workload: wl("b")},
-		SnapshotEntry{Workload: wl("c"), Netns: n3.file},
+		SnapshotEntry{Workload: wl("c"), Netns: n3.File},
 	)
 	s, _ := runServer(t, Config{}, src)
 	acked, unsub := s.SubscribeSnapshotAcked()
@@ -47,8 +48,8 @@ func TestSnapshotOrderKeepAndNetns(t *testing.T) {
 	for _, tc := range []struct {
 		uid   string
 		inode uint64
-		n     *testNetns
-	}{{"a", n1.inode, n1}, {"c", n3.inode, n3}} {
+		n     *testutil.NetNS
+	}{{"a", n1.Inode, n1}, {"c", n3.Inode, n3}} {
 		w, ok := st.Workload(tc.uid)
 		if !ok || w.NetnsInode != tc.inode || w.Name != "pod-"+tc.uid || w.Namespace != "ns" || w.ServiceAccount != "sa" {
 			t.Fatalf("workload %s: %+v (want netns inode %d)", tc.uid, w, tc.inode)
@@ -66,10 +67,10 @@ func TestSnapshotOrderKeepAndNetns(t *testing.T) {
 	waitUntil(t, "status", func() bool { st := s.Status(); return st.Connections == 1 && st.SnapshotAcked })
 }
 
-func dialIn(t *testing.T, n *testNetns, addr string) string {
+func dialIn(t *testing.T, n *testutil.NetNS, addr string) string {
 	t.Helper()
 	var line string
-	if err := n.ns.Do(func(ns.NetNS) error {
+	if err := n.NS.Do(func(ns.NetNS) error {
 		c, err := net.DialTimeout("tcp", addr, testTimeout)
 		if err != nil {
 			return err
@@ -96,10 +97,10 @@ func TestAddsGoToNewestDelsToAll(t *testing.T) {
 	waitSnapshot(t, nu, 1)
 	waitUntil(t, "second conn acked", func() bool { st := s.Status(); return st.Connections == 2 && st.SnapshotAcked })
 
-	if err := s.AddWorkload(ctxT(t), wl("p"), n.file); err != nil {
+	if err := s.AddWorkload(ctxT(t), wl("p"), n.File); err != nil {
 		t.Fatal(err)
 	}
-	if w, ok := nu.State().Workload("p"); !ok || w.NetnsInode != n.inode {
+	if w, ok := nu.State().Workload("p"); !ok || w.NetnsInode != n.Inode {
 		t.Fatalf("newest ztunnel lacks the add: %+v", nu.State().Workloads)
 	}
 	if reqs := old.State().RequestsOn(1); len(reqs) != 1 {
@@ -132,8 +133,8 @@ func TestReconnectGetsFreshSnapshot(t *testing.T) {
 	waitSnapshot(t, e, 1)
 	<-acked
 
-	src.set(SnapshotEntry{Workload: wl("p"), Netns: n.file}, SnapshotEntry{Workload: wl("q")})
-	if err := s.AddWorkload(ctxT(t), wl("p"), n.file); err != nil {
+	src.set(SnapshotEntry{Workload: wl("p"), Netns: n.File}, SnapshotEntry{Workload: wl("q")})
+	if err := s.AddWorkload(ctxT(t), wl("p"), n.File); err != nil {
 		t.Fatal(err)
 	}
 	e.Disconnect()
@@ -158,7 +159,7 @@ func TestReconnectGetsFreshSnapshot(t *testing.T) {
 	if !slices.Equal(c.Snapshot, []ztunnelemu.SnapshotItem{{Op: zp.OpKeep, UID: "p"}}) {
 		t.Fatalf("after agent restart: %v", c.Snapshot)
 	}
-	if w, ok := st.Workload("p"); !ok || w.NetnsInode != n.inode {
+	if w, ok := st.Workload("p"); !ok || w.NetnsInode != n.Inode {
 		t.Fatalf("kept workload lost: %+v", st.Workloads)
 	}
 	waitUntil(t, "new server acked", func() bool { return s2.Status().SnapshotAcked })
@@ -236,7 +237,7 @@ func TestNeverAckedTimesOut(t *testing.T) {
 	waitUntil(t, "snapshot acked", func() bool { return s.Status().SnapshotAcked })
 
 	start := time.Now()
-	err := s.AddWorkload(context.Background(), wl("p"), n.file) // no ctx deadline: the ack timeout bounds it
+	err := s.AddWorkload(context.Background(), wl("p"), n.File) // no ctx deadline: the ack timeout bounds it
 	if !errors.Is(err, ErrConnBroken) || !strings.Contains(err.Error(), "timed out") {
 		t.Fatalf("got %v, want ErrConnBroken saying it timed out", err)
 	}
@@ -244,7 +245,7 @@ func TestNeverAckedTimesOut(t *testing.T) {
 	expectRequest(t, c, zp.OpAdd) // it was sent, never acked
 	expectClosed(t, c)
 	waitUntil(t, "connection dropped", func() bool { return s.Status().Connections == 0 })
-	if err := s.AddWorkload(ctxT(t), wl("p"), n.file); !errors.Is(err, ErrNoZtunnel) {
+	if err := s.AddWorkload(ctxT(t), wl("p"), n.File); !errors.Is(err, ErrNoZtunnel) {
 		t.Fatalf("after drop: %v, want ErrNoZtunnel", err)
 	}
 }
@@ -268,7 +269,7 @@ func TestBadPeersDroppedOthersServed(t *testing.T) {
 	mustAdd := func(uid string) {
 		t.Helper()
 		waitUntil(t, "only the good ztunnel left", func() bool { st := s.Status(); return st.Connections == 1 && st.SnapshotAcked })
-		if err := s.AddWorkload(ctxT(t), wl(uid), n.file); err != nil {
+		if err := s.AddWorkload(ctxT(t), wl(uid), n.File); err != nil {
 			t.Fatalf("add %s after bad peer: %v", uid, err)
 		}
 		if _, ok := good.State().Workload(uid); !ok {
@@ -279,7 +280,7 @@ func TestBadPeersDroppedOthersServed(t *testing.T) {
 		}
 	}
 	mustAdd("warmup")
-	fds, gs := countFDs(t), runtime.NumGoroutine()
+	fds, gs := testutil.CountFDs(t), runtime.NumGoroutine()
 	tests := []struct {
 		name string
 		run  func(t *testing.T, c *peer)
@@ -325,7 +326,7 @@ func TestBadPeersDroppedOthersServed(t *testing.T) {
 	}
 	// Bad input leaks nothing (the peers' own sockets are closed by now).
 	waitUntil(t, "fds and goroutines back to baseline", func() bool {
-		return countFDs(t) <= fds && runtime.NumGoroutine() <= gs
+		return testutil.CountFDs(t) <= fds && runtime.NumGoroutine() <= gs
 	})
 }
 
@@ -344,7 +345,7 @@ func rawWrite(t *testing.T, c *peer, b []byte) {
 func TestNackAndNoZtunnel(t *testing.T) {
 	n := newNetns(t)
 	s, _ := runServer(t, Config{}, &source{})
-	if err := s.AddWorkload(ctxT(t), wl("p"), n.file); !errors.Is(err, ErrNoZtunnel) {
+	if err := s.AddWorkload(ctxT(t), wl("p"), n.File); !errors.Is(err, ErrNoZtunnel) {
 		t.Fatalf("no ztunnel: %v", err)
 	}
 	if err := s.DelWorkload(ctxT(t), "p"); err != nil {
@@ -354,7 +355,7 @@ func TestNackAndNoZtunnel(t *testing.T) {
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath, Nacks: map[string]string{"ns/pod-p": long}})
 	waitSnapshot(t, e, 1)
 	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
-	err := s.AddWorkload(ctxT(t), wl("p"), n.file)
+	err := s.AddWorkload(ctxT(t), wl("p"), n.File)
 	var nack *NackError
 	if !errors.As(err, &nack) || nack.Message != long || nack.UID != "p" || nack.Op != zp.OpAdd {
 		t.Fatalf("got %v, want NackError with the %d-byte message", err, len(long))
@@ -364,7 +365,7 @@ func TestNackAndNoZtunnel(t *testing.T) {
 	}
 	// The connection survives a nack.
 	e.ClearNack("ns/pod-p")
-	if err := s.AddWorkload(ctxT(t), wl("p"), n.file); err != nil {
+	if err := s.AddWorkload(ctxT(t), wl("p"), n.File); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -381,7 +382,7 @@ func TestAddDuringSnapshotWaits(t *testing.T) {
 	expectRequest(t, c, zp.OpKeep)
 	waitUntil(t, "conn registered", func() bool { st := s.Status(); return st.Connections == 1 && !st.SnapshotAcked })
 	errc := make(chan error, 1)
-	go func() { errc <- s.AddWorkload(ctxT(t), wl("p"), n.file) }()
+	go func() { errc <- s.AddWorkload(ctxT(t), wl("p"), n.File) }()
 	sendAck(t, c, "")
 	expectRequest(t, c, zp.OpSnapshotSent)
 	sendAck(t, c, "")
@@ -410,7 +411,7 @@ func TestConcurrentAdds(t *testing.T) {
 		if i == 7 {
 			uid = "odd-7"
 		}
-		wg.Go(func() { errs[i] = s.AddWorkload(ctxT(t), wl(uid), n.file) })
+		wg.Go(func() { errs[i] = s.AddWorkload(ctxT(t), wl(uid), n.File) })
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -443,7 +444,7 @@ func TestAddDelCyclesLeakNothing(t *testing.T) {
 			ctx := ctxT(t)
 			cycle := func(i int) {
 				uid := fmt.Sprint("p", i)
-				if err := s.AddWorkload(ctx, wl(uid), n.file); err != nil {
+				if err := s.AddWorkload(ctx, wl(uid), n.File); err != nil {
 					t.Fatalf("cycle %d add: %v", i, err)
 				}
 				if err := s.DelWorkload(ctx, uid); err != nil {
@@ -451,7 +452,7 @@ func TestAddDelCyclesLeakNothing(t *testing.T) {
 				}
 			}
 			cycle(-1) // warm up lazily created state
-			fds, gs := countFDs(t), runtime.NumGoroutine()
+			fds, gs := testutil.CountFDs(t), runtime.NumGoroutine()
 			for i := range 1000 {
 				cycle(i)
 			}
@@ -459,9 +460,9 @@ func TestAddDelCyclesLeakNothing(t *testing.T) {
 				t.Fatalf("emulator state after cycles: %d workloads, errors %v", len(st.Workloads), st.ProtocolErrors)
 			}
 			waitUntil(t, "fds and goroutines back to baseline", func() bool {
-				return countFDs(t) <= fds && runtime.NumGoroutine() <= gs
+				return testutil.CountFDs(t) <= fds && runtime.NumGoroutine() <= gs
 			})
-			t.Logf("fds %d → %d, goroutines %d → %d", fds, countFDs(t), gs, runtime.NumGoroutine())
+			t.Logf("fds %d → %d, goroutines %d → %d", fds, testutil.CountFDs(t), gs, runtime.NumGoroutine())
 		})
 	}
 }
@@ -531,7 +532,7 @@ func TestClosedNetnsFile(t *testing.T) {
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, e, 1)
 	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
-	f, err := os.Open(n.ns.Path())
+	f, err := os.Open(n.NS.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +544,7 @@ func TestClosedNetnsFile(t *testing.T) {
 	if err := s.AddWorkload(ctxT(t), wl("p"), nil); err == nil {
 		t.Fatal("nil netns accepted")
 	}
-	if err := s.AddWorkload(ctxT(t), wl("p"), n.file); err != nil {
+	if err := s.AddWorkload(ctxT(t), wl("p"), n.File); err != nil {
 		t.Fatalf("connection unusable after a closed netns: %v", err)
 	}
 	if st := e.State(); len(st.RequestsOn(1)) != 2 {

@@ -1,0 +1,62 @@
+package testutil
+
+import (
+	"errors"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+)
+
+func TestNewNetNS(t *testing.T) {
+	var path string
+	t.Run("make", func(t *testing.T) {
+		for _, loDown := range []bool{false, true} {
+			n := NewNetNSWith(t, NetNSOptions{LoDown: loDown})
+			path = n.NS.Path()
+			if _, err := os.Stat(path); err != nil {
+				t.Fatal(err)
+			}
+			var up bool
+			if err := n.NS.Do(func(ns.NetNS) error {
+				lo, err := netlink.LinkByName("lo")
+				up = err == nil && lo.Attrs().Flags&net.FlagUp != 0
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if up == loDown {
+				t.Errorf("LoDown %v: lo up = %v", loDown, up)
+			}
+			if n.Inode == 0 || n.File == nil {
+				t.Errorf("netns %+v", n)
+			}
+		}
+	})
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still there after cleanup: %v", path, err)
+	}
+}
+
+func TestCountFDs(t *testing.T) {
+	before := CountFDs(t)
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := CountFDs(t); got != before+1 {
+		t.Errorf("after one open: %d, want %d", got, before+1)
+	}
+	f.Close()
+	if got := CountFDs(t); got != before {
+		t.Errorf("after close: %d, want %d", got, before)
+	}
+}
+
+func TestEventually(t *testing.T) {
+	start := time.Now()
+	Eventually(t, "50ms", time.Minute, func() bool { return time.Since(start) > 50*time.Millisecond })
+}
