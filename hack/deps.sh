@@ -20,6 +20,7 @@ declare -A want=(
   [make]=make
   [gcc]=gcc
   [flock]=util-linux
+  [nsenter]=util-linux
 )
 
 missing=()

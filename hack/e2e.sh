@@ -18,9 +18,9 @@ fi
 
 start=$(date +%s)
 hack/build-kube.sh >/dev/null
-if [ ! -x bin/ambientd ] || [ ! -x bin/ambientd-cni ] || [ ! -x bin/ztunnel-emulator ]; then
-  make build
-fi
+# Always rebuild bin/ (seconds with a warm cache): a stale agent binary would
+# make the suite test old code.
+make --no-print-directory build >/dev/null
 
 # Every process of this run inherits the id (e2eenv passes it down), and the
 # work dirs are named after it: that is how leftovers are told apart from a

@@ -6,6 +6,8 @@
 #   - node network namespaces ambientd-e2e-<pid>-* whose creator is gone
 #   - bridges/veths of the chain in the machine's own network namespace
 #   - mounts and work dirs of the run
+#   - cgroups of the pods' sandbox processes (internal/e2eenv/sandbox.go:
+#     <cgroup2 mount>/ambientd-e2e-RUN_ID-*/)
 set -uo pipefail
 run=${1:?usage: $0 RUN_ID}
 # Our own children must not match the search below.
@@ -47,7 +49,30 @@ for d in "$tmp"/ambientd-e2e-"$run"-*; do
   rm -rf "$d"
 done
 
+# Pod sandbox cgroups live in the cgroup2 hierarchy, in a dir named like the
+# work dir. Look in every cgroup2 mount; with none (a cgroup v1-only host),
+# mount the hierarchy for a moment.
+cgmnts=$(awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i+1) == "cgroup2") print $5; break } }' /proc/self/mountinfo)
+tmpcg=
+if [ -z "$cgmnts" ]; then
+  tmpcg=$(mktemp -d)
+  if mount -t cgroup2 none "$tmpcg" 2>/dev/null; then cgmnts=$tmpcg; else rmdir "$tmpcg"; tmpcg=; fi
+fi
+for m in $cgmnts; do
+  for d in "$m"/ambientd-e2e-"$run"-*; do
+    [ -d "$d" ] || continue
+    report "cgroup $d left behind (removed now): $(find "$d" -mindepth 1 -type d -printf '%f ' 2>/dev/null)"
+    for p in $(cat $(find "$d" -name cgroup.procs) 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
+      [ -d "$d" ] || break
+      sleep 0.2
+    done
+  done
+done
+if [ -n "$tmpcg" ]; then umount "$tmpcg" && rmdir "$tmpcg"; fi
+
 if [ "$bad" -eq 0 ]; then
-  echo "leftovers: none (processes, netns, bridges, mounts, work dirs checked for run $run)"
+  echo "leftovers: none (processes, netns, bridges, mounts, work dirs, cgroups checked for run $run)"
 fi
 exit "$bad"

@@ -67,6 +67,7 @@ type Env struct {
 	log      io.Writer
 	sp       *spawner
 	netnsDir string
+	cgroups  *cgroups // the pods' sandbox cgroups
 
 	mu    sync.Mutex
 	pods  map[*Pod]struct{}
@@ -112,6 +113,9 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		}
 	}()
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
+		return e, err
+	}
+	if e.cgroups, err = setupCgroups(dir); err != nil {
 		return e, err
 	}
 
@@ -179,9 +183,13 @@ func (e *Env) Close() error {
 			if err := e.DeletePod(ctx, p); err != nil {
 				errs = append(errs, fmt.Errorf("close: %w", err))
 			}
-		} else if p.Netns != nil {
-			errs = append(errs, DeleteNetns(p.Netns))
+		} else {
+			errs = append(errs, p.teardown(ctx))
+			e.untrack(p)
 		}
+	}
+	if e.cgroups != nil {
+		errs = append(errs, e.cgroups.close())
 	}
 	e.mu.Lock()
 	procs := e.procs

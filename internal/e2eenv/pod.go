@@ -43,7 +43,9 @@ type Pod struct {
 	// Object is the Pod as last written by CreatePod (status Running).
 	Object *corev1.Pod
 
-	chain *Chain
+	chain     *Chain
+	sandbox   *Process // the pause process in Netns and in cgroupDir
+	cgroupDir string
 }
 
 // Attachment is what the chain was run with for this pod.
@@ -63,10 +65,11 @@ func (p *Pod) attachment() Attachment {
 
 // CreatePod does what the scheduler, kubelet and container runtime do for a
 // new pod on this node: create the Pod object bound to the node (status
-// Pending), create the sandbox's network namespace, run CNI ADD through the
-// chain, then patch pods/status to Running with the assigned IPs. If ADD
-// fails, DEL runs, the netns and the Pod object are removed, and the error
-// (see IsCNIError) is returned.
+// Pending), then the runtime's part (see AttachPod: sandbox network namespace,
+// a pause process in it and in the pod's cgroup, CNI ADD through the chain),
+// then patch pods/status to Running with the assigned IPs. If anything fails,
+// DEL runs, the sandbox, netns and Pod object are removed, and the error (see
+// IsCNIError) is returned.
 func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if spec.ServiceAccount == "" {
 		spec.ServiceAccount = "default"
@@ -90,20 +93,53 @@ func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create pod %s/%s: %w", spec.Namespace, spec.Name, err)
 	}
-	if spec.Chain == nil {
-		spec.Chain = e.Chain
+	p, err := e.AttachPod(ctx, obj, spec.Chain)
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		derr := e.CP.Admin.CoreV1().Pods(obj.Namespace).Delete(cctx, obj.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		if derr != nil && !apierrors.IsNotFound(derr) {
+			err = errors.Join(err, fmt.Errorf("delete pod %s/%s: %w", obj.Namespace, obj.Name, derr))
+		}
+		return nil, err
 	}
-	p := &Pod{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID), ContainerID: "e2e-" + randHex(12), chain: spec.Chain}
-	fail := func(err error) (*Pod, error) {
+	if p.Object, err = e.MarkRunning(ctx, obj, p.IPs); err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		return nil, errors.Join(err, e.DeletePod(cctx, p))
 	}
+	return p, nil
+}
+
+// AttachPod does the container runtime's part for an existing Pod object
+// (obj needs its name, namespace and uid): create the sandbox's network
+// namespace, start the sandbox's pause process inside it and inside a cgroup
+// named after the pod uid (so a /proc scan finds it as on a real node), and
+// run CNI ADD (loopback, then chain, or Env.Chain when chain is nil) with
+// K8S_POD_NAME/NAMESPACE/UID/INFRA_CONTAINER_ID. It does not call the API, so
+// it works while kube-apiserver is down; MarkRunning is the kubelet's status
+// update. On error everything it made is undone. DeletePod (or Env.Close)
+// tears the result down.
+func (e *Env) AttachPod(ctx context.Context, obj *corev1.Pod, chain *Chain) (*Pod, error) {
+	if chain == nil {
+		chain = e.Chain
+	}
+	p := &Pod{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID), ContainerID: "e2e-" + randHex(12), chain: chain}
+	fail := func(err error) (*Pod, error) {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		e.untrack(p)
+		return nil, errors.Join(err, p.teardown(cctx))
+	}
 	e.track(p)
+	var err error
 	if p.Netns, err = NewNetns(e.netnsDir, p.Namespace+"_"+p.Name+"_"+p.ContainerID); err != nil {
 		return fail(fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err))
 	}
 	p.NetnsPath = p.Netns.Path()
+	if err := e.startSandbox(ctx, p); err != nil {
+		return fail(err)
+	}
 	if p.Result, err = p.chain.Add(ctx, p.attachment()); err != nil {
 		return fail(err)
 	}
@@ -114,9 +150,6 @@ func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	}
 	if len(p.IPs) == 0 {
 		return fail(fmt.Errorf("pod %s/%s: CNI ADD returned no IPs: %v", p.Namespace, p.Name, p.Result))
-	}
-	if p.Object, err = e.MarkRunning(ctx, obj, p.IPs); err != nil {
-		return fail(err)
 	}
 	return p, nil
 }
@@ -183,27 +216,35 @@ func isKubeletCondition(t corev1.PodConditionType) bool {
 	return false
 }
 
-// DeletePod tears a pod down as the kubelet does: CNI DEL, remove the netns,
-// delete the Pod object (grace 0). Every step runs even when an earlier one
-// fails; the errors are joined. Deleting twice is fine.
+// DeletePod tears a pod down as the kubelet does: CNI DEL, stop the sandbox's
+// pause process and remove its cgroup, remove the netns, delete the Pod object
+// (grace 0). Every step runs even when an earlier one fails; the errors are
+// joined. Deleting twice is fine.
 func (e *Env) DeletePod(ctx context.Context, p *Pod) error {
+	errs := []error{p.teardown(ctx)}
+	err := e.CP.Admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	if err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete pod %s/%s: %w", p.Namespace, p.Name, err))
+	}
+	e.untrack(p)
+	return errors.Join(errs...)
+}
+
+// teardown undoes AttachPod: CNI DEL, sandbox process and cgroup, netns.
+func (p *Pod) teardown(ctx context.Context) error {
 	var errs []error
-	if p.NetnsPath != "" && p.chain != nil {
+	if p.NetnsPath != "" && p.chain != nil && p.Netns != nil {
 		if err := p.chain.Del(ctx, p.attachment()); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, p.stopSandbox())
 	if p.Netns != nil {
 		if err := DeleteNetns(p.Netns); err != nil {
 			errs = append(errs, err)
 		}
 		p.Netns = nil
 	}
-	err := e.CP.Admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-	if err != nil && !apierrors.IsNotFound(err) {
-		errs = append(errs, fmt.Errorf("delete pod %s/%s: %w", p.Namespace, p.Name, err))
-	}
-	e.untrack(p)
 	return errors.Join(errs...)
 }
 

@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +40,11 @@ type fakeZtunnel struct {
 	adds      []ztunnel.Workload
 	dels      []string
 	subs      []chan struct{}
+	// source is the agent's snapshot source; Run records what it holds when
+	// the agent starts the ztunnel server (right after its restart rebuild),
+	// as the first snapshot a connecting ztunnel would get.
+	source    func() []ztunnel.SnapshotEntry
+	firstSnap []ztunnel.SnapshotEntry
 }
 
 func (z *fakeZtunnel) AddWorkload(_ context.Context, w ztunnel.Workload, netns *os.File) error {
@@ -78,7 +87,16 @@ func (z *fakeZtunnel) Status() ztunnel.Status {
 	return ztunnel.Status{}
 }
 
-func (z *fakeZtunnel) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+func (z *fakeZtunnel) Run(ctx context.Context) error {
+	if z.source != nil {
+		snap := z.source()
+		z.mu.Lock()
+		z.firstSnap = snap
+		z.mu.Unlock()
+	}
+	<-ctx.Done()
+	return nil
+}
 
 // connect simulates a ztunnel connecting and acking its snapshot.
 func (z *fakeZtunnel) connect() {
@@ -207,6 +225,7 @@ func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 		}
 	}
 	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: &fakeRules{probes: map[string][]netip.Addr{}}, reg: registry.New()}
+	h.zt.source = RegistrySnapshot{Reg: h.reg}.Snapshot
 	cfg := Config{
 		NodeName:         node,
 		Policy:           policy.DefaultConfig(),
@@ -548,6 +567,89 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 	}
 	if applied, _, _ := h.rules.counts(); applied != 0 {
 		t.Errorf("rebuild applied rules %d times, want 0 (rules are left as they are)", applied)
+	}
+}
+
+// TestRestartRestoresUnannotatedPods: the agent died after ztunnel took a pod
+// but before its annotation landed. The restarted agent's first snapshot must
+// still hold the pod (with its netns, found in /proc), and the reconcile must
+// re-apply its rules and enable it without ever sending a Del. In-mesh pods
+// without annotation whose netns is not found, pods outside the mesh and
+// terminal pods are not restored.
+func TestRestartRestoresUnannotatedPods(t *testing.T) {
+	running := func(p *corev1.Pod, ip string) *corev1.Pod {
+		p.Status.Phase = corev1.PodRunning
+		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		return p
+	}
+	// The fake host proc: one "sandbox process" per pod, whose cgroup names
+	// the pod uid and whose netns is this test's, which holds 127.0.0.1.
+	hostProc := t.TempDir()
+	sandbox := func(pid int, uid string) {
+		dir := filepath.Join(hostProc, strconv.Itoa(pid))
+		if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cg := "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n"
+		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("/proc/self/ns/net", filepath.Join(dir, "ns", "net")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lost := running(pod("app", "lost", "uid-lost", nil), "127.0.0.1")
+	enabled := running(pod("app", "on", "uid-on", map[string]string{policy.AnnotationRedirection: "enabled"}), "127.0.0.1")
+	nowhere := running(pod("app", "nowhere", "uid-nowhere", nil), "10.1.0.9")
+	outside := running(pod("plain", "out", "uid-out", nil), "127.0.0.1")
+	optOut := running(pod("app", "optout", "uid-optout", nil), "127.0.0.1")
+	optOut.Labels = map[string]string{policy.LabelDataplaneMode: policy.ModeNone}
+	done := running(pod("app", "done", "uid-done", nil), "127.0.0.1")
+	done.Status.Phase = corev1.PodSucceeded
+	for i, uid := range []string{"uid-lost", "uid-on", "uid-out", "uid-optout", "uid-done"} {
+		sandbox(100+i, uid)
+	}
+
+	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc },
+		namespace("app", true), namespace("plain", false), lost, enabled, nowhere, outside, optOut, done)
+	h.zt.mu.Lock()
+	first := h.zt.firstSnap
+	h.zt.mu.Unlock()
+	got := map[string]bool{} // uid → netns present
+	for _, e := range first {
+		got[e.Workload.UID] = e.Netns != nil
+	}
+	if want := map[string]bool{"uid-lost": true, "uid-on": true}; !maps.Equal(got, want) {
+		t.Errorf("first snapshot after restart (uid → has netns) %v, want %v", got, want)
+	}
+
+	// ztunnel connects and acks: the restored pod is re-applied and enabled.
+	h.zt.connect()
+	h.waitFor("restored pod enabled", func() bool {
+		v, _ := h.annotation("app", "lost")
+		return v == "enabled" && h.state("uid-lost") == "enabled"
+	})
+	if e, _ := h.reg.Get("uid-lost"); e.RulesUnverified {
+		t.Error("restored pod still has unverified rules after being enabled")
+	}
+	if applied, _, _ := h.rules.counts(); applied < 1 {
+		t.Errorf("rules applied %d times, want the restored pod's rules re-applied", applied)
+	}
+	if h.zt.added("uid-lost") < 1 {
+		t.Error("no fresh Add for the restored pod")
+	}
+	for _, uid := range []string{"uid-lost", "uid-on"} {
+		if h.zt.deleted(uid) {
+			t.Errorf("Del sent for live pod %s", uid)
+		}
+	}
+	for _, uid := range []string{"uid-out", "uid-optout", "uid-done"} {
+		if st := h.state(uid); st != "absent" {
+			t.Errorf("%s: registry state %s, want absent", uid, st)
+		}
+	}
+	if st := h.state("uid-on"); st != "enabled" {
+		t.Errorf("annotated pod: registry state %s, want enabled", st)
 	}
 }
 

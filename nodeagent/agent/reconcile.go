@@ -115,6 +115,9 @@ func (a *Agent) reconcile(ctx context.Context, uid string) error {
 	}
 
 	if registered {
+		if entry.RulesUnverified {
+			return a.verifyRestored(ctx, log, pod, entry)
+		}
 		if entry.State == registry.Enabled {
 			// Heal an annotation that does not match (e.g. written while
 			// the API was down and lost, or edited by hand).
@@ -226,6 +229,43 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	return registry.Enabled, nil
 }
 
+// verifyRestored finishes a pod that rebuild registered without an annotation
+// (see rebuild): it applies the pod's rules, which may or may not be in place
+// (re-applying identical rules is a no-op), then activates it like a new
+// enrollment. The pod stays registered throughout, so ztunnel, which may
+// already serve it, is never told to drop it.
+func (a *Agent) verifyRestored(ctx context.Context, log *slog.Logger, pod *corev1.Pod, e registry.Entry) error {
+	opts, err := iptables.PodOptionsFromAnnotations(a.cfg.Rules, pod.Annotations)
+	if err != nil {
+		a.metrics.failure("bad_annotation")
+		log.Warn("cannot verify the rules of a restored pod", "error", err)
+		return nil // retrying cannot help; the next pod update will
+	}
+	if e.Netns == nil { // rebuild registers these only with a netns; be safe
+		h, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs})
+		if err != nil {
+			a.metrics.failure("netns_not_found")
+			return err
+		}
+		a.reg.SetNetns(e.UID, h)
+		e, _ = a.reg.Get(e.UID)
+	}
+	start := time.Now()
+	err = withNetNS(e.Netns, func(n ns.NetNS) error { return a.rules.ApplyPod(ctx, n, opts) })
+	a.metrics.step("rules", start)
+	if err != nil {
+		a.metrics.failure("rules")
+		return fmt.Errorf("program in-pod rules of restored pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if !a.reg.SetRulesVerified(e.UID) {
+		return nil // removed meanwhile
+	}
+	e.RulesUnverified = false
+	log.Info("rules of restored unannotated pod applied")
+	_, err = a.activate(ctx, log, e, true)
+	return err
+}
+
 // retryPending re-activates a pending pod, finding its netns first if a
 // restart left it without one.
 func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, e registry.Entry) error {
@@ -305,39 +345,73 @@ func (a *Agent) forget(ctx context.Context, e registry.Entry, reason string) err
 	return nil
 }
 
-// rebuild fills the registry after a restart from this node's pods annotated
-// enabled or pending, with one /proc pass for all their namespaces. Pods whose
-// netns is not found are still registered (ztunnel gets Keep for them), so a
-// reconnecting ztunnel never drops a live pod. Their rules are left alone.
+// rebuild fills the registry after a restart, with one /proc pass for all the
+// pods' namespaces, so a reconnecting ztunnel never drops a live pod:
+//
+//   - this node's pods annotated enabled or pending are registered in that
+//     state; those whose netns is not found are still registered (ztunnel
+//     gets Keep for them). Their rules are left alone.
+//   - this node's other running (non-terminal) pods that the policy puts in
+//     the mesh are registered as pending when their netns is found: the agent
+//     may have died after ztunnel took such a pod but before its annotation
+//     landed (the patch is queued, e.g. during an API outage). Their rules are
+//     marked unverified, so the reconcile that follows applies them (a no-op
+//     when they are in place) before sending a fresh Add. Those whose netns is
+//     not found are left to that reconcile: a Keep for a pod ztunnel may never
+//     have had is pointless.
 func (a *Agent) rebuild(ctx context.Context) {
-	var pods []*corev1.Pod
+	type candidate struct {
+		pod       *corev1.Pod
+		annotated bool
+	}
+	var cands []candidate
 	var targets []podnetns.Target
 	for _, obj := range a.podInformer.GetStore().List() {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
 			continue
 		}
-		switch p.Annotations[policy.AnnotationRedirection] {
-		case policy.RedirectionEnabled, policy.RedirectionPending:
-		default:
-			continue
-		}
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		pods = append(pods, p)
+		annotated := false
+		switch p.Annotations[policy.AnnotationRedirection] {
+		case policy.RedirectionEnabled, policy.RedirectionPending:
+			annotated = true
+		}
+		if !annotated {
+			if len(podIPs(p)) == 0 {
+				continue // no sandbox network yet: its CNI ADD is still to come
+			}
+			d, err := a.decide(ctx, p)
+			if err != nil || !d.InMesh {
+				continue // the reconcile decides again (and retries API errors)
+			}
+			if _, err := iptables.PodOptionsFromAnnotations(a.cfg.Rules, p.Annotations); err != nil {
+				continue // never enrollable as it is; the reconcile reports it
+			}
+		}
+		cands = append(cands, candidate{pod: p, annotated: annotated})
 		targets = append(targets, podnetns.Target{UID: string(p.UID), IPs: podIPs(p)})
 	}
-	if len(pods) == 0 {
+	if len(cands) == 0 {
 		return
 	}
 	start := time.Now()
 	found, err := a.finder.Find(ctx, targets)
 	if err != nil {
-		a.log.Warn("scanning host proc for pod netns failed; pods will be kept as they are", "error", err)
+		a.log.Warn("scanning host proc for pod netns failed; annotated pods will be kept as they are", "error", err)
 		found = nil
 	}
-	for _, p := range pods {
+	restored, unannotated := 0, 0
+	for _, c := range cands {
+		p := c.pod
+		h := found[string(p.UID)]
+		log := a.podLog(p.Namespace, p.Name, string(p.UID))
+		if !c.annotated && h == nil {
+			log.Info("in-mesh pod without annotation: netns not found, left to the reconcile")
+			continue
+		}
 		st := registry.Pending
 		if p.Annotations[policy.AnnotationRedirection] == policy.RedirectionEnabled {
 			st = registry.Enabled
@@ -346,11 +420,17 @@ func (a *Agent) rebuild(ctx context.Context) {
 		if sa == "" {
 			sa = "default"
 		}
-		h := found[string(p.UID)]
-		a.reg.Put(registry.Entry{UID: string(p.UID), Name: p.Name, Namespace: p.Namespace, ServiceAccount: sa, IPs: podIPs(p), Netns: h, State: st})
-		a.podLog(p.Namespace, p.Name, string(p.UID)).Info("restored pod", "state", st.String(), "netns_found", h != nil)
+		a.reg.Put(registry.Entry{
+			UID: string(p.UID), Name: p.Name, Namespace: p.Namespace, ServiceAccount: sa,
+			IPs: podIPs(p), Netns: h, State: st, RulesUnverified: !c.annotated,
+		})
+		restored++
+		if !c.annotated {
+			unannotated++
+		}
+		log.Info("restored pod", "state", st.String(), "netns_found", h != nil, "annotated", c.annotated)
 	}
-	a.log.Info("registry rebuilt", "pods", len(pods), "netns_found", len(found), "took", time.Since(start))
+	a.log.Info("registry rebuilt", "pods", restored, "unannotated", unannotated, "netns_found", len(found), "took", time.Since(start))
 }
 
 // Snapshot implements ztunnel.SnapshotSource from the registry.

@@ -71,6 +71,10 @@ func (o Outcome) String() string {
 	}
 }
 
+// LogValue makes slog (whose JSON handler ignores String) log the name, not
+// the number.
+func (o Outcome) LogValue() slog.Value { return slog.StringValue(o.String()) }
+
 func (o Outcome) proto() cniapi.Outcome {
 	switch o {
 	case Enrolled:
@@ -285,10 +289,10 @@ func (s *Server) AddPod(ctx context.Context, req *cniapi.AddPodRequest) (*cniapi
 		return nil, st.Err()
 	}
 	if out.proto() == cniapi.Outcome_OUTCOME_UNSPECIFIED {
-		log.Error("handler returned no outcome and no error", "outcome", out)
+		log.Error("handler returned no outcome and no error", "outcome", out.String())
 		return nil, status.Errorf(codes.Internal, "agent handler returned %v without an error", out)
 	}
-	log.Info("CNI ADD handled", "outcome", out)
+	log.Info("CNI ADD handled", "outcome", out.String())
 	return &cniapi.AddPodResponse{Outcome: out.proto(), Message: out.String()}, nil
 }
 

@@ -1,10 +1,12 @@
 package cniserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -399,5 +401,18 @@ func TestRunTwice(t *testing.T) {
 	defer cancel()
 	if err := s.Run(ctx); err == nil {
 		t.Fatal("second Run succeeded")
+	}
+}
+
+func TestOutcomeLogsAsName(t *testing.T) {
+	for o, want := range map[Outcome]string{Enrolled: "enrolled", Pending: "pending", NotInMesh: "not-in-mesh", OutcomeUnknown: "Outcome(0)", Outcome(7): "Outcome(7)"} {
+		if got := o.String(); got != want {
+			t.Errorf("Outcome(%d).String() = %q, want %q", int(o), got, want)
+		}
+		var buf bytes.Buffer
+		slog.New(slog.NewJSONHandler(&buf, nil)).Info("x", "outcome", o)
+		if !strings.Contains(buf.String(), `"outcome":"`+want+`"`) {
+			t.Errorf("JSON log of Outcome(%d) = %s, want \"outcome\":%q", int(o), buf.String(), want)
+		}
 	}
 }

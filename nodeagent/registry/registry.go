@@ -47,6 +47,12 @@ type Entry struct {
 	IPs            []netip.Addr
 	Netns          *os.File
 	State          State
+	// RulesUnverified marks a pod restored after a restart only because the
+	// policy puts it in the mesh and its netns was found (it carried no
+	// redirection annotation, e.g. the agent died before that patch landed):
+	// its rules may or may not be in place, so the next reconcile applies
+	// them (idempotently) before telling ztunnel again.
+	RulesUnverified bool
 }
 
 // Registry is safe for concurrent use.
@@ -97,6 +103,18 @@ func (r *Registry) SetState(uid string, s State) bool {
 	e, ok := r.entries[uid]
 	if ok {
 		e.State = s
+	}
+	return ok
+}
+
+// SetRulesVerified clears RulesUnverified of uid (its rules were just
+// applied) and reports whether uid is registered.
+func (r *Registry) SetRulesVerified(uid string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[uid]
+	if ok {
+		e.RulesUnverified = false
 	}
 	return ok
 }

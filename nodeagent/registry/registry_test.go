@@ -137,3 +137,21 @@ func equal(a, b []string) bool {
 	}
 	return true
 }
+
+func TestSetRulesVerified(t *testing.T) {
+	r := New()
+	f := openFile(t)
+	r.Put(Entry{UID: "u1", Name: "p", Namespace: "n", Netns: f, RulesUnverified: true})
+	if e, _ := r.Get("u1"); !e.RulesUnverified {
+		t.Fatal("RulesUnverified not recorded")
+	}
+	if !r.SetRulesVerified("u1") {
+		t.Fatal("SetRulesVerified of a registered uid = false")
+	}
+	if e, _ := r.Get("u1"); e.RulesUnverified || e.Netns != f || isClosed(f) {
+		t.Errorf("after SetRulesVerified: %+v (handle closed %v), want verified with the same open handle", e, isClosed(f))
+	}
+	if r.SetRulesVerified("nope") {
+		t.Error("SetRulesVerified of an unknown uid = true")
+	}
+}

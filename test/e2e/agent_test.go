@@ -47,41 +47,6 @@ func uniqueNS(prefix string) string {
 	return fmt.Sprintf("%s-%d-%d", prefix, os.Getpid()%1000, nsCounter.Add(1))
 }
 
-// fakeHostProc stands in for the container runtime's sandbox processes, which
-// the environment does not run: for each pod it holds <n>/cgroup naming the
-// pod uid (systemd spelling) and <n>/ns/net, a symlink to the pod's real
-// network namespace. The agent scans it through --host-proc like /proc.
-type fakeHostProc struct {
-	dir string
-	n   int
-}
-
-func newFakeHostProc(t *testing.T) *fakeHostProc {
-	t.Helper()
-	dir, err := os.MkdirTemp(testEnv.Dir, "hostproc-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return &fakeHostProc{dir: dir, n: 1000}
-}
-
-func (h *fakeHostProc) add(t *testing.T, p *e2eenv.Pod) {
-	t.Helper()
-	h.n++
-	pd := filepath.Join(h.dir, fmt.Sprint(h.n))
-	if err := os.MkdirAll(filepath.Join(pd, "ns"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cg := "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + strings.ReplaceAll(p.UID, "-", "_") + ".slice/cri-containerd-" + p.ContainerID + ".scope\n"
-	if err := os.WriteFile(filepath.Join(pd, "cgroup"), []byte(cg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(p.NetnsPath, filepath.Join(pd, "ns", "net")); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // startAgent starts bin/ambientd and waits until it is live; it is stopped
 // when the test ends (after the test's pods are deleted, registered later).
 func startAgent(t *testing.T, ctx context.Context, args ...string) *e2eenv.Agent {
@@ -412,16 +377,16 @@ func sameLabels(a, b map[string]string) bool {
 }
 
 // TestAgentLabelsEnrollAndRemoveRunningPods: labelling a namespace enrolls its
-// running pods (netns found through --host-proc); unlabelling, or a pod's
+// running pods (netns found by the agent's scan of the real /proc, through
+// the pods' sandbox processes); unlabelling, or a pod's
 // `none`, removes them completely. hostNetwork, kube-system and sidecar pods
 // are never touched.
 func TestAgentLabelsEnrollAndRemoveRunningPods(t *testing.T) {
 	ctx := testContext(t, 5*time.Minute)
 	nsName := uniqueNS("labels")
 	createNamespace(t, ctx, nsName, false)
-	hp := newFakeHostProc(t)
 	em := startEmulator(t, ctx, "ztunnel-labels")
-	startAgent(t, ctx, "--host-proc="+hp.dir)
+	startAgent(t, ctx)
 
 	p1 := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "one"})
 	p2 := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "two"})
@@ -430,7 +395,9 @@ func TestAgentLabelsEnrollAndRemoveRunningPods(t *testing.T) {
 	sys := createPod(t, ctx, e2eenv.PodSpec{Namespace: "kube-system", Name: uniqueNS("sys"), Labels: map[string]string{labelMode: "ambient"}})
 	never := []*e2eenv.Pod{sidecar, hostNet, sys}
 	for _, p := range append([]*e2eenv.Pod{p1, p2}, never...) {
-		hp.add(t, p)
+		if p.SandboxPid() == 0 {
+			t.Fatalf("pod %s has no sandbox process", p.Name)
+		}
 		if v, ok := annotationOf(t, ctx, p); ok {
 			t.Fatalf("pod %s annotated %q before any label", p.Name, v)
 		}
@@ -556,26 +523,21 @@ func annotatedUIDs(t *testing.T, ctx context.Context) []string {
 }
 
 // TestAgentRestartKeepsPods: SIGKILL the agent with 10 pods enrolled; the
-// reconnecting ztunnel's first snapshot holds exactly those pods, nothing is
-// dropped, rules are untouched, and a new pod enrolls afterwards.
+// reconnecting ztunnel's first snapshot holds exactly those pods, each as an
+// Add with its netns (found by one scan of the real /proc through the pods'
+// sandbox processes), nothing is dropped, rules are untouched, and a new pod
+// enrolls afterwards.
 func TestAgentRestartKeepsPods(t *testing.T) {
 	ctx := testContext(t, 6*time.Minute)
 	nsName := uniqueNS("restart")
 	createNamespace(t, ctx, nsName, true)
-	hp := newFakeHostProc(t)
 	em := startEmulator(t, ctx, "ztunnel-restart")
-	a := startAgent(t, ctx, "--host-proc="+hp.dir)
+	a := startAgent(t, ctx)
 
 	var pods []*e2eenv.Pod
 	rulesBefore := map[string]string{}
 	for i := range 10 {
-		p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: fmt.Sprintf("p%d", i)})
-		pods = append(pods, p)
-		// Half the pods have a findable sandbox (re-sent as Add with their
-		// netns), half not (kept as they are with Keep).
-		if i%2 == 0 {
-			hp.add(t, p)
-		}
+		pods = append(pods, createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: fmt.Sprintf("p%d", i)}))
 	}
 	var uids []string
 	for _, p := range pods {
@@ -613,10 +575,22 @@ func TestAgentRestartKeepsPods(t *testing.T) {
 	if !slices.Equal(got, uids) {
 		t.Errorf("first snapshot after restart %v, want exactly %v", got, uids)
 	}
-	if adds != 5 {
-		t.Errorf("snapshot has %d Adds, want 5 (the pods whose netns the /proc scan finds; the rest Keep)", adds)
+	if adds != len(pods) {
+		t.Errorf("snapshot has %d Adds, want %d: the /proc scan must find every pod's netns (no Keep)", adds, len(pods))
+	}
+	inodes := map[string]uint64{}
+	for _, r := range st.RequestsOn(c.ID) {
+		if r.Op == "add" {
+			inodes[r.UID] = r.NetnsInode
+		}
 	}
 	for _, p := range pods {
+		if got, want := inodes[p.UID], netnsInode(t, p); got != want {
+			t.Errorf("pod %s: Add after restart carried netns inode %d, want %d", p.Name, got, want)
+		}
+		if countOps(st, "del", p.UID) != 0 {
+			t.Errorf("pod %s: Del sent across the restart", p.Name)
+		}
 		if _, ok := st.Workload(p.UID); !ok {
 			t.Errorf("emulator dropped pod %s after the restart", p.Name)
 		}
@@ -634,6 +608,165 @@ func TestAgentRestartKeepsPods(t *testing.T) {
 		if v, _ := annotationOf(t, ctx, p); v != "enabled" {
 			t.Errorf("pod %s annotation %q after restart", p.Name, v)
 		}
+	}
+}
+
+// TestAgentRestartBeforeAnnotationLands: pods enrolled while the kube-apiserver
+// is stopped reach ztunnel, but their annotation patches stay queued; the
+// agent is SIGKILLed before the API returns, so they never land. After the API
+// is back (and the kubelet has reported the pods Running), the restarted
+// agent's first snapshot must still hold those pods, as Adds with their netns
+// (found in /proc through their sandbox processes): ztunnel must not drop
+// them. Then they are enabled normally, with their rules in place.
+func TestAgentRestartBeforeAnnotationLands(t *testing.T) {
+	const n = 3
+	ctx := testContext(t, 6*time.Minute)
+	nsName := uniqueNS("restartapi")
+	createNamespace(t, ctx, nsName, true)
+	em := startEmulator(t, ctx, "ztunnel-restart-api")
+	a := startAgent(t, ctx)
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The scheduler's part while the API is up; the agent's cache must know
+	// the pods before the API goes away.
+	cachedBefore := informerPods(t, ctx, a)
+	var objs []*corev1.Pod
+	for i := range n {
+		objs = append(objs, createObjectOnly(t, ctx, nsName, fmt.Sprintf("lost-%d", i)))
+	}
+	waitFor(t, ctx, "agent cache has the new pods", func() bool { return informerPods(t, ctx, a) >= cachedBefore+n })
+
+	if err := testEnv.CP.APIServer.Stop(10 * time.Second); err != nil {
+		t.Fatalf("stop kube-apiserver: %v", err)
+	}
+	apiUp := false
+	t.Cleanup(func() {
+		if !apiUp {
+			_ = testEnv.CP.APIServer.Start()
+			_ = testEnv.CP.WaitReady(context.Background())
+		}
+	})
+
+	// The runtime's part with the API down: sandbox + CNI chain. The agent
+	// programs the rules and ztunnel acks; the annotation patches queue.
+	var pods []*e2eenv.Pod
+	for _, o := range objs {
+		p, err := testEnv.AttachPod(ctx, o, nil)
+		if err != nil {
+			t.Fatalf("CNI ADD of %s with the API down: %v", o.Name, err)
+		}
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := testEnv.DeletePod(cctx, p); err != nil {
+				t.Errorf("delete pod %s: %v", p.Name, err)
+			}
+		})
+		pods = append(pods, p)
+	}
+	waitEmu(t, ctx, em, "the pods enrolled while the API is down", func(s ztunnelemu.State) bool {
+		for _, p := range pods {
+			if _, ok := s.Workload(p.UID); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	rulesBefore := map[string]string{}
+	for _, p := range pods {
+		rulesBefore[p.UID] = podRules(t, p)
+		if !strings.Contains(rulesBefore[p.UID], "ISTIO_OUTPUT") {
+			t.Fatalf("pod %s has no rules after its CNI ADD:\n%s", p.Name, rulesBefore[p.UID])
+		}
+	}
+
+	// The agent dies before the API is back: the queued patches are lost.
+	if err := a.Kill(); err != nil {
+		t.Fatalf("SIGKILL agent: %v", err)
+	}
+	if err := testEnv.CP.APIServer.Start(); err != nil {
+		t.Fatalf("restart kube-apiserver: %v", err)
+	}
+	if err := testEnv.CP.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	apiUp = true
+	// The kubelet's status update, once it reaches the API again: Running
+	// with the IPs, except the last pod, still running its init containers
+	// (phase Pending with its IPs). For the Running pods the restarted agent's
+	// reconcile may enroll them again before the emulator reconnects (its
+	// backoff), hiding a missing restore; the init pod is never enrolled by
+	// the reconcile before it runs, so only the restore can keep it.
+	for i, p := range pods {
+		var obj *corev1.Pod
+		var err error
+		if i < n-1 {
+			obj, err = testEnv.MarkRunning(ctx, objs[i], p.IPs)
+		} else {
+			obj, err = markInitializing(ctx, p)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := obj.Annotations[annRedirect]; ok {
+			t.Fatalf("pod %s has %s=%q: the annotation landed, the restart gap is not exercised", p.Name, annRedirect, v)
+		}
+	}
+
+	connsBefore := len(emuState(t, ctx, em).Connections)
+	if err := a.Start(); err != nil {
+		t.Fatalf("restart agent: %v", err)
+	}
+	waitCNIServing(t, ctx)
+	st := waitEmu(t, ctx, em, "snapshot from the restarted agent", func(s ztunnelemu.State) bool {
+		return len(s.Connections) > connsBefore && s.Connections[len(s.Connections)-1].SnapshotSent
+	})
+	c := st.Connections[len(st.Connections)-1]
+	ops := map[string]string{}
+	for _, it := range c.Snapshot {
+		ops[it.UID] = it.Op
+	}
+	inodes := map[string]uint64{}
+	for _, r := range st.RequestsOn(c.ID) {
+		if r.Op == "add" {
+			inodes[r.UID] = r.NetnsInode
+		}
+	}
+	for _, p := range pods {
+		if ops[p.UID] != "add" {
+			t.Errorf("pod %s: first snapshot after restart has %q for it, want an Add (snapshot %+v)", p.Name, ops[p.UID], c.Snapshot)
+		}
+		if got, want := inodes[p.UID], netnsInode(t, p); got != want {
+			t.Errorf("pod %s: Add after restart carried netns inode %d, want %d", p.Name, got, want)
+		}
+		if _, ok := st.Workload(p.UID); !ok {
+			t.Errorf("emulator dropped pod %s after the restart", p.Name)
+		}
+	}
+
+	if t.Failed() {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for _, p := range pods {
+		waitAnnotation(t, wctx, p, "enabled")
+		if after := podRules(t, p); after != rulesBefore[p.UID] {
+			t.Errorf("pod %s rules changed across restart:\nbefore:\n%s\nafter:\n%s", p.Name, rulesBefore[p.UID], after)
+		}
+	}
+	st = emuState(t, ctx, em)
+	for _, p := range pods {
+		if countOps(st, "del", p.UID) != 0 {
+			t.Errorf("pod %s: Del sent across the restart", p.Name)
+		}
+		if _, ok := st.Workload(p.UID); !ok {
+			t.Errorf("emulator does not serve pod %s after it was enabled", p.Name)
+		}
+	}
+	if len(st.ProtocolErrors) > 0 {
+		t.Errorf("protocol errors: %+v", st.ProtocolErrors)
 	}
 }
 
@@ -740,6 +873,30 @@ func TestAgentAPIServerDown(t *testing.T) {
 	}
 	apiUp = true
 	waitAnnotation(t, ctx, pod, "enabled")
+}
+
+// markInitializing reports the pod as the kubelet does while its init
+// containers run: phase Pending, sandbox IPs assigned.
+func markInitializing(ctx context.Context, p *e2eenv.Pod) (*corev1.Pod, error) {
+	obj, err := testEnv.CP.Admin.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	now := metav1.Now()
+	obj.Status.Phase = corev1.PodPending
+	obj.Status.HostIP = "127.0.0.1"
+	obj.Status.HostIPs = []corev1.HostIP{{IP: "127.0.0.1"}}
+	obj.Status.PodIP = p.IPs[0].String()
+	obj.Status.PodIPs = nil
+	for _, ip := range p.IPs {
+		obj.Status.PodIPs = append(obj.Status.PodIPs, corev1.PodIP{IP: ip.String()})
+	}
+	obj.Status.StartTime = &now
+	obj.Status.Conditions = []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.PodInitialized, Status: corev1.ConditionFalse, LastTransitionTime: now},
+	}
+	return testEnv.CP.Admin.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
 }
 
 func informerPods(t *testing.T, ctx context.Context, a *e2eenv.Agent) int {
