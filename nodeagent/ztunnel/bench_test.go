@@ -30,7 +30,14 @@ func BenchmarkAddAck(b *testing.B) {
 			ctx := context.Background()
 			i := 0
 			for b.Loop() {
-				uid := fmt.Sprint("p", i)
+				// Add-only cycles through 100 uids: the emulator, like
+				// ztunnel, keeps one netns fd per workload, so unbounded
+				// uids would measure the fd limit, not the round trip.
+				// Re-adding a uid with the same netns is acked as OK.
+				uid := fmt.Sprint("p", i%100)
+				if bc.del {
+					uid = fmt.Sprint("p", i)
+				}
 				i++
 				if err := s.AddWorkload(ctx, wl(uid), n.File); err != nil {
 					b.Fatal(err)
