@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
 	"github.com/ambientd/ambientd/nodeagent/policy"
@@ -263,13 +264,7 @@ func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 
 func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(h.t, what, 20*time.Second, cond)
 }
 
 func (h *harness) annotation(namespace, name string) (string, bool) {

@@ -241,14 +241,9 @@ func (a *Agent) verifyRestored(ctx context.Context, log *slog.Logger, pod *corev
 		log.Warn("cannot verify the rules of a restored pod", "error", err)
 		return nil // retrying cannot help; the next pod update will
 	}
-	if e.Netns == nil { // rebuild registers these only with a netns; be safe
-		h, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs})
-		if err != nil {
-			a.metrics.failure("netns_not_found")
-			return err
-		}
-		a.reg.SetNetns(e.UID, h)
-		e, _ = a.reg.Get(e.UID)
+	// Rebuild registers these only with a netns; be safe.
+	if e, err = a.ensureNetns(ctx, e); err != nil {
+		return err
 	}
 	start := time.Now()
 	err = withNetNS(e.Netns, func(n ns.NetNS) error { return a.rules.ApplyPod(ctx, n, opts) })
@@ -269,65 +264,68 @@ func (a *Agent) verifyRestored(ctx context.Context, log *slog.Logger, pod *corev
 // retryPending re-activates a pending pod, finding its netns first if a
 // restart left it without one.
 func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, e registry.Entry) error {
-	if e.Netns == nil {
-		h, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs})
-		if err != nil {
-			a.metrics.failure("netns_not_found")
-			return err
-		}
-		a.reg.SetNetns(e.UID, h)
-		e, _ = a.reg.Get(e.UID)
+	e, err := a.ensureNetns(ctx, e)
+	if err != nil {
+		return err
 	}
-	_, err := a.activate(ctx, log, e, false)
+	_, err = a.activate(ctx, log, e, false)
 	return err
+}
+
+// ensureNetns returns e with a netns handle, finding it with a /proc scan
+// when a restart left the pod without one.
+func (a *Agent) ensureNetns(ctx context.Context, e registry.Entry) (registry.Entry, error) {
+	if e.Netns != nil {
+		return e, nil
+	}
+	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs})
+	if err != nil {
+		a.metrics.failure("netns_not_found")
+		return e, err
+	}
+	if !a.reg.SetNetns(e.UID, h) {
+		return e, fmt.Errorf("pod %s/%s left the registry while its netns was found", e.Namespace, e.Name)
+	}
+	cur, _ := a.reg.Get(e.UID)
+	return cur, nil
 }
 
 // removeFromMesh undoes everything enrollment did for a running pod. Every
 // step is idempotent; on error the pod stays registered and is retried.
 func (a *Agent) removeFromMesh(ctx context.Context, pod *corev1.Pod, e registry.Entry, reason policy.Reason) error {
 	log := a.podLog(e.Namespace, e.Name, e.UID)
-	var errs []error
-	if err := a.zt.DelWorkload(ctx, e.UID); err != nil {
-		errs = append(errs, fmt.Errorf("ztunnel del: %w", err))
-	}
-	h := e.Netns
-	if h == nil {
-		// Restarted agent that never found the netns: try once more.
-		if f, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs}); err == nil {
-			a.reg.SetNetns(e.UID, f)
-			h = f
-		} else {
+	var rulesErr error
+	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		if withNS, err := a.ensureNetns(ctx, e); err != nil {
 			log.Warn("pod netns not found; its rules cannot be removed", "error", err)
+		} else if err := withNetNS(withNS.Netns, func(n ns.NetNS) error { return a.rules.DeletePod(ctx, n) }); err != nil {
+			rulesErr = fmt.Errorf("delete rules: %w", err)
 		}
 	}
-	if h != nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
-		if err := withNetNS(h, func(n ns.NetNS) error { return a.rules.DeletePod(ctx, n) }); err != nil {
-			errs = append(errs, fmt.Errorf("delete rules: %w", err))
-		}
-	}
-	if err := a.rules.RemoveProbeIPs(ctx, e.UID, e.IPs); err != nil {
-		errs = append(errs, fmt.Errorf("remove probe IPs: %w", err))
-	}
-	if err := errors.Join(errs...); err != nil {
-		a.metrics.failure("removal")
-		log.Warn("removing pod from the mesh failed, will retry", "error", err)
+	if err := a.release(ctx, log, e, string(reason), rulesErr); err != nil {
 		return err
 	}
-	a.reg.Delete(e.UID)
-	if _, ok := pod.Annotations[policy.AnnotationRedirection]; ok || e.State == registry.Enabled || e.State == registry.Pending {
-		a.status.Set(pod.Namespace, pod.Name, e.UID, "")
-	}
-	a.metrics.removals.WithLabelValues(string(reason)).Inc()
+	a.status.Set(pod.Namespace, pod.Name, e.UID, "")
 	log.Info("pod removed from the mesh", "reason", reason)
 	return nil
 }
 
-// forget drops a pod whose sandbox or object is gone: ztunnel is told on
-// every connection, the probe entry and the registry entry go. Rules are not
-// touched: the namespace is going away with the pod.
+// forget drops a pod whose sandbox or object is gone. Rules are not touched:
+// the namespace is going away with the pod.
 func (a *Agent) forget(ctx context.Context, e registry.Entry, reason string) error {
 	log := a.podLog(e.Namespace, e.Name, e.UID)
-	var errs []error
+	if err := a.release(ctx, log, e, reason, nil); err != nil {
+		return err
+	}
+	log.Info("pod forgotten", "reason", reason)
+	return nil
+}
+
+// release tells every ztunnel to drop the pod and removes its probe entry;
+// only when that and the caller's earlier step (earlier, may be nil) all
+// succeeded does the pod leave the registry, so a failure is retried whole.
+func (a *Agent) release(ctx context.Context, log *slog.Logger, e registry.Entry, reason string, earlier error) error {
+	errs := []error{earlier}
 	if err := a.zt.DelWorkload(ctx, e.UID); err != nil {
 		errs = append(errs, fmt.Errorf("ztunnel del: %w", err))
 	}
@@ -336,12 +334,11 @@ func (a *Agent) forget(ctx context.Context, e registry.Entry, reason string) err
 	}
 	if err := errors.Join(errs...); err != nil {
 		a.metrics.failure("removal")
-		log.Warn("forgetting deleted pod failed, will retry", "error", err)
+		log.Warn("releasing pod failed, will retry", "reason", reason, "error", err)
 		return err
 	}
 	a.reg.Delete(e.UID)
 	a.metrics.removals.WithLabelValues(reason).Inc()
-	log.Info("pod forgotten", "reason", reason)
 	return nil
 }
 

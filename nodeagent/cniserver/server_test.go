@@ -125,13 +125,7 @@ func startServer(t *testing.T, h Handler, cfg Config) (*Server, func()) {
 
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, what, 30*time.Second, cond)
 }
 
 func dial(t *testing.T, sock string) *grpc.ClientConn {

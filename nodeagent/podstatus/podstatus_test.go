@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/ambientd/ambientd/internal/testutil"
 )
 
 func pod(name, uid string, ann map[string]string) *corev1.Pod {
@@ -26,13 +28,7 @@ func pod(name, uid string, ann map[string]string) *corev1.Pod {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, what, 20*time.Second, cond)
 }
 
 func annotation(t *testing.T, c *fake.Clientset, name string) (string, bool) {

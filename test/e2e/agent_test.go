@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -350,7 +351,7 @@ func TestAgentPendingUntilZtunnel(t *testing.T) {
 		t.Errorf("pod took %v to become enabled after ztunnel connected; want ≤ 1s", took)
 	}
 	// No pod update between pending and enabled other than the annotation.
-	if enabled.Generation != obj.Generation || !sameLabels(enabled.Labels, obj.Labels) {
+	if enabled.Generation != obj.Generation || !maps.Equal(enabled.Labels, obj.Labels) {
 		t.Errorf("pod spec/labels changed between pending and enabled")
 	}
 }
@@ -364,16 +365,31 @@ func waitPodAnnotationObj(t *testing.T, ctx context.Context, p *e2eenv.Pod, want
 	return o
 }
 
-func sameLabels(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
+// startAndAwaitSnapshot starts the (stopped) agent again and returns the
+// emulator's state once the new connection's snapshot is complete, with that
+// connection.
+func startAndAwaitSnapshot(t *testing.T, ctx context.Context, a *e2eenv.Agent, em *e2eenv.Emulator) (ztunnelemu.State, ztunnelemu.ConnRecord) {
+	t.Helper()
+	connsBefore := len(emuState(t, ctx, em).Connections)
+	if err := a.Start(); err != nil {
+		t.Fatalf("restart agent: %v", err)
 	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
+	waitCNIServing(t, ctx)
+	st := waitEmu(t, ctx, em, "snapshot from the restarted agent", func(s ztunnelemu.State) bool {
+		return len(s.Connections) > connsBefore && s.Connections[len(s.Connections)-1].SnapshotSent
+	})
+	return st, st.Connections[len(st.Connections)-1]
+}
+
+// addInodes maps each uid Added on connection c to the netns inode it carried.
+func addInodes(st ztunnelemu.State, c ztunnelemu.ConnRecord) map[string]uint64 {
+	inodes := map[string]uint64{}
+	for _, r := range st.RequestsOn(c.ID) {
+		if r.Op == "add" {
+			inodes[r.UID] = r.NetnsInode
 		}
 	}
-	return true
+	return inodes
 }
 
 // TestAgentLabelsEnrollAndRemoveRunningPods: labelling a namespace enrolls its
@@ -549,20 +565,10 @@ func TestAgentRestartKeepsPods(t *testing.T) {
 	if want := annotatedUIDs(t, ctx); !slices.Equal(uids, want) {
 		t.Fatalf("node has other enrolled pods %v besides this test's %v", want, uids)
 	}
-	before := emuState(t, ctx, em)
-	connsBefore := len(before.Connections)
-
 	if err := a.Kill(); err != nil {
 		t.Fatalf("SIGKILL agent: %v", err)
 	}
-	if err := a.Start(); err != nil {
-		t.Fatalf("restart agent: %v", err)
-	}
-	waitCNIServing(t, ctx)
-	st := waitEmu(t, ctx, em, "snapshot from the restarted agent", func(s ztunnelemu.State) bool {
-		return len(s.Connections) > connsBefore && s.Connections[len(s.Connections)-1].SnapshotSent
-	})
-	c := st.Connections[len(st.Connections)-1]
+	st, c := startAndAwaitSnapshot(t, ctx, a, em)
 	var got []string
 	adds := 0
 	for _, it := range c.Snapshot {
@@ -578,12 +584,7 @@ func TestAgentRestartKeepsPods(t *testing.T) {
 	if adds != len(pods) {
 		t.Errorf("snapshot has %d Adds, want %d: the /proc scan must find every pod's netns (no Keep)", adds, len(pods))
 	}
-	inodes := map[string]uint64{}
-	for _, r := range st.RequestsOn(c.ID) {
-		if r.Op == "add" {
-			inodes[r.UID] = r.NetnsInode
-		}
-	}
+	inodes := addInodes(st, c)
 	for _, p := range pods {
 		if got, want := inodes[p.UID], netnsInode(t, p); got != want {
 			t.Errorf("pod %s: Add after restart carried netns inode %d, want %d", p.Name, got, want)
@@ -714,25 +715,12 @@ func TestAgentRestartBeforeAnnotationLands(t *testing.T) {
 		}
 	}
 
-	connsBefore := len(emuState(t, ctx, em).Connections)
-	if err := a.Start(); err != nil {
-		t.Fatalf("restart agent: %v", err)
-	}
-	waitCNIServing(t, ctx)
-	st := waitEmu(t, ctx, em, "snapshot from the restarted agent", func(s ztunnelemu.State) bool {
-		return len(s.Connections) > connsBefore && s.Connections[len(s.Connections)-1].SnapshotSent
-	})
-	c := st.Connections[len(st.Connections)-1]
+	st, c := startAndAwaitSnapshot(t, ctx, a, em)
 	ops := map[string]string{}
 	for _, it := range c.Snapshot {
 		ops[it.UID] = it.Op
 	}
-	inodes := map[string]uint64{}
-	for _, r := range st.RequestsOn(c.ID) {
-		if r.Op == "add" {
-			inodes[r.UID] = r.NetnsInode
-		}
-	}
+	inodes := addInodes(st, c)
 	for _, p := range pods {
 		if ops[p.UID] != "add" {
 			t.Errorf("pod %s: first snapshot after restart has %q for it, want an Add (snapshot %+v)", p.Name, ops[p.UID], c.Snapshot)
