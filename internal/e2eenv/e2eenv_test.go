@@ -204,6 +204,16 @@ func TestProcessLifecycle(t *testing.T) {
 	}
 }
 
+// A netns created for a pod must never move the test process itself: Go
+// wedges (does not discard) a main thread whose goroutine ends locked, so an
+// unshare there would change /proc/self/ns/net for everything after it.
+func TestNamespaceChangeNeverOnMainThread(t *testing.T) {
+	testutil.RequireRoot(t)
+	if mainThreadResult != nil {
+		t.Fatal(mainThreadResult)
+	}
+}
+
 func TestNetnsCreateDelete(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()

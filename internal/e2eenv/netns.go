@@ -25,23 +25,17 @@ func NewNetns(dir, name string) (ns.NetNS, error) {
 	}
 	f.Close()
 
-	errc := make(chan error, 1)
-	// A fresh goroutine whose thread is thrown away afterwards (it stays
-	// locked), so no thread of the program is ever left in the wrong netns.
-	go func() {
-		runtime.LockOSThread()
+	err = onDisposableThread(func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
-			return
+			return fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
 		}
 		self := fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
 		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
-			errc <- fmt.Errorf("bind-mount netns at %s: %w", path, err)
-			return
+			return fmt.Errorf("bind-mount netns at %s: %w", path, err)
 		}
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
+		return nil
+	})
+	if err != nil {
 		os.Remove(path)
 		return nil, err
 	}
@@ -52,6 +46,34 @@ func NewNetns(dir, name string) (ns.NetNS, error) {
 		return nil, fmt.Errorf("open netns %s: %w", path, err)
 	}
 	return n, nil
+}
+
+// onDisposableThread runs fn on an OS thread of its own that is thrown away
+// afterwards (its goroutine exits still locked), so fn may change the
+// thread's namespaces without ever leaving another goroutine in them.
+func onDisposableThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- runLockedDisposable(fn)
+	}()
+	return <-errc
+}
+
+// runLockedDisposable runs fn on the calling goroutine's locked thread unless
+// that thread is the main thread. Go never exits the main thread: a goroutine
+// that ends locked to it wedges it instead, and /proc/self (what every other
+// tool reads as "this process") is the main thread, so a namespace change
+// there would leak into the whole process. On the main thread fn runs on
+// another disposable thread; holding the main one locked meanwhile keeps the
+// new goroutine off it, and it is unlocked afterwards unchanged.
+func runLockedDisposable(fn func() error) error {
+	if unix.Gettid() == unix.Getpid() {
+		err := onDisposableThread(fn)
+		runtime.UnlockOSThread()
+		return err
+	}
+	return fn()
 }
 
 // DeleteNetns closes n, unmounts its bind mount and removes the mount point.
