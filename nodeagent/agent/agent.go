@@ -284,6 +284,10 @@ func (a *Agent) Run(ctx context.Context, cni CNIServer) error {
 	acked, unsubscribe := a.zt.SubscribeSnapshotAcked()
 	defer unsubscribe()
 	a.wantLoops = int32(a.cfg.Workers) + 1
+	// Loops count as live from before they start, so /healthz never sees a
+	// loop "missing" that simply has not been scheduled yet; each one takes
+	// itself off the count when it returns.
+	a.liveLoops.Add(a.wantLoops)
 	wg.Go(func() { fail("ztunnel server", a.zt.Run(ctx)) })
 	wg.Go(func() { fail("CNI server", cni.Run(ctx)) })
 	wg.Go(func() { a.status.Run(ctx, 2) })
@@ -309,7 +313,6 @@ func (a *Agent) Run(ctx context.Context, cni CNIServer) error {
 // does not report per-pod results, so a fresh Add (a no-op for ztunnel if it
 // already has the pod) is what proves the pod is taken over.
 func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
-	a.liveLoops.Add(1)
 	defer a.liveLoops.Add(-1)
 	for {
 		select {
@@ -328,7 +331,6 @@ func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
 }
 
 func (a *Agent) worker(ctx context.Context) {
-	a.liveLoops.Add(1)
 	defer a.liveLoops.Add(-1)
 	for {
 		uid, quit := a.queue.Get()

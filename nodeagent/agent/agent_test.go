@@ -46,6 +46,7 @@ type fakeZtunnel struct {
 	// as the first snapshot a connecting ztunnel would get.
 	source    func() []ztunnel.SnapshotEntry
 	firstSnap []ztunnel.SnapshotEntry
+	snapTaken bool
 }
 
 func (z *fakeZtunnel) AddWorkload(_ context.Context, w ztunnel.Workload, netns *os.File) error {
@@ -92,7 +93,7 @@ func (z *fakeZtunnel) Run(ctx context.Context) error {
 	if z.source != nil {
 		snap := z.source()
 		z.mu.Lock()
-		z.firstSnap = snap
+		z.firstSnap, z.snapTaken = snap, true
 		z.mu.Unlock()
 	}
 	<-ctx.Done()
@@ -607,9 +608,15 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 
 	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc },
 		namespace("app", true), namespace("plain", false), lost, enabled, nowhere, outside, optOut, done)
-	h.zt.mu.Lock()
-	first := h.zt.firstSnap
-	h.zt.mu.Unlock()
+	// The ztunnel server runs in its own goroutine: "agent running" does not
+	// mean it has taken its snapshot yet.
+	var first []ztunnel.SnapshotEntry
+	h.waitFor("ztunnel server took its first snapshot", func() bool {
+		h.zt.mu.Lock()
+		defer h.zt.mu.Unlock()
+		first = h.zt.firstSnap
+		return h.zt.snapTaken
+	})
 	got := map[string]bool{} // uid → netns present
 	for _, e := range first {
 		got[e.Workload.UID] = e.Netns != nil
@@ -660,6 +667,10 @@ func TestHealth(t *testing.T) {
 	if err := h.agent.Ready(); err != nil {
 		t.Errorf("Ready: %v", err)
 	}
+	// Workers that stop while the agent is meant to run make it not live
+	// (kubelet restarts it).
+	h.agent.queue.ShutDown()
+	h.waitFor("Live fails once the workers are gone", func() bool { return h.agent.Live() != nil })
 }
 
 // BenchmarkHandleAdd measures the agent's own cost of a CNI ADD for an
