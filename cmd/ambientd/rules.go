@@ -55,7 +55,7 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		del     = fs.Bool("delete", false, "print the batch that removes the rules instead of the one that installs them")
 	)
 	fs.BoolVar(&cfg.IPv6, "ipv6", false, "node has IPv6: add ip6tables rules")
-	fs.BoolVar(&cfg.DNSCapture, "dns-capture", false, "capture DNS by default (pods may override with the "+iptables.AnnotationDNSCapture+" annotation)")
+	fs.BoolVar(&cfg.DNSCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+iptables.AnnotationDNSCapture+" annotation)")
 	fs.Var(&reroute, "reroute-interface", "virtual interface whose TCP goes to ztunnel's outbound port (repeatable, or comma separated)")
 	fs.Var(ann, "annotation", "pod annotation key=value (repeatable), e.g. "+iptables.AnnotationBypassInbound+"=true")
 	fs.Usage = func() {

@@ -17,11 +17,12 @@ func TestRulesCmd(t *testing.T) {
 		want    []string // substrings of stdout
 		wantErr string   // substring of stderr
 	}{
-		{name: "defaults", code: 0, golden: "pod_v4_dns-off_bypass-off"},
+		{name: "defaults", code: 0, golden: "pod_v4_dns-on_bypass-off"},
+		{name: "dns off", args: []string{"--dns-capture=false"}, golden: "pod_v4_dns-off_bypass-off"},
 		{name: "dns and bypass", args: []string{"--dns-capture", "--annotation", "ambient.istio.io/bypass-inbound-capture=true"}, golden: "pod_v4_dns-on_bypass-on"},
 		{name: "annotation overrides dns", args: []string{"--dns-capture", "--annotation=ambient.istio.io/dns-capture=false"}, golden: "pod_v4_dns-off_bypass-off"},
 		{name: "v6 only", args: []string{"--family", "6", "--dns-capture"}, golden: "pod_v6_dns-on_bypass-off", want: []string{"ip -6 route add local ::/0 dev lo table 100"}},
-		{name: "both families", args: []string{"--ipv6"}, golden: "pod_v6_dns-off_bypass-off", want: []string{"# iptables-restore --noflush", "# ip6tables-restore --noflush"}},
+		{name: "both families", args: []string{"--ipv6", "--dns-capture=false"}, golden: "pod_v6_dns-off_bypass-off", want: []string{"# iptables-restore --noflush", "# ip6tables-restore --noflush"}},
 		{name: "reroute", args: []string{"--dns-capture", "--reroute-interface", "tap0", "--reroute-interface=tap1"}, golden: "pod_v4_dns-on_bypass-off_reroute"},
 		{name: "host", args: []string{"--host", "--ipv6"}, golden: "host_v6", want: []string{"ipset create istio-inpod-probes-v4 hash:ip family inet comment"}},
 		{name: "delete", args: []string{"--delete"}, golden: "pod_delete"},

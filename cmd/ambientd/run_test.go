@@ -25,12 +25,12 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "defaults", args: []string{"--node-name=n1"}, env: env(), check: func(t *testing.T, f runFlags) {
 			if f.ztunnelSocket != "/var/run/ztunnel/ztunnel.sock" || f.cniSocket != "/var/run/ambientd/cni.sock" ||
 				f.healthAddr != ":8000" || f.metricsAddr != ":15014" || f.hostProc != "/proc" || f.iptablesMode != "auto" ||
-				f.excludeNamespaces != "kube-system" || f.installCNI || f.dnsCapture || f.ipv6 || f.podLookupTimeout != 10*time.Second {
+				f.excludeNamespaces != "kube-system" || f.installCNI || !f.dnsCapture || f.ipv6 || f.podLookupTimeout != 10*time.Second {
 				t.Errorf("defaults: %+v", f)
 			}
 		}},
-		{name: "env fills flags", env: env("NODE_NAME", "n2", "ZTUNNEL_UDS_ADDRESS", "/tmp/z.sock", "KUBECONFIG", "/k", "AMBIENTD_DNS_CAPTURE", "true"), check: func(t *testing.T, f runFlags) {
-			if f.nodeName != "n2" || f.ztunnelSocket != "/tmp/z.sock" || f.kubeconfig != "/k" || !f.dnsCapture {
+		{name: "env fills flags", env: env("NODE_NAME", "n2", "ZTUNNEL_UDS_ADDRESS", "/tmp/z.sock", "KUBECONFIG", "/k", "AMBIENTD_DNS_CAPTURE", "false"), check: func(t *testing.T, f runFlags) {
+			if f.nodeName != "n2" || f.ztunnelSocket != "/tmp/z.sock" || f.kubeconfig != "/k" || f.dnsCapture {
 				t.Errorf("env not applied: %+v", f)
 			}
 		}},
