@@ -217,6 +217,13 @@ func TestNamespaceChangeNeverOnMainThread(t *testing.T) {
 func TestNetnsCreateDelete(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
+	// Runs before TempDir's removal (cleanups run last-in first-out), so a
+	// failure below does not also leave a busy mount behind.
+	t.Cleanup(func() {
+		if err := unmountUnder(dir); err != nil {
+			t.Error(err)
+		}
+	})
 	n, err := NewNetns(dir, "pod1")
 	if err != nil {
 		t.Fatal(err)
@@ -239,8 +246,5 @@ func TestNetnsCreateDelete(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "pod1")); !os.IsNotExist(err) {
 		t.Fatalf("mount point still there: %v", err)
-	}
-	if err := unmountUnder(dir); err != nil {
-		t.Fatal(err)
 	}
 }
