@@ -291,8 +291,13 @@ func TestAgentEnrollsNewPod(t *testing.T) {
 	if want := netnsInode(t, p); w.NetnsInode != want {
 		t.Errorf("emulator got netns inode %d, pod netns is %d", w.NetnsInode, want)
 	}
-	if rules := podRules(t, p); !strings.Contains(rules, "ISTIO_OUTPUT") || !strings.Contains(rules, "ISTIO_PRERT") {
+	rules := podRules(t, p)
+	if !strings.Contains(rules, "ISTIO_OUTPUT") || !strings.Contains(rules, "ISTIO_PRERT") {
 		t.Errorf("in-pod rules missing:\n%s", rules)
+	}
+	// DNS capture is the agent's default (as in Istio since 1.25).
+	if !strings.Contains(rules, "--to-ports 15053") {
+		t.Errorf("DNS not captured by default:\n%s", rules)
 	}
 
 	dst := outsideAddr()
