@@ -271,11 +271,16 @@ func (a *Agent) Run(ctx context.Context, cni CNIServer) error {
 
 	a.podFactory.Start(ctx.Done())
 	a.nsFactory.Start(ctx.Done())
-	defer a.podFactory.Shutdown()
-	defer a.nsFactory.Shutdown()
+	// Shutdown waits for the informers, which stop only once ctx is
+	// cancelled: cancel first, whichever way Run returns.
+	defer func() {
+		cancel()
+		a.podFactory.Shutdown()
+		a.nsFactory.Shutdown()
+	}()
 	a.log.Info("waiting for informer caches", "node", a.cfg.NodeName)
 	if !cache.WaitForCacheSync(ctx.Done(), a.podInformer.HasSynced, a.nsInformer.HasSynced) {
-		return ctx.Err()
+		return nil // ctx ended before the caches synced: a clean stop
 	}
 	a.synced.Store(true)
 

@@ -690,3 +690,153 @@ func BenchmarkHandleAdd(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/add")
 }
+
+// failingCNI is a CNI server whose listener cannot be set up.
+type failingCNI struct{}
+
+func (failingCNI) Run(context.Context) error {
+	return errors.New("listen unix /run/x.sock: address in use")
+}
+func (failingCNI) Serving() bool { return false }
+
+// TestRunReturnsWhenAServerFails: a server that cannot start must stop the
+// agent (so it exits and is restarted), not leave it hanging half-alive.
+func TestRunReturnsWhenAServerFails(t *testing.T) {
+	a, err := New(Config{NodeName: node, Policy: policy.DefaultConfig(), HostProc: t.TempDir()}, fake.NewClientset(),
+		&fakeZtunnel{nack: map[string]string{}}, &fakeRules{probes: map[string][]netip.Addr{}}, registry.New(),
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background(), failingCNI{}) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "CNI server") || !strings.Contains(err.Error(), "address in use") {
+			t.Errorf("Run = %v, want the CNI server's error", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after the CNI server failed")
+	}
+}
+
+func (h *harness) failures(reason string) float64 {
+	h.t.Helper()
+	var m dto.Metric
+	if err := h.agent.metrics.failures.WithLabelValues(reason).Write(&m); err != nil {
+		h.t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// TestRemovalKeepsPodWhoseRulesCannotBeDeleted: a pod restored after a
+// restart without its netns (the /proc scan missed it) leaves the mesh. Its
+// rules cannot be deleted, so its traffic is still captured: ztunnel must
+// keep serving it (no Del), and it stays registered and annotated, retried.
+func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
+	p := pod("app", "a", "uid-a", map[string]string{policy.AnnotationRedirection: "enabled"})
+	p.Status.Phase = corev1.PodRunning
+	p.Status.PodIPs = []corev1.PodIP{{IP: "10.1.0.5"}}
+	h := newHarness(t, namespace("app", true), p) // empty host proc: no netns is ever found
+	h.zt.connect()
+	if h.state("uid-a") != "enabled" {
+		t.Fatalf("restored pod state %s, want enabled", h.state("uid-a"))
+	}
+	ns, err := h.client.CoreV1().Namespaces().Get(context.Background(), "app", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels = nil
+	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("removal tried twice", func() bool { return h.failures("removal") >= 2 })
+	if h.zt.deleted("uid-a") {
+		t.Error("Del sent for a pod whose rules are still in place")
+	}
+	if st := h.state("uid-a"); st != "enabled" {
+		t.Errorf("registry state %s, want enabled (still captured, retried)", st)
+	}
+	if v, _ := h.annotation("app", "a"); v != "enabled" {
+		t.Errorf("annotation %q, want enabled (the pod is still captured)", v)
+	}
+}
+
+// TestFailPendingRollbackTellsZtunnel: with --fail-pending, a pod whose ack
+// never came is rolled back everywhere, ztunnel included (it may have taken
+// the pod), so ztunnel does not keep the torn-down sandbox's netns.
+func TestFailPendingRollbackTellsZtunnel(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.agent.cfg.FailPending = true
+	h.zt.connect()
+	h.zt.setNack("uid-a", "ack lost")
+	if _, err := h.agent.HandleAdd(context.Background(), event(p)); err == nil {
+		t.Fatal("HandleAdd with a nack and FailPending: no error")
+	}
+	if !h.zt.deleted("uid-a") {
+		t.Error("rollback sent no Del to ztunnel")
+	}
+	if _, deleted, probes := h.rules.counts(); deleted != 1 || probes != 0 || h.reg.Len() != 0 {
+		t.Errorf("rules deleted %d, probe entries %d, registry %d; want 1, 0, 0", deleted, probes, h.reg.Len())
+	}
+}
+
+// TestSnapshotRefusalMakesPodPending: a new ztunnel refuses an enabled pod in
+// its snapshot. The pod is not carried, so it must go back to pending and be
+// sent again when the snapshot is acked; once accepted it is enabled again.
+func TestSnapshotRefusalMakesPodPending(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.zt.connect()
+	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != cniserver.Enrolled {
+		t.Fatalf("HandleAdd = %v, %v", out, err)
+	}
+	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation("app", "a"); return v == "enabled" })
+
+	// The new ztunnel refuses the pod in its snapshot and keeps refusing it.
+	h.zt.setNack("uid-a", "netns gone")
+	RegistrySnapshot{Reg: h.reg}.SnapshotRefused("uid-a", errors.New("netns gone"))
+	if st := h.state("uid-a"); st != "pending" {
+		t.Fatalf("state after refusal %s, want pending", st)
+	}
+	h.zt.connect() // the snapshot ack
+	h.waitFor("pod sent again, refused, and marked pending", func() bool {
+		v, _ := h.annotation("app", "a")
+		return h.failures("ztunnel_nack") >= 1 && v == "pending"
+	})
+	addsBefore := h.zt.added("uid-a")
+
+	h.zt.setNack("uid-a", "")
+	h.zt.connect()
+	h.waitFor("pod enabled again", func() bool {
+		v, _ := h.annotation("app", "a")
+		return h.state("uid-a") == "enabled" && v == "enabled" && h.zt.added("uid-a") > addsBefore
+	})
+}
+
+func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
+	h := newHarness(t, namespace("app", true))
+	other := testutil.NewNetNS(t)
+	for uid, path := range map[string]string{"uid-old": "/proc/self/ns/net", "uid-new": other.NS.Path()} {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.reg.Put(registry.Entry{UID: uid, Name: "web-0", Namespace: "app", Netns: f, State: registry.Enabled})
+	}
+	if err := h.agent.HandleDel(context.Background(), cniserver.PodEvent{Namespace: "app", Name: "web-0", NetnsPath: other.NS.Path()}); err != nil {
+		t.Fatal(err)
+	}
+	if h.state("uid-new") != "absent" || h.state("uid-old") != "enabled" {
+		t.Errorf("after DEL of the new pod's netns: new=%s old=%s, want absent, enabled", h.state("uid-new"), h.state("uid-old"))
+	}
+	// Several candidates and a netns that is gone: nobody is dropped.
+	h.reg.Put(registry.Entry{UID: "uid-new2", Name: "web-0", Namespace: "app", State: registry.Enabled})
+	if err := h.agent.HandleDel(context.Background(), cniserver.PodEvent{Namespace: "app", Name: "web-0", NetnsPath: "/nonexistent"}); err != nil {
+		t.Fatal(err)
+	}
+	if h.state("uid-old") != "enabled" || h.state("uid-new2") != "enabled" {
+		t.Error("a DEL without uid for a vanished netns dropped a pod")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -77,13 +78,23 @@ func (a *Agent) HandleAdd(ctx context.Context, ev cniserver.PodEvent) (out cnise
 	case !errors.Is(err, errPending):
 		return cniserver.OutcomeUnknown, err
 	case a.cfg.FailPending:
-		// Policy: a pod ztunnel has not taken over may not start. Undo.
+		// Policy: a pod ztunnel has not taken over may not start. Undo,
+		// rules first. ztunnel may hold the pod even so (an ack that timed
+		// out, or the probe entry failing after the ack): tell it to drop
+		// the pod too (a Del of an unknown uid is fine for ztunnel), so it
+		// does not keep a torn-down sandbox's netns.
 		e, _ := a.reg.Get(uid)
 		cctx := context.WithoutCancel(ctx)
 		if e.Netns != nil {
 			if derr := withNetNS(e.Netns, func(n ns.NetNS) error { return a.rules.DeletePod(cctx, n) }); derr != nil {
 				log.Warn("removing rules of rejected pending pod", "error", derr)
 			}
+		}
+		if derr := a.zt.DelWorkload(cctx, uid); derr != nil {
+			log.Warn("telling ztunnel to drop rejected pending pod", "error", derr)
+		}
+		if derr := a.rules.RemoveProbeIPs(cctx, uid, e.IPs); derr != nil {
+			log.Warn("removing probe entry of rejected pending pod", "error", derr)
 		}
 		a.reg.Delete(uid)
 		a.status.Set(pod.Namespace, pod.Name, uid, "")
@@ -94,6 +105,27 @@ func (a *Agent) HandleAdd(ctx context.Context, ev cniserver.PodEvent) (out cnise
 		a.queue.AddRateLimited(uid)
 		return cniserver.Pending, nil
 	}
+}
+
+// uidsWithNetns returns those of uids whose registered netns is the one at
+// path (same inode). A path that is gone matches none.
+func (a *Agent) uidsWithNetns(uids []string, path string) []string {
+	var want unix.Stat_t
+	if path == "" || unix.Stat(path, &want) != nil {
+		return nil
+	}
+	var out []string
+	for _, uid := range uids {
+		e, ok := a.reg.Get(uid)
+		if !ok || e.Netns == nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(int(e.Netns.Fd()), &st) == nil && st.Ino == want.Ino && st.Dev == want.Dev {
+			out = append(out, uid)
+		}
+	}
+	return out
 }
 
 // lookupPod finds the pod of a CNI event: first in the informer cache (a new
@@ -151,10 +183,19 @@ func (a *Agent) lookupPod(ctx context.Context, ev cniserver.PodEvent) (*corev1.P
 // the namespace. A pod we do not know is success.
 func (a *Agent) HandleDel(ctx context.Context, ev cniserver.PodEvent) error {
 	uids := a.reg.FindByName(ev.Namespace, ev.Name)
-	if ev.UID != "" {
+	switch {
+	case ev.UID != "":
 		uids = uids[:0]
 		if _, ok := a.reg.Get(ev.UID); ok {
 			uids = append(uids, ev.UID)
+		}
+	case len(uids) > 1:
+		// No uid from the runtime and several pods of that name (a
+		// StatefulSet pod recreated): only the one whose netns this is.
+		uids = a.uidsWithNetns(uids, ev.NetnsPath)
+		if len(uids) == 0 {
+			a.log.Warn("CNI DEL without pod uid matches several pods and none by netns; left to the informer",
+				"namespace", ev.Namespace, "name", ev.Name, "netns", ev.NetnsPath)
 		}
 	}
 	var errs []error

@@ -122,13 +122,13 @@ func (a *Agent) reconcile(ctx context.Context, uid string) error {
 			// Heal an annotation that does not match (e.g. written while
 			// the API was down and lost, or edited by hand).
 			if pod.Annotations[policy.AnnotationRedirection] != policy.RedirectionEnabled {
-				if v, ok := a.status.Wanted(pod.Namespace, pod.Name); !ok || v != policy.RedirectionEnabled {
+				if v, ok := a.status.Wanted(pod.Namespace, pod.Name, string(pod.UID)); !ok || v != policy.RedirectionEnabled {
 					a.status.Set(pod.Namespace, pod.Name, uid, policy.RedirectionEnabled)
 				}
 			}
 			return nil
 		}
-		return a.retryPending(ctx, log, entry)
+		return a.retryPending(ctx, log, pod, entry)
 	}
 
 	// A running pod that belongs in the mesh but was not enrolled through
@@ -189,13 +189,14 @@ func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h
 }
 
 // activate tells ztunnel about a registered pod and, once acked, adds its
-// probe IPs and marks it enabled. first says the pod was just registered, so
-// its pending state must be recorded even if it was pending before.
-func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry, first bool) (registry.State, error) {
+// probe IPs and marks it enabled. On failure the pod is pending, and its
+// annotation is set to pending when markPending says it does not show that
+// already.
+func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry, markPending bool) (registry.State, error) {
 	setPending := func(reason string, err error) (registry.State, error) {
 		a.metrics.failure(reason)
 		a.reg.SetState(e.UID, registry.Pending)
-		if first || e.State != registry.Pending {
+		if markPending {
 			a.status.Set(e.Namespace, e.Name, e.UID, policy.RedirectionPending)
 		}
 		log.Warn("pod pending", "reason", reason, "error", err)
@@ -263,13 +264,24 @@ func (a *Agent) verifyRestored(ctx context.Context, log *slog.Logger, pod *corev
 
 // retryPending re-activates a pending pod, finding its netns first if a
 // restart left it without one.
-func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, e registry.Entry) error {
+func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, pod *corev1.Pod, e registry.Entry) error {
 	e, err := a.ensureNetns(ctx, e)
 	if err != nil {
 		return err
 	}
-	_, err = a.activate(ctx, log, e, false)
+	_, err = a.activate(ctx, log, e, !a.showsPending(pod))
 	return err
+}
+
+// showsPending reports whether pod's redirection annotation says pending,
+// or a write making it so is queued: a failed retry then need not write it
+// again. A pod that a ztunnel refused in its snapshot is pending in the
+// registry while it still shows enabled.
+func (a *Agent) showsPending(pod *corev1.Pod) bool {
+	if v, ok := a.status.Wanted(pod.Namespace, pod.Name, string(pod.UID)); ok {
+		return v == policy.RedirectionPending
+	}
+	return pod.Annotations[policy.AnnotationRedirection] == policy.RedirectionPending
 }
 
 // ensureNetns returns e with a netns handle, finding it with a /proc scan
@@ -292,17 +304,26 @@ func (a *Agent) ensureNetns(ctx context.Context, e registry.Entry) (registry.Ent
 
 // removeFromMesh undoes everything enrollment did for a running pod. Every
 // step is idempotent; on error the pod stays registered and is retried.
+//
+// The rules go first and ztunnel is told only once they are gone: a pod
+// whose rules cannot be deleted (its netns not found, iptables failing)
+// still has its traffic captured, so it stays in ztunnel, in the registry
+// and annotated, and is retried, rather than being left captured with
+// nobody proxying it.
 func (a *Agent) removeFromMesh(ctx context.Context, pod *corev1.Pod, e registry.Entry, reason policy.Reason) error {
 	log := a.podLog(e.Namespace, e.Name, e.UID)
-	var rulesErr error
 	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
-		if withNS, err := a.ensureNetns(ctx, e); err != nil {
-			log.Warn("pod netns not found; its rules cannot be removed", "error", err)
-		} else if err := withNetNS(withNS.Netns, func(n ns.NetNS) error { return a.rules.DeletePod(ctx, n) }); err != nil {
-			rulesErr = fmt.Errorf("delete rules: %w", err)
+		withNS, err := a.ensureNetns(ctx, e)
+		if err == nil {
+			err = withNetNS(withNS.Netns, func(n ns.NetNS) error { return a.rules.DeletePod(ctx, n) })
+		}
+		if err != nil {
+			a.metrics.failure("removal")
+			log.Warn("cannot delete the pod's rules; it stays in the mesh and is retried", "reason", reason, "error", err)
+			return fmt.Errorf("remove pod %s/%s from the mesh: delete rules: %w", e.Namespace, e.Name, err)
 		}
 	}
-	if err := a.release(ctx, log, e, string(reason), rulesErr); err != nil {
+	if err := a.release(ctx, log, e, string(reason)); err != nil {
 		return err
 	}
 	a.status.Set(pod.Namespace, pod.Name, e.UID, "")
@@ -314,7 +335,7 @@ func (a *Agent) removeFromMesh(ctx context.Context, pod *corev1.Pod, e registry.
 // the namespace is going away with the pod.
 func (a *Agent) forget(ctx context.Context, e registry.Entry, reason string) error {
 	log := a.podLog(e.Namespace, e.Name, e.UID)
-	if err := a.release(ctx, log, e, reason, nil); err != nil {
+	if err := a.release(ctx, log, e, reason); err != nil {
 		return err
 	}
 	log.Info("pod forgotten", "reason", reason)
@@ -322,10 +343,10 @@ func (a *Agent) forget(ctx context.Context, e registry.Entry, reason string) err
 }
 
 // release tells every ztunnel to drop the pod and removes its probe entry;
-// only when that and the caller's earlier step (earlier, may be nil) all
-// succeeded does the pod leave the registry, so a failure is retried whole.
-func (a *Agent) release(ctx context.Context, log *slog.Logger, e registry.Entry, reason string, earlier error) error {
-	errs := []error{earlier}
+// only when both succeeded does the pod leave the registry, so a failure is
+// retried whole.
+func (a *Agent) release(ctx context.Context, log *slog.Logger, e registry.Entry, reason string) error {
+	var errs []error
 	if err := a.zt.DelWorkload(ctx, e.UID); err != nil {
 		errs = append(errs, fmt.Errorf("ztunnel del: %w", err))
 	}
@@ -454,6 +475,14 @@ type RegistrySnapshot struct{ Reg *registry.Registry }
 
 // Snapshot implements ztunnel.SnapshotSource.
 func (r RegistrySnapshot) Snapshot() []ztunnel.SnapshotEntry { return SnapshotOf(r.Reg) }
+
+// SnapshotRefused implements ztunnel.SnapshotRefusalObserver: a pod that a
+// (new) ztunnel refused in its snapshot is not carried by it, whatever the
+// agent believed, so an enabled pod goes back to pending. The agent retries
+// every pending pod when that snapshot is acked.
+func (r RegistrySnapshot) SnapshotRefused(uid string, _ error) {
+	r.Reg.SetStateIf(uid, registry.Enabled, registry.Pending)
+}
 
 func podIPs(p *corev1.Pod) []netip.Addr {
 	var out []netip.Addr

@@ -24,10 +24,11 @@ import (
 // Annotation is the annotation this package writes.
 const Annotation = "ambient.istio.io/redirection"
 
-// Key names a pod.
-type Key struct{ Namespace, Name string }
+// Key names one pod: a pod recreated under the same name (a StatefulSet pod)
+// is another pod, so a write for the old one never replaces the new one's.
+type Key struct{ Namespace, Name, UID string }
 
-func (k Key) String() string { return k.Namespace + "/" + k.Name }
+func (k Key) String() string { return k.Namespace + "/" + k.Name + " (uid " + k.UID + ")" }
 
 type want struct {
 	uid   string
@@ -89,7 +90,7 @@ func New(client kubernetes.Interface, log *slog.Logger, opts Options) *Patcher {
 // Set asks for the annotation of pod namespace/name (which must have uid) to
 // become value; value "" removes it. It never blocks.
 func (p *Patcher) Set(namespace, name, uid, value string) {
-	k := Key{namespace, name}
+	k := Key{namespace, name, uid}
 	p.mu.Lock()
 	p.gen++
 	p.wanted[k] = want{uid: uid, value: value, gen: p.gen}
@@ -105,10 +106,10 @@ func (p *Patcher) Pending() int {
 }
 
 // Wanted returns the value queued for a pod and whether a write is queued.
-func (p *Patcher) Wanted(namespace, name string) (string, bool) {
+func (p *Patcher) Wanted(namespace, name, uid string) (string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	w, ok := p.wanted[Key{namespace, name}]
+	w, ok := p.wanted[Key{namespace, name, uid}]
 	return w.value, ok
 }
 

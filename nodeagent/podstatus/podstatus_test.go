@@ -2,6 +2,7 @@ package podstatus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -98,5 +99,39 @@ func TestSetDropsGoneOrReplacedPod(t *testing.T) {
 	waitFor(t, "writes dropped", func() bool { return p.Pending() == 0 })
 	if _, ok := annotation(t, c, "b"); ok {
 		t.Error("replaced pod got annotated")
+	}
+}
+
+// TestSetForOldPodDoesNotReplaceNewPodsWrite: a StatefulSet pod recreated
+// under the same name. A write for the old pod (its removal) queued after the
+// new pod's `enabled` must not replace that write: the old one is dropped by
+// the uid precondition, the new one lands.
+func TestSetForOldPodDoesNotReplaceNewPodsWrite(t *testing.T) {
+	c := fake.NewClientset(pod("web-0", "new", nil))
+	// The fake clientset does not check metadata.uid; the API server does.
+	c.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		var body struct {
+			Metadata struct {
+				UID string `json:"uid"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal(a.(k8stesting.PatchAction).GetPatch(), &body); err != nil {
+			return true, nil, err
+		}
+		if body.Metadata.UID != "u-new" {
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, "web-0", errors.New("uid precondition"))
+		}
+		return false, nil, nil
+	})
+	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: time.Millisecond})
+	p.Set("ns", "web-0", "u-new", "enabled")
+	p.Set("ns", "web-0", "u-old", "") // queued before any write runs
+	start(t, p)
+	waitFor(t, "writes done", func() bool { return p.Pending() == 0 })
+	if v, _ := annotation(t, c, "web-0"); v != "enabled" {
+		t.Errorf("new pod's annotation %q, want enabled", v)
+	}
+	if v, ok := p.Wanted("ns", "web-0", "u-new"); ok {
+		t.Errorf("write still queued after landing: %q", v)
 	}
 }

@@ -107,6 +107,19 @@ func (r *Registry) SetState(uid string, s State) bool {
 	return ok
 }
 
+// SetStateIf moves uid from state from to state to, atomically; it reports
+// whether it did (false when the pod is unknown or in another state).
+func (r *Registry) SetStateIf(uid string, from, to State) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[uid]
+	if !ok || e.State != from {
+		return false
+	}
+	e.State = to
+	return true
+}
+
 // SetRulesVerified clears RulesUnverified of uid (its rules were just
 // applied) and reports whether uid is registered.
 func (r *Registry) SetRulesVerified(uid string) bool {

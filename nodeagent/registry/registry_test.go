@@ -155,3 +155,31 @@ func TestSetRulesVerified(t *testing.T) {
 		t.Error("SetRulesVerified of an unknown uid = true")
 	}
 }
+
+func TestSetStateIf(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		from, to  State
+		have      State
+		known     bool
+		wantMoved bool
+		wantState State
+	}{
+		{name: "matching state moves", have: Enabled, known: true, from: Enabled, to: Pending, wantMoved: true, wantState: Pending},
+		{name: "other state stays", have: Pending, known: true, from: Enabled, to: Pending, wantMoved: false, wantState: Pending},
+		{name: "unknown pod", known: false, from: Enabled, to: Pending, wantMoved: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New()
+			if tc.known {
+				r.Put(Entry{UID: "u", State: tc.have})
+			}
+			if got := r.SetStateIf("u", tc.from, tc.to); got != tc.wantMoved {
+				t.Errorf("SetStateIf = %v, want %v", got, tc.wantMoved)
+			}
+			if e, ok := r.Get("u"); ok != tc.known || (ok && e.State != tc.wantState) {
+				t.Errorf("after: %+v known=%v, want state %v known=%v", e, ok, tc.wantState, tc.known)
+			}
+		})
+	}
+}
