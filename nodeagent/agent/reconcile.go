@@ -473,6 +473,8 @@ func SnapshotOf(reg *registry.Registry) []ztunnel.SnapshotEntry {
 // RegistrySnapshot adapts a registry to ztunnel.SnapshotSource.
 type RegistrySnapshot struct{ Reg *registry.Registry }
 
+var _ ztunnel.SnapshotRefusalObserver = RegistrySnapshot{}
+
 // Snapshot implements ztunnel.SnapshotSource.
 func (r RegistrySnapshot) Snapshot() []ztunnel.SnapshotEntry { return SnapshotOf(r.Reg) }
 

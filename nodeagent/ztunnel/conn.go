@@ -73,7 +73,8 @@ func (c *zconn) do(ctx context.Context, r *request) error {
 		c.s.metrics.requests.WithLabelValues(r.op, "canceled").Inc()
 		return fmt.Errorf("%s workload %s: waiting for connection %d: %w", r.op, r.uid, c.id, ctx.Err())
 	}
-	// The owner always answers within AckTimeout; ctx may give up sooner.
+	// The owner always answers within AckTimeout of sending; ctx may give
+	// up sooner.
 	select {
 	case err := <-r.res:
 		return err
@@ -152,12 +153,15 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 }
 
 // sendSnapshot sends Add or Keep for every known pod, then SnapshotSent,
-// one at a time. It reports whether the connection is still usable.
+// one at a time. It reports whether the connection is still usable. Entries
+// that fail without breaking the connection are reported to the source if it
+// is a SnapshotRefusalObserver.
 func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 	var entries []SnapshotEntry
 	if c.s.src != nil {
 		entries = c.s.src.Snapshot()
 	}
+	obs, _ := c.s.src.(SnapshotRefusalObserver)
 	adds, keeps := 0, 0
 	for _, e := range entries {
 		r := keepReq(e.Workload.UID)
@@ -170,9 +174,13 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 			return false
 		}
 		if err != nil {
-			// A refused pod stays pending in the agent and is retried
-			// when this snapshot is acked.
+			// Refused (nack) or not sendable (netns closed); the
+			// connection is fine. The source hears of it before the
+			// snapshot is acked, so it can retry the pod then.
 			log.Warn("snapshot entry failed", "op", r.op, "uid", r.uid, "err", err)
+			if obs != nil {
+				obs.SnapshotRefused(r.uid, err)
+			}
 			continue
 		}
 		if r.op == zp.OpAdd {
@@ -190,13 +198,14 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 	return true
 }
 
-// roundTrip sends one request and waits for its ack. fatal means the
-// connection can no longer be trusted to pair acks with requests.
+// roundTrip sends one request and waits for its ack, all within one
+// AckTimeout from the start of the send. fatal means the connection can no
+// longer be trusted to pair acks with requests.
 func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal bool) {
 	m := c.s.metrics
-	timeout := c.s.cfg.AckTimeout
 	start := time.Now()
-	if err := c.c.Send(r.msg, r.netns, start.Add(timeout)); err != nil {
+	deadline := start.Add(c.s.cfg.AckTimeout)
+	if err := c.c.Send(r.msg, r.netns, deadline); err != nil {
 		if r.netns != nil && errors.Is(err, os.ErrClosed) {
 			// The owner closed the netns before we could send it; nothing
 			// went on the wire, the connection is fine.
@@ -206,28 +215,46 @@ func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal boo
 		m.requests.WithLabelValues(r.op, "broken").Inc()
 		return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, err), true
 	}
-	timer := time.NewTimer(timeout)
+	return c.awaitAck(ctx, r, start, deadline)
+}
+
+// awaitAck waits for the ack of r, sent at start, until deadline. An ack that
+// is already waiting when the deadline passes still counts.
+func (c *zconn) awaitAck(ctx context.Context, r *request, start, deadline time.Time) (err error, fatal bool) {
+	m := c.s.metrics
+	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
 	case res := <-c.in:
-		if res.err != nil {
-			m.requests.WithLabelValues(r.op, "broken").Inc()
-			return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, res.err), true
-		}
-		m.ackSeconds.WithLabelValues(r.op).Observe(time.Since(start).Seconds())
-		if msg := res.ack.GetError(); msg != "" {
-			m.requests.WithLabelValues(r.op, "nack").Inc()
-			return &NackError{Op: r.op, UID: r.uid, Message: msg}, false
-		}
-		m.requests.WithLabelValues(r.op, "ok").Inc()
-		return nil, false
+		return c.ackResult(r, start, res)
 	case <-timer.C:
+		select {
+		case res := <-c.in:
+			return c.ackResult(r, start, res)
+		default:
+		}
 		m.requests.WithLabelValues(r.op, "timeout").Inc()
-		return fmt.Errorf("%s workload %s: %w: connection %d: no ack within %v (timed out)", r.op, r.uid, ErrConnBroken, c.id, timeout), true
+		return fmt.Errorf("%s workload %s: %w: connection %d: no ack within %v (timed out)", r.op, r.uid, ErrConnBroken, c.id, c.s.cfg.AckTimeout), true
 	case <-ctx.Done():
 		m.requests.WithLabelValues(r.op, "broken").Inc()
 		return fmt.Errorf("%s workload %s: %w: connection %d: agent shutting down", r.op, r.uid, ErrConnBroken, c.id), true
 	}
+}
+
+// ackResult turns what the reader got in answer to r into roundTrip's result.
+func (c *zconn) ackResult(r *request, start time.Time, res readResult) (err error, fatal bool) {
+	m := c.s.metrics
+	if res.err != nil {
+		m.requests.WithLabelValues(r.op, "broken").Inc()
+		return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, res.err), true
+	}
+	m.ackSeconds.WithLabelValues(r.op).Observe(time.Since(start).Seconds())
+	if msg := res.ack.GetError(); msg != "" {
+		m.requests.WithLabelValues(r.op, "nack").Inc()
+		return &NackError{Op: r.op, UID: r.uid, Message: msg}, false
+	}
+	m.requests.WithLabelValues(r.op, "ok").Inc()
+	return nil, false
 }
 
 // read keeps one read pending until the connection fails. The deadline is

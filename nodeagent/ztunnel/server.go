@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -60,10 +61,19 @@ type SnapshotSource interface {
 	Snapshot() []SnapshotEntry
 }
 
+// SnapshotRefusalObserver is implemented by a SnapshotSource that wants to
+// know which entries a ztunnel refused during its snapshot.
+type SnapshotRefusalObserver interface {
+	// SnapshotRefused is called for each entry ztunnel refused, before the
+	// snapshot is acked (before subscribers of SubscribeSnapshotAcked are
+	// signalled for that connection). It must not block.
+	SnapshotRefused(uid string, err error)
+}
+
 // Config tunes the server; zero fields take the defaults in brackets.
 type Config struct {
 	SocketPath        string        // [DefaultSocketPath]
-	AckTimeout        time.Duration // per request, from send to ack [5s]
+	AckTimeout        time.Duration // per request, from the start of its send to its ack [5s]
 	HelloTimeout      time.Duration // from accept to ztunnel's hello [5s]
 	KeepaliveInterval time.Duration // renewal period of the idle read [5s]
 	AcceptRate        rate.Limit    // new connections per second [10]
@@ -132,59 +142,154 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // Run listens on the socket and serves ztunnel connections until ctx is done;
 // then it closes every connection, removes the socket and returns nil. It
-// creates the socket's directory and replaces a stale socket file.
+// creates the socket's directory and replaces a stale socket file. On
+// shutdown it removes the socket file only if it is still the one it created,
+// so a newer agent's socket at the same path survives the old one exiting.
+//
+// Temporary accept errors (out of descriptors or memory) are logged and
+// retried with a backoff of 5ms doubling to 1s. Any other accept error stops
+// the server: it closes every connection, removes the socket and returns the
+// error.
 func (s *Server) Run(ctx context.Context) error {
-	l, err := listen(s.cfg.SocketPath)
+	l, id, err := listen(s.cfg.SocketPath)
 	if err != nil {
 		return err
 	}
 	s.log.Info("listening for ztunnel", "socket", s.cfg.SocketPath)
 
+	// Connections live until ctx is done or accepting fails for good.
+	connCtx, closeConns := context.WithCancel(ctx)
+	defer closeConns()
 	var wg sync.WaitGroup
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	limiter := rate.NewLimiter(s.cfg.AcceptRate, s.cfg.AcceptBurst)
 	var acceptErr error
+	var backoff time.Duration
 	for {
 		if err := limiter.Wait(ctx); err != nil {
 			break // ctx done
 		}
 		uc, err := l.AcceptUnix()
 		if err != nil {
-			if ctx.Err() == nil {
-				acceptErr = fmt.Errorf("accept on ztunnel socket %s: %w", s.cfg.SocketPath, err)
+			if ctx.Err() != nil {
+				break
 			}
+			if temporaryAcceptError(err) {
+				backoff = min(max(2*backoff, minAcceptBackoff), maxAcceptBackoff)
+				s.log.Warn("accept on ztunnel socket failed; retrying", "socket", s.cfg.SocketPath, "err", err, "retry_in", backoff)
+				if !sleepCtx(ctx, backoff) {
+					break
+				}
+				continue
+			}
+			acceptErr = fmt.Errorf("accept on ztunnel socket %s: %w", s.cfg.SocketPath, err)
 			break
 		}
+		backoff = 0
 		s.metrics.accepted.Inc()
-		wg.Go(func() { s.serveConn(ctx, uc) })
+		wg.Go(func() { s.serveConn(connCtx, uc) })
 	}
-	l.Close() // unlinks the socket file
+	l.Close()
+	removeIfOurs(s.cfg.SocketPath, id, s.log)
+	if acceptErr != nil {
+		s.log.Error("ztunnel server stopping; closing every connection", "err", acceptErr)
+		closeConns()
+	}
 	wg.Wait()
 	return acceptErr
 }
 
+const (
+	minAcceptBackoff = 5 * time.Millisecond
+	maxAcceptBackoff = time.Second
+)
+
+// temporaryAcceptError reports whether accept may succeed if retried later:
+// the process or system ran out of descriptors or memory, or the connection
+// went away before we accepted it.
+func temporaryAcceptError(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.ENOBUFS, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// sleepCtx sleeps for d; false if ctx was done first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // listen creates dir and socket, replacing a socket file left by a previous
 // agent. Anything else at that path is an error: never delete a user's file.
-func listen(path string) (*net.UnixListener, error) {
+// It returns the identity of the socket file it created, for removeIfOurs;
+// closing the listener does not unlink the file.
+func listen(path string) (*net.UnixListener, fileID, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("create ztunnel socket directory: %w", err)
+		return nil, fileID{}, fmt.Errorf("create ztunnel socket directory: %w", err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("ztunnel socket path %s exists and is not a socket (%v)", path, fi.Mode())
+			return nil, fileID{}, fmt.Errorf("ztunnel socket path %s exists and is not a socket (%v)", path, fi.Mode())
 		}
 		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("remove stale ztunnel socket: %w", err)
+			return nil, fileID{}, fmt.Errorf("remove stale ztunnel socket: %w", err)
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("stat ztunnel socket path: %w", err)
+		return nil, fileID{}, fmt.Errorf("stat ztunnel socket path: %w", err)
 	}
 	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
-		return nil, fmt.Errorf("listen on ztunnel socket: %w", err)
+		return nil, fileID{}, fmt.Errorf("listen on ztunnel socket: %w", err)
 	}
-	return l, nil
+	l.SetUnlinkOnClose(false)
+	fi, err := os.Lstat(path)
+	if err != nil {
+		l.Close()
+		os.Remove(path)
+		return nil, fileID{}, fmt.Errorf("stat ztunnel socket: %w", err)
+	}
+	return l, fileIDOf(fi), nil
+}
+
+// fileID identifies one file across a remove and re-create at the same path.
+// The change time is part of it because tmpfs (/var/run) hands a freed inode
+// number straight to the next file.
+type fileID struct {
+	dev, ino uint64
+	ctime    syscall.Timespec
+}
+
+func fileIDOf(fi os.FileInfo) fileID {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return fileID{dev: uint64(st.Dev), ino: st.Ino, ctime: st.Ctim}
+	}
+	return fileID{}
+}
+
+// removeIfOurs removes the socket file at path only if it is still the one
+// listen created: an overlapping agent may already have replaced it.
+func removeIfOurs(path string, id fileID, log *slog.Logger) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return
+	}
+	if fileIDOf(fi) != id {
+		log.Info("ztunnel socket path now belongs to another server; leaving it", "socket", path)
+		return
+	}
+	if err := os.Remove(path); err != nil {
+		log.Warn("remove ztunnel socket", "socket", path, "err", err)
+	}
 }
 
 // AddWorkload sends an Add with netns to the newest connection and waits for
@@ -207,19 +312,32 @@ func (s *Server) AddWorkload(ctx context.Context, w Workload, netns *os.File) er
 // connection it returns nil: a ztunnel that connects later gets a snapshot
 // without the pod. A connection that breaks meanwhile is not an error either,
 // for the same reason; a refusal is a *NackError.
+//
+// A ztunnel that connects while the Dels are out may have been sent a
+// snapshot that still holds the pod (the caller forgets it only after this
+// returns), so once the acks are in, the Del also goes to every connection
+// registered since it started, until no new one has appeared. Such a
+// connection gets it after its SnapshotSent, like any request. ztunnel acks a
+// Del of a pod it does not know, so the extra Dels are harmless.
 func (s *Server) DelWorkload(ctx context.Context, uid string) error {
-	conns := s.all()
-	errs := make([]error, len(conns))
-	var wg sync.WaitGroup
-	for i, c := range conns {
-		wg.Go(func() { errs[i] = c.do(ctx, delReq(uid)) })
-	}
-	wg.Wait()
 	var keep []error
-	for _, err := range errs {
-		if err != nil && !errors.Is(err, ErrConnBroken) {
-			keep = append(keep, err)
+	conns, seen := s.connsAfter(0)
+	for len(conns) > 0 {
+		errs := make([]error, len(conns))
+		var wg sync.WaitGroup
+		for i, c := range conns {
+			wg.Go(func() { errs[i] = c.do(ctx, delReq(uid)) })
 		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil && !errors.Is(err, ErrConnBroken) {
+				keep = append(keep, err)
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		conns, seen = s.connsAfter(seen)
 	}
 	return errors.Join(keep...)
 }
@@ -264,10 +382,18 @@ func (s *Server) newest() *zconn {
 	return s.conns[len(s.conns)-1]
 }
 
-func (s *Server) all() []*zconn {
+// connsAfter returns the live connections whose id is above id, and the
+// highest id handed out so far: a connection registered later has a higher id.
+func (s *Server) connsAfter(id uint64) ([]*zconn, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]*zconn(nil), s.conns...)
+	var out []*zconn
+	for _, c := range s.conns {
+		if c.id > id {
+			out = append(out, c)
+		}
+	}
+	return out, s.nextID
 }
 
 func (s *Server) register(c *zconn) {
@@ -275,9 +401,9 @@ func (s *Server) register(c *zconn) {
 	s.nextID++
 	c.id = s.nextID
 	s.conns = append(s.conns, c)
-	n := len(s.conns)
+	// Set under mu, so concurrent register/unregister cannot leave a stale count.
+	s.metrics.connections.Set(float64(len(s.conns)))
 	s.mu.Unlock()
-	s.metrics.connections.Set(float64(n))
 }
 
 func (s *Server) unregister(c *zconn) {
@@ -288,9 +414,8 @@ func (s *Server) unregister(c *zconn) {
 			break
 		}
 	}
-	n := len(s.conns)
+	s.metrics.connections.Set(float64(len(s.conns)))
 	s.mu.Unlock()
-	s.metrics.connections.Set(float64(n))
 }
 
 func (s *Server) notifySnapshotAcked() {
