@@ -40,6 +40,7 @@ type fakeZtunnel struct {
 	nack      map[string]string
 	adds      []ztunnel.Workload
 	dels      []string
+	delErr    error // when set, DelWorkload fails with it
 	subs      []chan struct{}
 	// source is the agent's snapshot source; Run records what it holds when
 	// the agent starts the ztunnel server (right after its restart rebuild),
@@ -69,7 +70,7 @@ func (z *fakeZtunnel) DelWorkload(_ context.Context, uid string) error {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	z.dels = append(z.dels, uid)
-	return nil
+	return z.delErr
 }
 
 func (z *fakeZtunnel) SubscribeSnapshotAcked() (<-chan struct{}, func()) {
@@ -581,19 +582,7 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 	// The fake host proc: one "sandbox process" per pod, whose cgroup names
 	// the pod uid and whose netns is this test's, which holds 127.0.0.1.
 	hostProc := t.TempDir()
-	sandbox := func(pid int, uid string) {
-		dir := filepath.Join(hostProc, strconv.Itoa(pid))
-		if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		cg := "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n"
-		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink("/proc/self/ns/net", filepath.Join(dir, "ns", "net")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sandbox := func(pid int, uid string) { fakeSandbox(t, hostProc, pid, uid) }
 	lost := running(pod("app", "lost", "uid-lost", nil), "127.0.0.1")
 	enabled := running(pod("app", "on", "uid-on", map[string]string{policy.AnnotationRedirection: "enabled"}), "127.0.0.1")
 	nowhere := running(pod("app", "nowhere", "uid-nowhere", nil), "10.1.0.9")
@@ -839,4 +828,66 @@ func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
 	if h.state("uid-old") != "enabled" || h.state("uid-new2") != "enabled" {
 		t.Error("a DEL without uid for a vanished netns dropped a pod")
 	}
+}
+
+// fakeSandbox adds to the fake host proc a "sandbox process" of pod uid whose
+// cgroup names the uid (as kubelet's systemd driver does) and whose netns is
+// this test's, which holds 127.0.0.1.
+func fakeSandbox(t *testing.T, hostProc string, pid int, uid string) {
+	t.Helper()
+	dir := filepath.Join(hostProc, strconv.Itoa(pid))
+	if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg := "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n"
+	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/proc/self/ns/net", filepath.Join(dir, "ns", "net")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnfinishedReleaseIsFinishedFirst: a removal whose Del failed leaves
+// the pod Releasing: its rules are gone, a new ztunnel's snapshot must not
+// carry it, and when the pod belongs in the mesh again the release is
+// finished and the pod enrolled afresh (rules applied again), never left
+// "enabled" without rules.
+func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
+	hostProc := t.TempDir()
+	fakeSandbox(t, hostProc, 100, "uid-a")
+	p := pod("app", "a", "uid-a", nil)
+	p.Status.Phase = corev1.PodRunning
+	p.Status.PodIPs = []corev1.PodIP{{IP: "127.0.0.1"}}
+	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
+	h.zt.connect()
+	h.waitFor("running pod enabled", func() bool { return h.state("uid-a") == "enabled" })
+	applied, _, _ := h.rules.counts()
+
+	h.zt.mu.Lock()
+	h.zt.delErr = fmt.Errorf("del: %w", ztunnel.ErrConnBroken)
+	h.zt.mu.Unlock()
+	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), namespace("app", false), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("removal failing at the Del", func() bool { return h.failures("removal") >= 1 })
+	if e, ok := h.reg.Get("uid-a"); !ok || !e.Releasing {
+		t.Fatalf("after a failed Del: entry %+v registered=%v, want Releasing", e, ok)
+	}
+	if snap := SnapshotOf(h.reg); len(snap) != 0 {
+		t.Errorf("snapshot during the release holds %d pods, want none", len(snap))
+	}
+
+	// The namespace is labelled again while ztunnel accepts Dels again.
+	h.zt.mu.Lock()
+	h.zt.delErr = nil
+	h.zt.mu.Unlock()
+	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), namespace("app", true), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("pod enrolled afresh", func() bool {
+		e, ok := h.reg.Get("uid-a")
+		now, _, _ := h.rules.counts()
+		return ok && !e.Releasing && e.State == registry.Enabled && now > applied
+	})
 }

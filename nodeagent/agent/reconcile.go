@@ -103,6 +103,15 @@ func (a *Agent) reconcile(ctx context.Context, uid string) error {
 		a.metrics.failure("api")
 		return err
 	}
+	if registered && entry.Releasing {
+		// A release that did not finish (its Del or probe step failed).
+		// The pod's rules are gone (or the pod is), so finish it; a pod
+		// that belongs in the mesh again is then enrolled afresh below.
+		if err := a.release(ctx, log, entry, string(d.Reason)); err != nil {
+			return err
+		}
+		registered = false
+	}
 	if !d.InMesh {
 		if registered {
 			log.Info("pod left the mesh", "reason", d.Reason)
@@ -345,7 +354,11 @@ func (a *Agent) forget(ctx context.Context, e registry.Entry, reason string) err
 // release tells every ztunnel to drop the pod and removes its probe entry;
 // only when both succeeded does the pod leave the registry, so a failure is
 // retried whole.
+//
+// From its first call the pod is Releasing: out of every later snapshot, and a
+// reconcile finishes the release before anything else.
 func (a *Agent) release(ctx context.Context, log *slog.Logger, e registry.Entry, reason string) error {
+	a.reg.SetReleasing(e.UID)
 	var errs []error
 	if err := a.zt.DelWorkload(ctx, e.UID); err != nil {
 		errs = append(errs, fmt.Errorf("ztunnel del: %w", err))
@@ -462,6 +475,9 @@ func SnapshotOf(reg *registry.Registry) []ztunnel.SnapshotEntry {
 	list := reg.List()
 	out := make([]ztunnel.SnapshotEntry, 0, len(list))
 	for _, e := range list {
+		if e.Releasing {
+			continue // being dropped: a new ztunnel must not take it
+		}
 		out = append(out, ztunnel.SnapshotEntry{
 			Workload: ztunnel.Workload{UID: e.UID, Name: e.Name, Namespace: e.Namespace, ServiceAccount: e.ServiceAccount},
 			Netns:    e.Netns,

@@ -53,6 +53,10 @@ type Entry struct {
 	// its rules may or may not be in place, so the next reconcile applies
 	// them (idempotently) before telling ztunnel again.
 	RulesUnverified bool
+	// Releasing marks a pod being taken out of the mesh: its rules are gone
+	// (or it is) and ztunnel is being told to drop it. It is left out of
+	// snapshots, so a ztunnel that connects meanwhile never gets it.
+	Releasing bool
 }
 
 // Registry is safe for concurrent use.
@@ -118,6 +122,17 @@ func (r *Registry) SetStateIf(uid string, from, to State) bool {
 	}
 	e.State = to
 	return true
+}
+
+// SetReleasing marks uid as Releasing and reports whether it is registered.
+func (r *Registry) SetReleasing(uid string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[uid]
+	if ok {
+		e.Releasing = true
+	}
+	return ok
 }
 
 // SetRulesVerified clears RulesUnverified of uid (its rules were just
