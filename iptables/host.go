@@ -70,6 +70,11 @@ func ipsetFamily(f Family) uint8 {
 	return unix.AF_INET
 }
 
+// errFamilyOff marks an address of a family this manager does not program
+// (IPv6 with IPv6 off): a dual-stack pod's IPv6 address is skipped, not an
+// error, since no probe rule of that family exists either.
+var errFamilyOff = errors.New("address family not enabled")
+
 func (m *Manager) familyOf(a netip.Addr) (Family, error) {
 	a = a.Unmap()
 	switch {
@@ -78,17 +83,21 @@ func (m *Manager) familyOf(a netip.Addr) (Family, error) {
 	case a.Is4():
 		return IPv4, nil
 	case !m.cfg.IPv6:
-		return 0, fmt.Errorf("IPv6 address %s but IPv6 is not enabled", a)
+		return 0, fmt.Errorf("IPv6 address %s: %w", a, errFamilyOff)
 	}
 	return IPv6, nil
 }
 
 // AddProbeIPs adds the pod's IPs to the probe sets with the uid as comment.
 // An entry already present is kept and its comment set to uid.
+// A set that is gone (destroyed behind our back) is recreated, with the
+// host rules, by EnsureHostRules.
 func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error {
 	if uid == "" {
 		return errors.New("add probe IPs: empty pod uid")
 	}
+	m.probeMu.Lock()
+	defer m.probeMu.Unlock()
 	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
@@ -99,10 +108,20 @@ func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr)
 			return err
 		}
 		f, err := m.familyOf(ip)
+		if errors.Is(err, errFamilyOff) {
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("add probe IP for pod %s: %w", uid, err)
 		}
-		if err := addEntry(h, f, ip.Unmap(), uid); err != nil {
+		err = addEntry(h, f, ip.Unmap(), uid)
+		if isNoSet(err) {
+			m.log.Warn("probe ipset missing; recreating it and the host probe rules", "set", f.probeSet())
+			if err = m.EnsureHostRules(ctx); err == nil {
+				err = addEntry(h, f, ip.Unmap(), uid)
+			}
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -143,36 +162,53 @@ func listSet(h *netlink.Handle, f Family) (map[netip.Addr]string, error) {
 }
 
 // RemoveProbeIPs removes those of ips whose entry comment is uid; an entry
-// that now belongs to another pod (its IP was reused) is left alone.
+// that now belongs to another pod (its IP was reused) is left alone. A set
+// that does not exist holds nothing to remove. Every IP is tried; the errors
+// are joined.
 func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error {
+	// One lock for list-then-delete: an Add relabelling a reused IP for
+	// another pod cannot slip in between and have its entry removed.
+	m.probeMu.Lock()
+	defer m.probeMu.Unlock()
 	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer h.Close()
 	sets := map[Family]map[netip.Addr]string{}
+	var errs []error
 	for _, ip := range ips {
 		if err := ctx.Err(); err != nil {
-			return err
+			return errors.Join(append(errs, err)...)
 		}
 		f, err := m.familyOf(ip)
+		if errors.Is(err, errFamilyOff) {
+			continue
+		}
 		if err != nil {
-			return fmt.Errorf("remove probe IP for pod %s: %w", uid, err)
+			errs = append(errs, fmt.Errorf("remove probe IP for pod %s: %w", uid, err))
+			continue
 		}
 		if sets[f] == nil {
-			if sets[f], err = listSet(h, f); err != nil {
-				return err
+			set, err := listSet(h, f)
+			switch {
+			case isNoSet(err):
+				set = map[netip.Addr]string{}
+			case err != nil:
+				errs = append(errs, err)
+				continue
 			}
+			sets[f] = set
 		}
 		ip = ip.Unmap()
 		if c, ok := sets[f][ip]; !ok || c != uid {
 			continue
 		}
-		if err := delEntry(h, f, ip); err != nil {
-			return err
+		if err := delEntry(h, f, ip); err != nil && !isNoSet(err) {
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // PruneProbeIPs makes the probe sets equal to live (uid -> IPs) by
@@ -180,6 +216,8 @@ func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Ad
 // entries with another uid re-labelled. Live entries are never removed, so
 // probes keep working during the prune.
 func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) error {
+	m.probeMu.Lock()
+	defer m.probeMu.Unlock()
 	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
@@ -197,6 +235,9 @@ func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Add
 	for _, uid := range uids {
 		for _, ip := range live[uid] {
 			f, err := m.familyOf(ip)
+			if errors.Is(err, errFamilyOff) {
+				continue
+			}
 			if err != nil {
 				return fmt.Errorf("prune probe IPs, pod %s: %w", uid, err)
 			}
@@ -207,6 +248,12 @@ func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Add
 	}
 	for _, f := range m.families() {
 		have, err := listSet(h, f)
+		if isNoSet(err) {
+			m.log.Warn("probe ipset missing; recreating it and the host probe rules", "set", f.probeSet())
+			if err = m.EnsureHostRules(ctx); err == nil {
+				have, err = map[netip.Addr]string{}, nil
+			}
+		}
 		if err != nil {
 			return err
 		}

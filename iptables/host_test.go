@@ -161,3 +161,85 @@ func testHostProbe(t *testing.T, mode Mode) {
 		}
 	}
 }
+
+// TestProbeSetsRobust: a dual-stack pod on an IPv4-only agent, a probe set
+// destroyed behind the agent's back, and concurrent relabelling of a reused
+// IP — each must leave the sets right, not block enrollment or removal.
+func TestProbeSetsRobust(t *testing.T) {
+	requireTools(t)
+	ctx := testCtx(t)
+	m := newTestManager(t, ModeNFT, Config{}) // IPv6 off
+	node := newNS(t)
+	inNode := func(what string, fn func() error) {
+		t.Helper()
+		if err := node.Do(func(ns.NetNS) error { return fn() }); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	inNode("EnsureHostRules", func() error { return m.EnsureHostRules(ctx) })
+
+	// Dual-stack pod, IPv6 off: the IPv4 address is added, the IPv6 one
+	// skipped; removal with the IPv6 address first still removes the IPv4 one.
+	inNode("AddProbeIPs dual-stack", func() error { return m.AddProbeIPs(ctx, "uid-a", addrs("fd00::5", "10.0.0.5")) })
+	if got, want := probeSets4(t, node), map[string]string{"10.0.0.5": "uid-a"}; !maps.Equal(got, want) {
+		t.Fatalf("after dual-stack add: %v, want %v", got, want)
+	}
+	inNode("RemoveProbeIPs dual-stack", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("fd00::5", "10.0.0.5")) })
+	if got := probeSets4(t, node); len(got) != 0 {
+		t.Fatalf("after dual-stack removal: %v, want empty", got)
+	}
+
+	// Host rules and set removed behind our back (another agent's clean-up,
+	// e.g. Istio's on uninstall; the set cannot go while a rule uses it):
+	// removal has nothing to do, adding recreates the set and the rules.
+	other := newTestManager(t, ModeNFT, Config{})
+	inNode("another agent's DeleteHostRules", func() error { return other.DeleteHostRules(ctx) })
+	inNode("RemoveProbeIPs without a set", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("10.0.0.5")) })
+	inNode("AddProbeIPs without a set", func() error { return m.AddProbeIPs(ctx, "uid-b", addrs("10.0.0.6")) })
+	if got, want := probeSets4(t, node), map[string]string{"10.0.0.6": "uid-b"}; !maps.Equal(got, want) {
+		t.Fatalf("after re-creating add: %v, want %v", got, want)
+	}
+	if s := saveText(t, node, IPv4, ModeNFT); !strings.Contains(s, "ISTIO_POSTRT") {
+		t.Fatalf("host rules not restored with the set:\n%s", s)
+	}
+
+	// A reused IP: the old pod's removal and the new pod's add race. Whatever
+	// the order, the entry ends up the new pod's.
+	for i := range 50 {
+		old, cur := fmt.Sprintf("uid-old-%d", i), fmt.Sprintf("uid-new-%d", i)
+		inNode("AddProbeIPs old", func() error { return m.AddProbeIPs(ctx, old, addrs("10.0.0.7")) })
+		errc := make(chan error, 2)
+		go func() { errc <- node.Do(func(ns.NetNS) error { return m.RemoveProbeIPs(ctx, old, addrs("10.0.0.7")) }) }()
+		go func() { errc <- node.Do(func(ns.NetNS) error { return m.AddProbeIPs(ctx, cur, addrs("10.0.0.7")) }) }()
+		for range 2 {
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := probeSets4(t, node)["10.0.0.7"]; got != cur {
+			t.Fatalf("round %d: reused IP's entry %q, want %q", i, got, cur)
+		}
+	}
+}
+
+// probeSets4 lists the IPv4 probe set of n as "ip=comment".
+func probeSets4(t *testing.T, n ns.NetNS) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := n.Do(func(ns.NetNS) error {
+		h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		set, err := listSet(h, IPv4)
+		for ip, c := range set {
+			out[ip.String()] = c
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -101,6 +102,8 @@ type Manager struct {
 	// spawned counts iptables processes started, so tests can hold the
 	// process budget of each operation.
 	spawned atomic.Int64
+	// probeMu serializes the probe-set operations, which list then change.
+	probeMu sync.Mutex
 }
 
 // NewManager validates the config, resolves the iptables variant once (an
