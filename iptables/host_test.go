@@ -243,3 +243,47 @@ func probeSets4(t *testing.T, n ns.NetNS) map[string]string {
 	}
 	return out
 }
+
+// TestDeletePodRemovesIPv6RulesWithIPv6Off: a dual-stack pod whose IPv6
+// rules were put there by someone else (Istio's agent, or ambientd run with
+// --ipv6) loses them on DeletePod even when this manager has IPv6 off, so
+// its IPv6 connections are not left redirected to a ztunnel that no longer
+// serves it. An IPv4-only pod costs no extra process.
+func TestDeletePodRemovesIPv6RulesWithIPv6Off(t *testing.T) {
+	requireTools(t)
+	for _, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx := testCtx(t)
+			off := newTestManager(t, mode, Config{})
+
+			v4only := newNS(t)
+			if err := off.ApplyPod(ctx, v4only, PodOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			before := off.spawned.Load()
+			if err := off.DeletePod(ctx, v4only); err != nil {
+				t.Fatal(err)
+			}
+			if n := off.spawned.Load() - before; n != 1 {
+				t.Errorf("DeletePod of an IPv4-only pod spawned %d processes, want 1", n)
+			}
+
+			dual := newNS(t)
+			nsRun(t, dual, "ip", "-6", "addr", "add", "fd00::5/64", "dev", "lo")
+			if err := newTestManager(t, mode, Config{IPv6: true}).ApplyPod(ctx, dual, PodOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if s := saveText(t, dual, IPv6, mode); !strings.Contains(s, "ISTIO_OUTPUT") {
+				t.Fatalf("setup: no IPv6 rules:\n%s", s)
+			}
+			if err := off.DeletePod(ctx, dual); err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []Family{IPv4, IPv6} {
+				if s := saveText(t, dual, f, mode); strings.Contains(s, "ISTIO_") {
+					t.Errorf("%s rules left after DeletePod with IPv6 off:\n%s", f, s)
+				}
+			}
+		})
+	}
+}

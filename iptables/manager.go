@@ -140,6 +140,14 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 		v1, v2, v3 := ipt.GetIptablesVersion()
 		log.Info("iptables backend", "family", f.String(), "mode", string(m.mode), "version", fmt.Sprintf("%d.%d.%d", v1, v2, v3))
 	}
+	if !cfg.IPv6 {
+		// Not for programming: only so DeletePod can remove IPv6 rules
+		// that someone else (Istio's agent, or ambientd run with --ipv6)
+		// put into a dual-stack pod. Best effort: absent tools, no cleanup.
+		if t, err := lookTools(IPv6, m.mode); err == nil {
+			m.tools[IPv6] = t
+		}
+	}
 	return m, nil
 }
 
@@ -424,6 +432,26 @@ func (m *Manager) DeletePod(ctx context.Context, podNS ns.NetNS) error {
 	}
 	rs := BuildPodRules(m.cfg, PodOptions{})
 	return inNS(podNS, "delete pod rules", func() error {
-		return errors.Join(m.remove(ctx, rs), deletePolicyRoute())
+		return errors.Join(m.remove(ctx, rs), m.removeForeignV6(ctx), deletePolicyRoute())
 	})
+}
+
+// removeForeignV6 removes our IPv6 chains from a dual-stack pod when IPv6 is
+// off: they can only have been put there by someone else (Istio's agent, whose
+// pods we adopt, or ambientd run with --ipv6), and left in place they would
+// keep sending the pod's IPv6 connections to a ztunnel that no longer serves
+// it. IPv4-only pods (no global IPv6 address) cost nothing: no process runs.
+func (m *Manager) removeForeignV6(ctx context.Context) error {
+	if _, ok := m.tools[IPv6]; m.cfg.IPv6 || !ok {
+		return nil
+	}
+	has, err := hasGlobalIPv6()
+	if err != nil || !has {
+		return err
+	}
+	cfg := m.cfg
+	cfg.IPv6 = true
+	rs := BuildPodRules(cfg, PodOptions{})
+	return m.converge(ctx, "delete", []Family{IPv6}, rs.RenderDelete,
+		func(_ Family, st saveState) string { return rs.renderDeleteFrom(st) })
 }
