@@ -116,8 +116,7 @@ func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr)
 		}
 		err = addEntry(h, f, ip.Unmap(), uid)
 		if isNoSet(err) {
-			m.log.Warn("probe ipset missing; recreating it and the host probe rules", "set", f.probeSet())
-			if err = m.EnsureHostRules(ctx); err == nil {
+			if err = m.recreateHostRules(ctx, f); err == nil {
 				err = addEntry(h, f, ip.Unmap(), uid)
 			}
 		}
@@ -159,6 +158,13 @@ func listSet(h *netlink.Handle, f Family) (map[netip.Addr]string, error) {
 		out[a.Unmap()] = e.Comment
 	}
 	return out, nil
+}
+
+// recreateHostRules restores the probe sets and SNAT rules after f's set
+// was found gone (someone else removed the host rules).
+func (m *Manager) recreateHostRules(ctx context.Context, f Family) error {
+	m.log.Warn("probe ipset missing; recreating it and the host probe rules", "set", f.probeSet())
+	return m.EnsureHostRules(ctx)
 }
 
 // RemoveProbeIPs removes those of ips whose entry comment is uid; an entry
@@ -249,9 +255,8 @@ func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Add
 	for _, f := range m.families() {
 		have, err := listSet(h, f)
 		if isNoSet(err) {
-			m.log.Warn("probe ipset missing; recreating it and the host probe rules", "set", f.probeSet())
-			if err = m.EnsureHostRules(ctx); err == nil {
-				have, err = map[netip.Addr]string{}, nil
+			if err = m.recreateHostRules(ctx, f); err == nil {
+				have = map[netip.Addr]string{}
 			}
 		}
 		if err != nil {

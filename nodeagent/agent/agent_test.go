@@ -301,6 +301,13 @@ func pod(ns, name, uid string, ann map[string]string) *corev1.Pod {
 	}
 }
 
+// runningPod makes p a running pod with IP ip.
+func runningPod(p *corev1.Pod, ip string) *corev1.Pod {
+	p.Status.Phase = corev1.PodRunning
+	p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	return p
+}
+
 func event(p *corev1.Pod) cniserver.PodEvent {
 	return cniserver.PodEvent{
 		Name: p.Name, Namespace: p.Namespace, UID: string(p.UID),
@@ -533,15 +540,10 @@ func TestTerminalPodIsRemoved(t *testing.T) {
 }
 
 func TestRestartRebuildsRegistry(t *testing.T) {
-	running := func(p *corev1.Pod, ip string) *corev1.Pod {
-		p.Status.Phase = corev1.PodRunning
-		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
-		return p
-	}
-	enabled := running(pod("app", "a", "uid-a", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.5")
-	pending := running(pod("app", "b", "uid-b", map[string]string{policy.AnnotationRedirection: "pending"}), "10.1.0.6")
-	plain := running(pod("app", "c", "uid-c", nil), "10.1.0.7")
-	done := running(pod("app", "d", "uid-d", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.8")
+	enabled := runningPod(pod("app", "a", "uid-a", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.5")
+	pending := runningPod(pod("app", "b", "uid-b", map[string]string{policy.AnnotationRedirection: "pending"}), "10.1.0.6")
+	plain := runningPod(pod("app", "c", "uid-c", nil), "10.1.0.7")
+	done := runningPod(pod("app", "d", "uid-d", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.8")
 	done.Status.Phase = corev1.PodSucceeded
 	// The host proc is empty, so no netns is found: the restored pods are
 	// offered as Keep. The hour-long backoff keeps the pending pod's failed
@@ -574,22 +576,17 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 // without annotation whose netns is not found, pods outside the mesh and
 // terminal pods are not restored.
 func TestRestartRestoresUnannotatedPods(t *testing.T) {
-	running := func(p *corev1.Pod, ip string) *corev1.Pod {
-		p.Status.Phase = corev1.PodRunning
-		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
-		return p
-	}
 	// The fake host proc: one "sandbox process" per pod, whose cgroup names
 	// the pod uid and whose netns is this test's, which holds 127.0.0.1.
 	hostProc := t.TempDir()
 	sandbox := func(pid int, uid string) { fakeSandbox(t, hostProc, pid, uid) }
-	lost := running(pod("app", "lost", "uid-lost", nil), "127.0.0.1")
-	enabled := running(pod("app", "on", "uid-on", map[string]string{policy.AnnotationRedirection: "enabled"}), "127.0.0.1")
-	nowhere := running(pod("app", "nowhere", "uid-nowhere", nil), "10.1.0.9")
-	outside := running(pod("plain", "out", "uid-out", nil), "127.0.0.1")
-	optOut := running(pod("app", "optout", "uid-optout", nil), "127.0.0.1")
+	lost := runningPod(pod("app", "lost", "uid-lost", nil), "127.0.0.1")
+	enabled := runningPod(pod("app", "on", "uid-on", map[string]string{policy.AnnotationRedirection: "enabled"}), "127.0.0.1")
+	nowhere := runningPod(pod("app", "nowhere", "uid-nowhere", nil), "10.1.0.9")
+	outside := runningPod(pod("plain", "out", "uid-out", nil), "127.0.0.1")
+	optOut := runningPod(pod("app", "optout", "uid-optout", nil), "127.0.0.1")
 	optOut.Labels = map[string]string{policy.LabelDataplaneMode: policy.ModeNone}
-	done := running(pod("app", "done", "uid-done", nil), "127.0.0.1")
+	done := runningPod(pod("app", "done", "uid-done", nil), "127.0.0.1")
 	done.Status.Phase = corev1.PodSucceeded
 	for i, uid := range []string{"uid-lost", "uid-on", "uid-out", "uid-optout", "uid-done"} {
 		sandbox(100+i, uid)
@@ -723,9 +720,7 @@ func (h *harness) failures(reason string) float64 {
 // rules cannot be deleted, so its traffic is still captured: ztunnel must
 // keep serving it (no Del), and it stays registered and annotated, retried.
 func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
-	p := pod("app", "a", "uid-a", map[string]string{policy.AnnotationRedirection: "enabled"})
-	p.Status.Phase = corev1.PodRunning
-	p.Status.PodIPs = []corev1.PodIP{{IP: "10.1.0.5"}}
+	p := runningPod(pod("app", "a", "uid-a", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.5")
 	h := newHarness(t, namespace("app", true), p) // empty host proc: no netns is ever found
 	h.zt.connect()
 	if h.state("uid-a") != "enabled" {
@@ -856,9 +851,7 @@ func fakeSandbox(t *testing.T, hostProc string, pid int, uid string) {
 func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 	hostProc := t.TempDir()
 	fakeSandbox(t, hostProc, 100, "uid-a")
-	p := pod("app", "a", "uid-a", nil)
-	p.Status.Phase = corev1.PodRunning
-	p.Status.PodIPs = []corev1.PodIP{{IP: "127.0.0.1"}}
+	p := runningPod(pod("app", "a", "uid-a", nil), "127.0.0.1")
 	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
 	h.zt.connect()
 	h.waitFor("running pod enabled", func() bool { return h.state("uid-a") == "enabled" })
