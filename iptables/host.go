@@ -96,6 +96,37 @@ func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr)
 	if uid == "" {
 		return errors.New("add probe IPs: empty pod uid")
 	}
+	return m.withProbeSets(func(h *netlink.Handle) error {
+		for _, ip := range ips {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			f, err := m.familyOf(ip)
+			if errors.Is(err, errFamilyOff) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("add probe IP for pod %s: %w", uid, err)
+			}
+			err = addEntry(h, f, ip.Unmap(), uid)
+			if isNoSet(err) {
+				if err = m.recreateHostRules(ctx, f); err == nil {
+					err = addEntry(h, f, ip.Unmap(), uid)
+				}
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// withProbeSets runs fn with a netfilter netlink handle, holding probeMu: the
+// probe-set operations list then change, so they must not interleave (a
+// removal could otherwise delete an entry an add just relabelled for another
+// pod whose IP was reused).
+func (m *Manager) withProbeSets(fn func(h *netlink.Handle) error) error {
 	m.probeMu.Lock()
 	defer m.probeMu.Unlock()
 	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
@@ -103,28 +134,7 @@ func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr)
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer h.Close()
-	for _, ip := range ips {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		f, err := m.familyOf(ip)
-		if errors.Is(err, errFamilyOff) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("add probe IP for pod %s: %w", uid, err)
-		}
-		err = addEntry(h, f, ip.Unmap(), uid)
-		if isNoSet(err) {
-			if err = m.recreateHostRules(ctx, f); err == nil {
-				err = addEntry(h, f, ip.Unmap(), uid)
-			}
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return fn(h)
 }
 
 func addEntry(h *netlink.Handle, f Family, ip netip.Addr, uid string) error {
@@ -172,49 +182,42 @@ func (m *Manager) recreateHostRules(ctx context.Context, f Family) error {
 // that does not exist holds nothing to remove. Every IP is tried; the errors
 // are joined.
 func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error {
-	// One lock for list-then-delete: an Add relabelling a reused IP for
-	// another pod cannot slip in between and have its entry removed.
-	m.probeMu.Lock()
-	defer m.probeMu.Unlock()
-	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	defer h.Close()
-	sets := map[Family]map[netip.Addr]string{}
-	var errs []error
-	for _, ip := range ips {
-		if err := ctx.Err(); err != nil {
-			return errors.Join(append(errs, err)...)
-		}
-		f, err := m.familyOf(ip)
-		if errors.Is(err, errFamilyOff) {
-			continue
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("remove probe IP for pod %s: %w", uid, err))
-			continue
-		}
-		if sets[f] == nil {
-			set, err := listSet(h, f)
-			switch {
-			case isNoSet(err):
-				set = map[netip.Addr]string{}
-			case err != nil:
-				errs = append(errs, err)
+	return m.withProbeSets(func(h *netlink.Handle) error {
+		sets := map[Family]map[netip.Addr]string{}
+		var errs []error
+		for _, ip := range ips {
+			if err := ctx.Err(); err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			f, err := m.familyOf(ip)
+			if errors.Is(err, errFamilyOff) {
 				continue
 			}
-			sets[f] = set
+			if err != nil {
+				errs = append(errs, fmt.Errorf("remove probe IP for pod %s: %w", uid, err))
+				continue
+			}
+			if sets[f] == nil {
+				set, err := listSet(h, f)
+				switch {
+				case isNoSet(err):
+					set = map[netip.Addr]string{}
+				case err != nil:
+					errs = append(errs, err)
+					continue
+				}
+				sets[f] = set
+			}
+			ip = ip.Unmap()
+			if c, ok := sets[f][ip]; !ok || c != uid {
+				continue
+			}
+			if err := delEntry(h, f, ip); err != nil && !isNoSet(err) {
+				errs = append(errs, err)
+			}
 		}
-		ip = ip.Unmap()
-		if c, ok := sets[f][ip]; !ok || c != uid {
-			continue
-		}
-		if err := delEntry(h, f, ip); err != nil && !isNoSet(err) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+		return errors.Join(errs...)
+	})
 }
 
 // PruneProbeIPs makes the probe sets equal to live (uid -> IPs) by
@@ -222,64 +225,59 @@ func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Ad
 // entries with another uid re-labelled. Live entries are never removed, so
 // probes keep working during the prune.
 func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) error {
-	m.probeMu.Lock()
-	defer m.probeMu.Unlock()
-	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	defer h.Close()
-	want := map[Family]map[netip.Addr]string{}
-	for _, f := range m.families() {
-		want[f] = map[netip.Addr]string{}
-	}
-	uids := make([]string, 0, len(live))
-	for uid := range live {
-		uids = append(uids, uid)
-	}
-	slices.Sort(uids) // an IP listed under two uids goes to the first, every time
-	for _, uid := range uids {
-		for _, ip := range live[uid] {
-			f, err := m.familyOf(ip)
-			if errors.Is(err, errFamilyOff) {
-				continue
+	return m.withProbeSets(func(h *netlink.Handle) error {
+		want := map[Family]map[netip.Addr]string{}
+		for _, f := range m.families() {
+			want[f] = map[netip.Addr]string{}
+		}
+		uids := make([]string, 0, len(live))
+		for uid := range live {
+			uids = append(uids, uid)
+		}
+		slices.Sort(uids) // an IP listed under two uids goes to the first, every time
+		for _, uid := range uids {
+			for _, ip := range live[uid] {
+				f, err := m.familyOf(ip)
+				if errors.Is(err, errFamilyOff) {
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("prune probe IPs, pod %s: %w", uid, err)
+				}
+				if _, dup := want[f][ip.Unmap()]; !dup {
+					want[f][ip.Unmap()] = uid
+				}
+			}
+		}
+		for _, f := range m.families() {
+			have, err := listSet(h, f)
+			if isNoSet(err) {
+				if err = m.recreateHostRules(ctx, f); err == nil {
+					have = map[netip.Addr]string{}
+				}
 			}
 			if err != nil {
-				return fmt.Errorf("prune probe IPs, pod %s: %w", uid, err)
+				return err
 			}
-			if _, dup := want[f][ip.Unmap()]; !dup {
-				want[f][ip.Unmap()] = uid
+			for ip := range have {
+				if _, ok := want[f][ip]; !ok {
+					if err := delEntry(h, f, ip); err != nil {
+						return err
+					}
+				}
 			}
-		}
-	}
-	for _, f := range m.families() {
-		have, err := listSet(h, f)
-		if isNoSet(err) {
-			if err = m.recreateHostRules(ctx, f); err == nil {
-				have = map[netip.Addr]string{}
-			}
-		}
-		if err != nil {
-			return err
-		}
-		for ip := range have {
-			if _, ok := want[f][ip]; !ok {
-				if err := delEntry(h, f, ip); err != nil {
+			for ip, uid := range want[f] {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				if c, ok := have[ip]; ok && c == uid {
+					continue
+				}
+				if err := addEntry(h, f, ip, uid); err != nil {
 					return err
 				}
 			}
 		}
-		for ip, uid := range want[f] {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if c, ok := have[ip]; ok && c == uid {
-				continue
-			}
-			if err := addEntry(h, f, ip, uid); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+		return nil
+	})
 }

@@ -264,6 +264,25 @@ func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 	return h
 }
 
+// setNamespace labels namespace name ambient or not (replacing its labels).
+func (h *harness) setNamespace(name string, ambient bool) {
+	h.t.Helper()
+	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), namespace(name, ambient), metav1.UpdateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// enrollConnected connects ztunnel, enrolls p through a CNI ADD and waits
+// for its enabled annotation.
+func (h *harness) enrollConnected(p *corev1.Pod) {
+	h.t.Helper()
+	h.zt.connect()
+	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != cniserver.Enrolled {
+		h.t.Fatalf("HandleAdd = %v, %v", out, err)
+	}
+	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation(p.Namespace, p.Name); return v == "enabled" })
+}
+
 func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
 	testutil.Eventually(h.t, what, 20*time.Second, cond)
@@ -478,14 +497,8 @@ func openFDs(t *testing.T) int {
 func TestNamespaceUnlabelRemovesPod(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
-	h.zt.connect()
-	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != cniserver.Enrolled {
-		t.Fatalf("HandleAdd = %v, %v", out, err)
-	}
-	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation("app", "a"); return v == "enabled" })
-	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), namespace("app", false), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	h.enrollConnected(p)
+	h.setNamespace("app", false)
 	h.waitFor("pod removed", func() bool { return h.state("uid-a") == "absent" })
 	if !h.zt.deleted("uid-a") {
 		t.Error("DelWorkload not sent")
@@ -726,14 +739,7 @@ func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
 	if h.state("uid-a") != "enabled" {
 		t.Fatalf("restored pod state %s, want enabled", h.state("uid-a"))
 	}
-	ns, err := h.client.CoreV1().Namespaces().Get(context.Background(), "app", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Labels = nil
-	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	h.setNamespace("app", false)
 	h.waitFor("removal tried twice", func() bool { return h.failures("removal") >= 2 })
 	if h.zt.deleted("uid-a") {
 		t.Error("Del sent for a pod whose rules are still in place")
@@ -772,11 +778,7 @@ func TestFailPendingRollbackTellsZtunnel(t *testing.T) {
 func TestSnapshotRefusalMakesPodPending(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
-	h.zt.connect()
-	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != cniserver.Enrolled {
-		t.Fatalf("HandleAdd = %v, %v", out, err)
-	}
-	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation("app", "a"); return v == "enabled" })
+	h.enrollConnected(p)
 
 	// The new ztunnel refuses the pod in its snapshot and keeps refusing it.
 	h.zt.setNack("uid-a", "netns gone")
@@ -860,9 +862,7 @@ func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 	h.zt.mu.Lock()
 	h.zt.delErr = fmt.Errorf("del: %w", ztunnel.ErrConnBroken)
 	h.zt.mu.Unlock()
-	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), namespace("app", false), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	h.setNamespace("app", false)
 	h.waitFor("removal failing at the Del", func() bool { return h.failures("removal") >= 1 })
 	if e, ok := h.reg.Get("uid-a"); !ok || !e.Releasing {
 		t.Fatalf("after a failed Del: entry %+v registered=%v, want Releasing", e, ok)
@@ -875,9 +875,7 @@ func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 	h.zt.mu.Lock()
 	h.zt.delErr = nil
 	h.zt.mu.Unlock()
-	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), namespace("app", true), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	h.setNamespace("app", true)
 	h.waitFor("pod enrolled afresh", func() bool {
 		e, ok := h.reg.Get("uid-a")
 		now, _, _ := h.rules.counts()
