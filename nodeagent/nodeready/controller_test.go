@@ -267,3 +267,34 @@ func TestNewValidates(t *testing.T) {
 		t.Fatalf("initial status %+v, want Unknown", st)
 	}
 }
+
+// TestRunNotifyAndStop drives Run with the fake client: a Notify after an
+// input change is acted on without waiting for the resync, and Run returns
+// nil when ctx ends.
+func TestRunNotifyAndStop(t *testing.T) {
+	h := newHarness(t, Config{Untaint: true, ResyncPeriod: time.Hour}, taintOf(DefaultTaintKey, corev1.TaintEffectNoSchedule))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.c.Run(ctx) }()
+	waitStatus := func(what string, ok func(Status) bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !ok(h.c.Status()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; status %+v", what, h.c.Status())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitStatus("condition False written", func(s Status) bool { return s.Condition == corev1.ConditionFalse && s.Written && s.TaintPresent })
+	h.in.set(true, ztReady)
+	h.c.Notify()
+	waitStatus("taint removed", func(s Status) bool { return s.Condition == corev1.ConditionTrue && s.Written && !s.TaintPresent })
+	if hasTaint(h.node(t, "n1").Spec.Taints, DefaultTaintKey) {
+		t.Fatal("status says untainted but the node has the taint")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
