@@ -112,6 +112,20 @@ type Status struct {
 	LastError string
 }
 
+// Err is nil when the node condition is True and written to the node,
+// else an error naming the reason: a ready-made /readyz check.
+func (s Status) Err() error {
+	switch {
+	case s.Condition == corev1.ConditionUnknown:
+		return errors.New("node readiness not evaluated yet")
+	case s.Condition != corev1.ConditionTrue:
+		return fmt.Errorf("node not ready for the mesh: %s: %s", s.Reason, s.Message)
+	case !s.Written:
+		return fmt.Errorf("node condition not written yet: %s", s.LastError)
+	}
+	return nil
+}
+
 // Controller maintains the condition and taint of one node.
 type Controller struct {
 	cfg    Config

@@ -298,3 +298,30 @@ func TestRunNotifyAndStop(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+func TestStatusErr(t *testing.T) {
+	tests := []struct {
+		name string
+		s    Status
+		want string // "" = nil
+	}{
+		{"unknown", Status{Condition: corev1.ConditionUnknown}, "not evaluated"},
+		{"false", Status{Condition: corev1.ConditionFalse, Reason: ReasonZtunnelNotConnected, Written: true}, ReasonZtunnelNotConnected},
+		{"true, write failed", Status{Condition: corev1.ConditionTrue, LastError: "forbidden"}, "forbidden"},
+		{"true and written", Status{Condition: corev1.ConditionTrue, Written: true}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.s.Err()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Err() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Err() = %v, want one mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
