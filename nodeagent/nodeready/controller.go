@@ -136,6 +136,9 @@ type Controller struct {
 	rec    record.EventRecorder
 
 	trigger chan struct{}
+	// wroteTransition is when this process last wrote a status change of
+	// the condition (only Run's goroutine uses it).
+	wroteTransition time.Time
 
 	mu     sync.Mutex
 	status Status
@@ -311,6 +314,7 @@ func (c *Controller) reconcile(ctx context.Context, lister corelisters.NodeListe
 			return 0, err
 		}
 		if cur == nil || cur.Status != want.Status {
+			c.wroteTransition = want.LastTransitionTime.Time
 			c.event(n, r)
 		}
 		c.log.Info("node condition written", "type", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
@@ -368,7 +372,7 @@ func (c *Controller) decideTaint(n *corev1.Node, now time.Time) (taintAction, ti
 	case cond.Status == corev1.ConditionTrue && present && manage:
 		return taintRemove, 0
 	case cond.Status == corev1.ConditionFalse && !present && c.cfg.TaintWhenUnready:
-		due, wait := retaintDue(cond, c.cfg.TaintGracePeriod, now)
+		due, wait := retaintDue(cond, falseSince(cond, c.wroteTransition), c.cfg.TaintGracePeriod, now)
 		if due {
 			return taintAdd, 0
 		}

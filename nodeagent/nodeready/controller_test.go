@@ -180,6 +180,9 @@ func TestReconcileUntaintOff(t *testing.T) {
 func TestReconcileTaintWhenUnreadyGrace(t *testing.T) {
 	const grace = 30 * time.Second
 	h := newHarness(t, Config{Untaint: true, TaintWhenUnready: true, TaintGracePeriod: grace})
+	// Mid-second: the stored lastTransitionTime is truncated, the grace
+	// must still be measured from the precise transition.
+	h.clock.step(900 * time.Millisecond)
 	h.in.set(true, ztReady)
 	h.reconcile(t)
 	if hasTaint(h.node(t, "n1").Spec.Taints, DefaultTaintKey) {

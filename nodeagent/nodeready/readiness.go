@@ -134,16 +134,28 @@ func desiredCondition(cur *corev1.NodeCondition, t corev1.NodeConditionType, r R
 	return want, changed
 }
 
+// falseSince is when the condition last turned False: its
+// lastTransitionTime, which the API stores with second precision, refined
+// by the precise time this process wrote that transition (wrote: zero when
+// it did not, e.g. after an agent restart).
+func falseSince(cond *corev1.NodeCondition, wrote time.Time) time.Time {
+	ltt := cond.LastTransitionTime.Time
+	if !wrote.IsZero() && !wrote.Before(ltt) && wrote.Sub(ltt) < time.Second {
+		return wrote
+	}
+	return ltt
+}
+
 // retaintDue says whether a taint-when-unready node whose condition is cond
 // should get the taint back at now: only when cond is False and has been
-// for at least grace (measured from its lastTransitionTime, so an agent
-// restart does not restart the clock). When not yet due but False, wait is
+// since at least grace before now (since: see falseSince, so an agent
+// restart does not restart the clock). When False but not yet due, wait is
 // how long until it is.
-func retaintDue(cond *corev1.NodeCondition, grace time.Duration, now time.Time) (due bool, wait time.Duration) {
+func retaintDue(cond *corev1.NodeCondition, since time.Time, grace time.Duration, now time.Time) (due bool, wait time.Duration) {
 	if cond == nil || cond.Status != corev1.ConditionFalse {
 		return false, 0
 	}
-	left := cond.LastTransitionTime.Add(grace).Sub(now)
+	left := since.Add(grace).Sub(now)
 	if left <= 0 {
 		return true, 0
 	}

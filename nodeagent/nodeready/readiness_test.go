@@ -126,9 +126,31 @@ func TestRetaintDue(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			due, wait := retaintDue(tt.cond, grace, tt.now)
+			due, wait := retaintDue(tt.cond, t0, grace, tt.now)
 			if due != tt.wantDue || wait != tt.wantWait {
 				t.Fatalf("retaintDue = %v, %v; want %v, %v", due, wait, tt.wantDue, tt.wantWait)
+			}
+		})
+	}
+}
+
+func TestFalseSince(t *testing.T) {
+	ltt := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC) // the API keeps seconds only
+	cond := &corev1.NodeCondition{Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(ltt)}
+	tests := []struct {
+		name  string
+		wrote time.Time
+		want  time.Time
+	}{
+		{"not written by us (restart): the stored time", time.Time{}, ltt},
+		{"written by us 0.7s into the second: the precise time", ltt.Add(700 * time.Millisecond), ltt.Add(700 * time.Millisecond)},
+		{"our write is an older transition: the stored time", ltt.Add(-time.Hour), ltt},
+		{"our write is from another second: the stored time", ltt.Add(3 * time.Second), ltt},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := falseSince(cond, tt.wrote); !got.Equal(tt.want) {
+				t.Fatalf("falseSince = %v, want %v", got, tt.want)
 			}
 		})
 	}
