@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -21,11 +22,15 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
 	"github.com/ambientd/ambientd/internal/e2eenv"
@@ -350,5 +355,112 @@ func waitEvents(t *testing.T, ctx context.Context, node string, reasons ...strin
 	}
 	for _, s := range seen {
 		t.Logf("event: %s", s)
+	}
+}
+
+// TestNodeReadyOwnNodePolicy: the admission policy of
+// testdata/ambientd-own-node.yaml (docs/readiness.md) lets the agent's
+// identity write the node its token names and refuses any other node, on
+// top of the controller's own guarantee. The agent is impersonated with the
+// node-name extra a pod-bound service-account token carries.
+func TestNodeReadyOwnNodePolicy(t *testing.T) {
+	ctx := testContext(t, 3*time.Minute)
+	admin := testEnv.CP.Admin
+	mine := createTestNode(t, ctx, "nr-pol-mine", startupTaint)
+	other := createTestNode(t, ctx, "nr-pol-other", startupTaint)
+
+	raw, err := os.ReadFile("testdata/ambientd-own-node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var policy *admissionv1.ValidatingAdmissionPolicy
+	var binding *admissionv1.ValidatingAdmissionPolicyBinding
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		if err != nil {
+			t.Fatalf("decode policy manifest: %v", err)
+		}
+		switch o := obj.(type) {
+		case *admissionv1.ValidatingAdmissionPolicy:
+			policy = o
+		case *admissionv1.ValidatingAdmissionPolicyBinding:
+			binding = o
+		}
+	}
+	if policy == nil || binding == nil {
+		t.Fatal("testdata/ambientd-own-node.yaml lacks the policy or its binding")
+	}
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, binding.Name, metav1.DeleteOptions{})
+		_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, policy.Name, metav1.DeleteOptions{})
+		// Removal takes effect asynchronously too; later tests run the
+		// agent with its static token (no node name), which the policy
+		// refuses: wait until that token can write nodes again.
+		probe := []byte(`{"metadata":{"annotations":{"e2e.ambientd.io/probe":"after"}}}`)
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			_, err := testEnv.CP.Agent.CoreV1().Nodes().Patch(ctx, mine, types.StrategicMergePatchType, probe, metav1.PatchOptions{})
+			return err == nil, nil
+		})
+		if err != nil {
+			t.Errorf("policy still enforced after deletion: %v", err)
+		}
+	})
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The agent of node `mine`, as its pod-bound token would identify it.
+	agentOf := func(node string) *rest.Config {
+		rc := rest.CopyConfig(testEnv.CP.AdminConfig)
+		rc.BearerToken = testEnv.CP.AdminToken
+		rc.Impersonate = rest.ImpersonationConfig{
+			UserName: e2eenv.AgentUser,
+			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + e2eenv.AgentNamespace, "system:authenticated"},
+			Extra:    map[string][]string{"authentication.kubernetes.io/node-name": {node}},
+		}
+		return rc
+	}
+	agent, err := kubernetes.NewForConfig(agentOf(mine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Policies take effect asynchronously: wait until a write to the other
+	// node is refused.
+	probe := []byte(`{"metadata":{"annotations":{"e2e.ambientd.io/probe":"x"}}}`)
+	var lastErr error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, lastErr = agent.CoreV1().Nodes().Patch(ctx, other, types.StrategicMergePatchType, probe, metav1.PatchOptions{})
+		return apierrors.IsForbidden(lastErr) && strings.Contains(lastErr.Error(), "only its own node"), nil
+	})
+	if err != nil {
+		t.Fatalf("policy never enforced; last write to %s: %v", other, lastErr)
+	}
+	t.Logf("write to another node refused: %v", lastErr)
+
+	// The agent of `mine` works as usual under the policy...
+	sw := &switches{}
+	sw.setZtunnel(true)
+	startNodeReady(t, ctx, nodeready.Config{NodeName: mine, Untaint: true, ResyncPeriod: 200 * time.Millisecond}, sw, agentOf(mine))
+	waitNode(t, ctx, mine, "untainted under the policy", func(n *corev1.Node) bool {
+		return !hasTaintKey(n) && conditionIs(corev1.ConditionTrue, nodeready.ReasonReady)(n)
+	})
+	// ...and one configured with the wrong node name cannot write it.
+	wrong := startNodeReady(t, ctx, nodeready.Config{NodeName: other, Untaint: true, ResyncPeriod: 200 * time.Millisecond}, sw, agentOf(mine))
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return strings.Contains(wrong.Status().LastError, "only its own node"), nil
+	})
+	if err != nil {
+		t.Fatalf("a controller for another node was not refused: status %+v", wrong.Status())
+	}
+	o, err := admin.CoreV1().Nodes().Get(ctx, other, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasTaintKey(o) || nodeCondition(o) != nil {
+		t.Fatalf("other node written through the policy: taints %v conditions %+v", o.Spec.Taints, o.Status.Conditions)
 	}
 }
