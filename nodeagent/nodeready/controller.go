@@ -194,7 +194,7 @@ func (c *Controller) Status() Status {
 // Run watches the node and reconciles on Notify, on node changes, on every
 // resync and when a re-taint grace period ends, until ctx ends. It returns
 // nil then and writes nothing on the way out: stopping the agent (an
-// upgrade) never changes the condition or the taint.
+// upgrade) never changes the condition or the taint. Call it once.
 func (c *Controller) Run(ctx context.Context) error {
 	if c.rec == nil {
 		b := record.NewBroadcaster(record.WithContext(ctx))
@@ -224,9 +224,10 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	resync := time.NewTicker(c.cfg.ResyncPeriod)
 	defer resync.Stop()
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	<-retry.C
+	// wake fires for a retry after an error or when a re-taint grace ends.
+	wake := time.NewTimer(0)
+	defer wake.Stop()
+	<-wake.C
 	backoff := 200 * time.Millisecond
 	for {
 		select {
@@ -234,7 +235,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			return nil
 		case <-c.trigger:
 		case <-resync.C:
-		case <-retry.C:
+		case <-wake.C:
 		}
 		if ctx.Err() != nil {
 			return nil // a Notify raced with shutdown: write nothing
@@ -252,7 +253,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			backoff = 200 * time.Millisecond
 		}
 		if after > 0 {
-			retry.Reset(after)
+			wake.Reset(after)
 		}
 	}
 }
