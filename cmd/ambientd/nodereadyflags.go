@@ -38,6 +38,14 @@ func nodeReadyFlags(fs *flag.FlagSet) func(getenv func(string) string, nodeName 
 	for name, e := range env {
 		fs.Lookup(name).Usage += " (env " + e + ")"
 	}
+	// Config fields to the flags that set them, to name them in errors.
+	flagOf := map[string]string{
+		"NodeName":         "node-name",
+		"ConditionType":    "node-condition-type",
+		"TaintKey":         "taint-key",
+		"TaintGracePeriod": "taint-grace-period",
+		"ResyncPeriod":     "node-condition-resync",
+	}
 	return func(getenv func(string) string, nodeName string) (nodeready.Config, error) {
 		given := map[string]bool{}
 		fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
@@ -55,6 +63,10 @@ func nodeReadyFlags(fs *flag.FlagSet) func(getenv func(string) string, nodeName 
 			return nodeready.Config{}, errors.New("--taint-grace-period: must be positive")
 		}
 		if err := c.Validate(); err != nil {
+			var se *nodeready.SettingError
+			if errors.As(err, &se) && flagOf[se.Field] != "" {
+				return nodeready.Config{}, fmt.Errorf("--%s: %w", flagOf[se.Field], se.Err)
+			}
 			return nodeready.Config{}, fmt.Errorf("node readiness: %w", err)
 		}
 		return c, nil

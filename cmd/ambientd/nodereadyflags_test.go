@@ -34,9 +34,10 @@ func TestNodeReadyFlags(t *testing.T) {
 			env:  map[string]string{"AMBIENTD_UNTAINT": "true", "AMBIENTD_TAINT_GRACE_PERIOD": "5s"},
 			want: nodeready.Config{NodeName: "n1", ConditionType: nodeready.DefaultConditionType, TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: time.Minute, ResyncPeriod: 10 * time.Second}},
 		{name: "bad env", env: map[string]string{"AMBIENTD_UNTAINT": "yes please"}, wantErr: "AMBIENTD_UNTAINT"},
-		{name: "bad taint key", args: []string{"--taint-key=not a key"}, wantErr: "taint key"},
+		{name: "bad taint key", args: []string{"--taint-key=not a key"}, wantErr: "--taint-key"},
+		{name: "bad resync", args: []string{"--node-condition-resync=1ms"}, wantErr: "--node-condition-resync"},
 		{name: "zero grace", args: []string{"--taint-grace-period=0s"}, wantErr: "--taint-grace-period"},
-		{name: "bad condition type", args: []string{"--node-condition-type=a/b/c"}, wantErr: "condition type"},
+		{name: "bad condition type", args: []string{"--node-condition-type=a/b/c"}, wantErr: "--node-condition-type"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,6 +61,13 @@ func TestNodeReadyFlags(t *testing.T) {
 				t.Fatalf("config = %+v\n      want %+v", got, tt.want)
 			}
 		})
+	}
+	for _, node := range []string{"", "N_1"} {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		get := nodeReadyFlags(fs)
+		if _, err := get(func(string) string { return "" }, node); err == nil || !strings.Contains(err.Error(), "--node-name") {
+			t.Errorf("node name %q: error %v, want one naming --node-name", node, err)
+		}
 	}
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	nodeReadyFlags(fs)

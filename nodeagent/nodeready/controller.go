@@ -62,26 +62,39 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate checks c (after defaults).
+// SettingError is a Config validation error; Field names the Config field
+// (so a caller can name its own flag for it).
+type SettingError struct {
+	Field string
+	Err   error
+}
+
+func (e *SettingError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *SettingError) Unwrap() error { return e.Err }
+
+// Validate checks c (after defaults); errors are *SettingError.
 func (c Config) Validate() error {
 	c = c.withDefaults()
+	bad := func(field, format string, args ...any) error {
+		return &SettingError{Field: field, Err: fmt.Errorf(format, args...)}
+	}
 	if c.NodeName == "" {
-		return errors.New("node name is required")
+		return bad("NodeName", "node name is required")
 	}
 	if errs := validation.IsDNS1123Subdomain(c.NodeName); len(errs) > 0 {
-		return fmt.Errorf("node name %q: %v", c.NodeName, errs)
+		return bad("NodeName", "node name %q: %v", c.NodeName, errs)
 	}
 	if errs := validation.IsQualifiedName(c.ConditionType); len(errs) > 0 {
-		return fmt.Errorf("condition type %q: %v", c.ConditionType, errs)
+		return bad("ConditionType", "condition type %q: %v", c.ConditionType, errs)
 	}
 	if errs := validation.IsQualifiedName(c.TaintKey); len(errs) > 0 {
-		return fmt.Errorf("taint key %q: %v", c.TaintKey, errs)
+		return bad("TaintKey", "taint key %q: %v", c.TaintKey, errs)
 	}
 	if c.TaintGracePeriod < 0 {
-		return fmt.Errorf("taint grace period %v: must not be negative", c.TaintGracePeriod)
+		return bad("TaintGracePeriod", "taint grace period %v: must not be negative", c.TaintGracePeriod)
 	}
 	if c.ResyncPeriod < 100*time.Millisecond || c.ResyncPeriod > time.Hour {
-		return fmt.Errorf("resync period %v: want between 100ms and 1h", c.ResyncPeriod)
+		return bad("ResyncPeriod", "resync period %v: want between 100ms and 1h", c.ResyncPeriod)
 	}
 	return nil
 }
