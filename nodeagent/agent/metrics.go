@@ -54,11 +54,17 @@ func newMetrics(reg *registry.Registry) *metrics {
 	for _, r := range failureReasons {
 		m.failures.WithLabelValues(r)
 	}
-	count := func(s registry.State) func() float64 {
-		return func() float64 { return float64(len(reg.UIDs(s))) }
+	count := func(phases ...registry.Phase) func() float64 {
+		return func() float64 {
+			n := 0
+			for _, p := range phases {
+				n += len(reg.UIDs(p))
+			}
+			return float64(n)
+		}
 	}
 	m.reg.MustRegister(m.failures, m.cniAdds, m.removals, m.annotations, m.steps,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_pending", Help: "Registered pods ztunnel has not acked."}, count(registry.Pending)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_pending", Help: "Registered pods ztunnel has not acked."}, count(registry.Pending, registry.Unverified)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_enabled", Help: "Registered pods ztunnel has acked."}, count(registry.Enabled)),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

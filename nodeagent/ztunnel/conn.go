@@ -11,8 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
-	"golang.org/x/sys/unix"
 )
 
 // request is one Add/Keep/Del/SnapshotSent and where its result goes.
@@ -23,9 +24,9 @@ type request struct {
 	res     chan error // buffered: the owner never blocks on a gone caller
 }
 
-func addReq(w Workload, netns *os.File) *request {
+func addReq(w Workload, netns *podnetns.Handle) *request {
 	return &request{
-		op: zp.OpAdd, uid: w.UID, netns: netns, res: make(chan error, 1),
+		op: zp.OpAdd, uid: w.UID, netns: netns.File(), res: make(chan error, 1),
 		msg: zp.AddRequest(w.UID, &zp.WorkloadInfo{Name: w.Name, Namespace: w.Namespace, ServiceAccount: w.ServiceAccount}),
 	}
 }
@@ -279,15 +280,9 @@ func (c *zconn) read() {
 
 // peerPID names the connecting process in logs (SO_PEERCRED); 0 if unknown.
 func peerPID(uc *net.UnixConn) int32 {
-	rc, err := uc.SyscallConn()
+	cred, err := unixsock.PeerCred(uc)
 	if err != nil {
 		return 0
 	}
-	var pid int32
-	_ = rc.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			pid = cred.Pid
-		}
-	})
-	return pid
+	return cred.Pid
 }

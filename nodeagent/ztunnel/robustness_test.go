@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
@@ -336,7 +338,7 @@ func TestShutdownLeavesAnotherServersSocket(t *testing.T) {
 	run := startRun(t, nu)
 	waitUntil(t, "new server's socket", func() bool {
 		fi, err := os.Lstat(path)
-		return err == nil && fileIDOf(fi) != oldID
+		return err == nil && unixsock.IDOf(fi) != oldID
 	})
 	newID := statID(t, path)
 
@@ -345,7 +347,7 @@ func TestShutdownLeavesAnotherServersSocket(t *testing.T) {
 	if err != nil {
 		t.Fatalf("old server removed the new server's socket: %v", err)
 	}
-	if fileIDOf(fi) != newID {
+	if unixsock.IDOf(fi) != newID {
 		t.Fatal("socket file changed")
 	}
 	c := rawPeer(t, path)
@@ -364,13 +366,13 @@ func TestShutdownLeavesAnotherServersSocket(t *testing.T) {
 	}
 }
 
-func statID(t *testing.T, path string) fileID {
+func statID(t *testing.T, path string) unixsock.FileID {
 	t.Helper()
 	fi, err := os.Lstat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fileIDOf(fi)
+	return unixsock.IDOf(fi)
 }
 
 // AckTimeout covers the whole round trip: time spent blocked in the send
@@ -516,7 +518,7 @@ func (r *refusalSource) got() map[string]error {
 // signal.
 func TestSnapshotRefusalsReported(t *testing.T) {
 	n := newNetns(t)
-	closed, err := os.Open(n.NS.Path())
+	closed, err := podnetns.Open(n.NS.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
