@@ -151,8 +151,9 @@ type Agent struct {
 	movedMu sync.Mutex
 	moved   map[string]bool
 
-	synced    atomic.Bool // informer caches synced
-	running   atomic.Bool // rebuild done, workers started
+	lastAck   atomic.Int64 // unix nanos of the last ztunnel snapshot ack
+	synced    atomic.Bool  // informer caches synced
+	running   atomic.Bool  // rebuild done, workers started
 	liveLoops atomic.Int32
 	wantLoops int32
 }
@@ -330,6 +331,7 @@ func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-acked:
+			a.lastAck.Store(time.Now().UnixNano())
 			pending := append(a.reg.UIDs(registry.Pending), a.reg.UIDs(registry.Unverified)...)
 			if len(pending) > 0 {
 				a.log.Info("ztunnel snapshot acked, retrying pending pods", "pending", len(pending))

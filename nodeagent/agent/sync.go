@@ -259,6 +259,9 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	if _, err := a.update(e.UID, func(x *registry.Entry) { x.Phase, x.LastError = registry.Enabled, "" }); err != nil {
 		return OutcomeUnknown, err
 	}
+	if ack := a.lastAck.Load(); ack != 0 && e.Phase == registry.Pending {
+		a.metrics.ackToEnabled.Observe(time.Since(time.Unix(0, ack)).Seconds())
+	}
 	log.Info("pod enrolled", "ips", e.IPs)
 	return Enrolled, nil
 }

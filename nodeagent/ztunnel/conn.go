@@ -204,7 +204,7 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 // longer be trusted to pair acks with requests.
 func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal bool) {
 	m := c.s.metrics
-	start := time.Now()
+	start := c.s.now()
 	deadline := start.Add(c.s.cfg.AckTimeout)
 	if err := c.c.Send(r.msg, r.netns, deadline); err != nil {
 		if r.netns != nil && errors.Is(err, os.ErrClosed) {
@@ -216,6 +216,9 @@ func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal boo
 		m.requests.WithLabelValues(r.op, "broken").Inc()
 		return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, err), true
 	}
+	if c.s.afterSend != nil {
+		c.s.afterSend(r.op, r.uid)
+	}
 	return c.awaitAck(ctx, r, start, deadline)
 }
 
@@ -223,7 +226,7 @@ func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal boo
 // is already waiting when the deadline passes still counts.
 func (c *zconn) awaitAck(ctx context.Context, r *request, start, deadline time.Time) (err error, fatal bool) {
 	m := c.s.metrics
-	timer := time.NewTimer(time.Until(deadline))
+	timer := time.NewTimer(deadline.Sub(c.s.now()))
 	defer timer.Stop()
 	select {
 	case res := <-c.in:
@@ -249,7 +252,7 @@ func (c *zconn) ackResult(r *request, start time.Time, res readResult) (err erro
 		m.requests.WithLabelValues(r.op, "broken").Inc()
 		return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, res.err), true
 	}
-	m.ackSeconds.WithLabelValues(r.op).Observe(time.Since(start).Seconds())
+	m.ackSeconds.WithLabelValues(r.op).Observe(c.s.now().Sub(start).Seconds())
 	if msg := res.ack.GetError(); msg != "" {
 		m.requests.WithLabelValues(r.op, "nack").Inc()
 		return &NackError{Op: r.op, UID: r.uid, Message: msg}, false

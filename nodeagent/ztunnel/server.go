@@ -113,6 +113,12 @@ type Server struct {
 	log     *slog.Logger
 	metrics *Metrics
 
+	// now is the clock of ack deadlines and afterSend, when set, runs after
+	// each request's send: tests use them to make a send "take" a given
+	// time without waiting for it.
+	now       func() time.Time
+	afterSend func(op, uid string)
+
 	mu     sync.Mutex
 	conns  []*zconn // oldest first; the last one gets the adds
 	subs   map[int]chan struct{}
@@ -131,6 +137,7 @@ func NewServer(cfg Config, src SnapshotSource, log *slog.Logger) *Server {
 		log:     log.With("component", "ztunnel-server"),
 		metrics: newMetrics(),
 		subs:    map[int]chan struct{}{},
+		now:     time.Now,
 	}
 }
 
@@ -173,6 +180,7 @@ func (s *Server) Run(ctx context.Context) error {
 				break
 			}
 			if temporaryAcceptError(err) {
+				s.metrics.retries.Inc()
 				backoff = min(max(2*backoff, minAcceptBackoff), maxAcceptBackoff)
 				s.log.Warn("accept on ztunnel socket failed; retrying", "socket", s.cfg.SocketPath, "err", err, "retry_in", backoff)
 				if !sleepCtx(ctx, backoff) {
