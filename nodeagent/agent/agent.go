@@ -234,13 +234,6 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 	return a, nil
 }
 
-// Registry returns the agent's pod registry (read-only use).
-func (a *Agent) Registry() *registry.Registry { return a.reg }
-
-// StatusWriter returns the patcher that writes pods' status; the daemon runs
-// it (see RunStatusWriter).
-func (a *Agent) StatusWriter() *podstatus.Patcher { return a.status }
-
 func (a *Agent) enqueuePod(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj

@@ -106,9 +106,6 @@ func New(cfg Config, h Handler, log *slog.Logger) *Server {
 	return &Server{cfg: cfg, h: h, log: log.With("component", "cniserver")}
 }
 
-// SocketPath is the path the server listens on.
-func (s *Server) SocketPath() string { return s.cfg.SocketPath }
-
 // Serving reports whether the socket is up and accepting calls.
 func (s *Server) Serving() bool { return s.serving.Load() }
 

@@ -143,7 +143,7 @@ func TestAddDelRoundTrip(t *testing.T) {
 	testutil.RequireRoot(t) // SO_PEERCRED: the test process must be root to be accepted
 	rec := &recorder{outcome: Enrolled}
 	s, _ := startServer(t, rec, Config{})
-	c := cniapi.NewCNIEventsClient(dial(t, s.SocketPath()))
+	c := cniapi.NewCNIEventsClient(dial(t, s.cfg.SocketPath))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -211,7 +211,7 @@ func TestAddAnswers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, _ := startServer(t, tt.h, Config{})
-			c := cniapi.NewCNIEventsClient(dial(t, s.SocketPath()))
+			c := cniapi.NewCNIEventsClient(dial(t, s.cfg.SocketPath))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			resp, err := c.AddPod(ctx, &cniapi.AddPodRequest{Pod: tt.pod})
@@ -241,7 +241,7 @@ func TestDeadlinePropagatesAndNothingLeaks(t *testing.T) {
 	fdsBefore := countFDs(t)
 	rec := &recorder{block: true}
 	s, stop := startServer(t, rec, Config{})
-	conn := dial(t, s.SocketPath())
+	conn := dial(t, s.cfg.SocketPath)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_, err := cniapi.NewCNIEventsClient(conn).AddPod(ctx, &cniapi.AddPodRequest{Pod: &cniapi.Pod{Name: "p", Namespace: "ns", NetnsPath: "/x"}})
@@ -292,7 +292,7 @@ func TestSocketLifecycle(t *testing.T) {
 	}
 
 	// The health calls below succeeding shows a live socket replaced the dead one.
-	hc := healthpb.NewHealthClient(dial(t, s.SocketPath()))
+	hc := healthpb.NewHealthClient(dial(t, s.cfg.SocketPath))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, svc := range []string{"", cniapi.HealthService} {
@@ -349,7 +349,7 @@ func TestRefusesNonRootPeer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = []string{helperEnv + "=" + s.SocketPath()}
+		cmd.Env = []string{helperEnv + "=" + s.cfg.SocketPath}
 		cmd.SysProcAttr = &syscall.SysProcAttr{
 			Credential:  &syscall.Credential{Uid: 65534, Gid: 65534},
 			AmbientCaps: caps,

@@ -64,9 +64,6 @@ func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.L
 	return &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs}, nil
 }
 
-// Agent returns the agent core.
-func (n *Node) Agent() *agent.Agent { return n.agent }
-
 // components lists the parts of the process in start order (see Run): the
 // listeners first (a bad address fails the start), the status writer, the
 // agent (ready once its registry is rebuilt), then the servers that feed it.

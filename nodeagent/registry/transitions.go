@@ -55,9 +55,6 @@ func Allowed(from, to Phase) bool {
 	return false
 }
 
-// Phases lists every phase, in order (for tables and metrics).
-func Phases() []Phase { return []Phase{Absent, Unverified, Pending, Enabled, Releasing} }
-
 func (p Phase) String() string {
 	switch p {
 	case Absent:
