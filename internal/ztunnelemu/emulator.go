@@ -24,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-
 // ErrProtocolExit is returned by Run when ExitOnProtocolError is set and the
 // agent violated the protocol.
 var ErrProtocolExit = errors.New("ztunnel emulator: exiting on protocol error")

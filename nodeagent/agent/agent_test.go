@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,8 +22,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/iptables"
@@ -867,4 +870,48 @@ func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 		now, _, _ := h.rules.counts()
 		return ok && e.Phase == registry.Enabled && now > applied
 	})
+}
+
+// TestLookupIsGentle: a CNI ADD for a pod the informer has not seen waits on
+// the informer (a pod that appears there is taken without any GET), then
+// falls back to direct GETs whose backoff doubles up to a cap — not a GET
+// every few milliseconds.
+func TestLookupIsGentle(t *testing.T) {
+	h := newHarnessWith(t, func(c *Config) { c.PodLookupTimeout, c.CacheWait = 2*time.Second, time.Second },
+		namespace("app", true))
+	var gets atomic.Int32
+	h.client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		gets.Add(1)
+		return false, nil, nil
+	})
+	h.zt.connect()
+
+	// Appears in the informer while the ADD waits for it: no GET.
+	late := pod("app", "late", "uid-late", nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.agent.HandleAdd(context.Background(), event(late))
+		done <- err
+	}()
+	if _, err := h.client.CoreV1().Pods("app").Create(context.Background(), late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("HandleAdd of a pod that appeared meanwhile: %v", err)
+	}
+	if n := gets.Load(); n != 0 {
+		t.Errorf("%d GETs for a pod the informer delivered within CacheWait, want 0", n)
+	}
+
+	// Never appears: GETs after CacheWait, backing off (100ms, 200ms, 400ms,
+	// …) over the remaining second: a handful, not one per 50ms.
+	gets.Store(0)
+	_, err := h.agent.HandleAdd(context.Background(), event(pod("app", "ghost", "uid-ghost", nil)))
+	if !errors.Is(err, ErrPodUnknown) {
+		t.Fatalf("HandleAdd of an unknown pod = %v, want ErrPodUnknown", err)
+	}
+	t.Logf("%d GETs for an unknown pod over %v", gets.Load(), 2*time.Second)
+	if n := gets.Load(); n < 1 || n > 6 {
+		t.Errorf("%d GETs for an unknown pod, want between 1 and 6 (capped exponential backoff)", n)
+	}
 }
