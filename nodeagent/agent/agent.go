@@ -145,11 +145,9 @@ type Agent struct {
 
 	// refused holds the uids a ztunnel refused in its snapshot, until
 	// their next sync takes them (under the per-pod lock) back to pending.
-	refusedMu sync.Mutex
-	refused   map[string]bool
+	refused uidSet
 	// moved holds the uids whose phase a running sync moved.
-	movedMu sync.Mutex
-	moved   map[string]bool
+	moved uidSet
 
 	lastAck   atomic.Int64 // unix nanos of the last ztunnel snapshot ack
 	synced    atomic.Bool  // informer caches synced
@@ -171,15 +169,13 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		cfg:     cfg,
-		client:  client,
-		log:     log.With("component", "agent"),
-		zt:      zt,
-		rules:   rules,
-		reg:     reg,
-		finder:  podnetns.New(cfg.HostProc),
-		refused: map[string]bool{},
-		moved:   map[string]bool{},
+		cfg:    cfg,
+		client: client,
+		log:    log.With("component", "agent"),
+		zt:     zt,
+		rules:  rules,
+		reg:    reg,
+		finder: podnetns.New(cfg.HostProc),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"sync"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
@@ -15,22 +17,14 @@ func (a *Agent) update(uid string, fn func(*registry.Entry)) (registry.Entry, er
 	before, _ := a.reg.Get(uid)
 	e, err := a.reg.Update(uid, fn)
 	if err == nil && e.Phase != before.Phase {
-		a.movedMu.Lock()
-		a.moved[uid] = true
-		a.movedMu.Unlock()
+		a.moved.add(uid)
 	}
 	return e, err
 }
 
 // takeMoved reports whether uid's phase moved since the last call, and
 // forgets it.
-func (a *Agent) takeMoved(uid string) bool {
-	a.movedMu.Lock()
-	defer a.movedMu.Unlock()
-	m := a.moved[uid]
-	delete(a.moved, uid)
-	return m
-}
+func (a *Agent) takeMoved(uid string) bool { return a.moved.take(uid) }
 
 // statusFor derives what a pod in entry e's phase shows the cluster; ok is
 // false when the phase has no say (Unverified and Releasing keep whatever the
@@ -91,18 +85,34 @@ func (a *Agent) publish(s podSync, after registry.Entry, moved bool) {
 // it mid-snapshot, while a sync holding the pod's lock may be waiting for
 // that very connection to take its Add.
 func (a *Agent) SnapshotRefused(uid string, _ error) {
-	a.refusedMu.Lock()
-	a.refused[uid] = true
-	a.refusedMu.Unlock()
+	a.refused.add(uid)
 	a.queue.Add(uid)
 }
 
 // takeRefusal reports whether uid was refused in a snapshot since the last
 // call, and forgets it.
-func (a *Agent) takeRefusal(uid string) bool {
-	a.refusedMu.Lock()
-	defer a.refusedMu.Unlock()
-	r := a.refused[uid]
-	delete(a.refused, uid)
-	return r
+func (a *Agent) takeRefusal(uid string) bool { return a.refused.take(uid) }
+
+// uidSet is a set of pod uids safe for concurrent use.
+type uidSet struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (s *uidSet) add(uid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]bool{}
+	}
+	s.m[uid] = true
+}
+
+// take reports whether uid is in the set and removes it.
+func (s *uidSet) take(uid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.m[uid]
+	delete(s.m, uid)
+	return in
 }
