@@ -77,7 +77,7 @@ func (r *Registry) Update(uid string, fn func(*Entry)) (Entry, error) {
 	fn(&next)
 	next.UID = uid
 	next.IPs = slices.Clone(next.IPs)
-	if !Allowed(cur.Phase, next.Phase) {
+	if !canMove(cur.Phase, next.Phase) {
 		if next.Netns != nil && next.Netns != cur.Netns {
 			next.Netns.Close()
 		}

@@ -47,8 +47,8 @@ func TestTransitions(t *testing.T) {
 		for _, to := range phases {
 			ok := from == to || want[[2]Phase{from, to}]
 			t.Run(from.String()+"→"+to.String(), func(t *testing.T) {
-				if Allowed(from, to) != ok {
-					t.Fatalf("Allowed(%v, %v) = %v, want %v", from, to, !ok, ok)
+				if canMove(from, to) != ok {
+					t.Fatalf("canMove(%v, %v) = %v, want %v", from, to, !ok, ok)
 				}
 				r := New()
 				if from != Absent {

@@ -25,9 +25,9 @@ const (
 	Releasing
 )
 
-// allowed lists every phase move; staying in a phase is always allowed.
+// moves lists every phase move; staying in a phase is always allowed.
 // This table is the lifecycle: read it before adding a move.
-var allowed = map[Phase][]Phase{
+var moves = map[Phase][]Phase{
 	// New pods: CNI ADD or a running pod found later (Pending); a
 	// restart's rebuild (Unverified, Pending or Enabled from the annotation).
 	Absent: {Unverified, Pending, Enabled},
@@ -42,12 +42,12 @@ var allowed = map[Phase][]Phase{
 	Releasing: {Absent},
 }
 
-// Allowed reports whether a pod may move from phase from to phase to.
-func Allowed(from, to Phase) bool {
+// canMove reports whether a pod may move from phase from to phase to.
+func canMove(from, to Phase) bool {
 	if from == to {
 		return true
 	}
-	for _, p := range allowed[from] {
+	for _, p := range moves[from] {
 		if p == to {
 			return true
 		}
