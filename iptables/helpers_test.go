@@ -110,8 +110,11 @@ func ours(text string, rs RuleSet) map[string][]string {
 		switch {
 		case strings.HasPrefix(l, "*"):
 			table = l[1:]
-		case strings.HasPrefix(l, "-A "):
+		case strings.HasPrefix(l, "-A ") || strings.HasPrefix(l, "-I "):
 			chain, args, _ := strings.Cut(l[3:], " ")
+			if l[1] == 'I' {
+				args = strings.TrimPrefix(args, "1 ")
+			}
 			target, _ := jumpTarget(args)
 			if slices.Contains(rs.chains(table), chain) || slices.Contains(rs.chains(table), target) {
 				out[table+"/"+chain] = append(out[table+"/"+chain], args)

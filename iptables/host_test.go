@@ -9,23 +9,21 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // probeSets lists both probe sets of n as "ip=comment"; a set that does not
 // exist (IPv6 off) lists nothing.
-func probeSets(t *testing.T, n ns.NetNS) map[string]string {
+func probeSets(t *testing.T, m *Manager, n ns.NetNS) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	err := n.Do(func(ns.NetNS) error {
-		h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+		s, closeFn, err := m.be.probes()
 		if err != nil {
 			return err
 		}
-		defer h.Close()
+		defer closeFn()
 		for _, f := range []Family{IPv4, IPv6} {
-			set, err := listSet(h, f)
+			set, err := s.list(f)
 			if err != nil && !isNoSet(err) {
 				return err
 			}
@@ -116,18 +114,18 @@ func testHostProbe(t *testing.T, mode Mode) {
 		}
 	}
 	want := map[string]string{podIP.String(): "uid-a", "fd00::2": "uid-a"}
-	if got := probeSets(t, node); !maps.Equal(got, want) {
+	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("probe sets %v, want %v", got, want)
 	}
 
 	// Removal by another uid (the IP was reused) leaves the entry.
 	inNode("RemoveProbeIPs other uid", func() error { return m.RemoveProbeIPs(ctx, "uid-b", addrs(podIP.String())) })
-	if got := probeSets(t, node); !maps.Equal(got, want) {
+	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("removal by another uid changed the sets: %v", got)
 	}
 	inNode("RemoveProbeIPs", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("fd00::2", "10.9.9.9")) })
 	delete(want, "fd00::2")
-	if got := probeSets(t, node); !maps.Equal(got, want) {
+	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("after removal: %v, want %v", got, want)
 	}
 
@@ -141,7 +139,7 @@ func testHostProbe(t *testing.T, mode Mode) {
 		})
 	})
 	want = map[string]string{podIP.String(): "uid-a", "10.1.1.3": "uid-c", "fd00::3": "uid-c", "10.1.1.1": "uid-d"}
-	if got := probeSets(t, node); !maps.Equal(got, want) {
+	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("after prune: %v, want %v", got, want)
 	}
 	if got, want := probe(), "app|-|"+ProbeSNATv4.String(); got != want {
@@ -182,11 +180,11 @@ func TestProbeSetsRobust(t *testing.T) {
 	// Dual-stack pod, IPv6 off: the IPv4 address is added, the IPv6 one
 	// skipped; removal with the IPv6 address first still removes the IPv4 one.
 	inNode("AddProbeIPs dual-stack", func() error { return m.AddProbeIPs(ctx, "uid-a", addrs("fd00::5", "10.0.0.5")) })
-	if got, want := probeSets(t, node), map[string]string{"10.0.0.5": "uid-a"}; !maps.Equal(got, want) {
+	if got, want := probeSets(t, m, node), map[string]string{"10.0.0.5": "uid-a"}; !maps.Equal(got, want) {
 		t.Fatalf("after dual-stack add: %v, want %v", got, want)
 	}
 	inNode("RemoveProbeIPs dual-stack", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("fd00::5", "10.0.0.5")) })
-	if got := probeSets(t, node); len(got) != 0 {
+	if got := probeSets(t, m, node); len(got) != 0 {
 		t.Fatalf("after dual-stack removal: %v, want empty", got)
 	}
 
@@ -197,7 +195,7 @@ func TestProbeSetsRobust(t *testing.T) {
 	inNode("another agent's DeleteHostRules", func() error { return other.DeleteHostRules(ctx) })
 	inNode("RemoveProbeIPs without a set", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("10.0.0.5")) })
 	inNode("AddProbeIPs without a set", func() error { return m.AddProbeIPs(ctx, "uid-b", addrs("10.0.0.6")) })
-	if got, want := probeSets(t, node), map[string]string{"10.0.0.6": "uid-b"}; !maps.Equal(got, want) {
+	if got, want := probeSets(t, m, node), map[string]string{"10.0.0.6": "uid-b"}; !maps.Equal(got, want) {
 		t.Fatalf("after re-creating add: %v, want %v", got, want)
 	}
 	if s := saveText(t, node, IPv4, ModeNFT); !strings.Contains(s, "ISTIO_POSTRT") {
@@ -217,7 +215,7 @@ func TestProbeSetsRobust(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if got := probeSets(t, node)["10.0.0.7"]; got != cur {
+		if got := probeSets(t, m, node)["10.0.0.7"]; got != cur {
 			t.Fatalf("round %d: reused IP's entry %q, want %q", i, got, cur)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -284,8 +285,9 @@ func TestProcessBudget(t *testing.T) {
 	}
 }
 
-// TestDetectMode: auto follows the variant that holds rules in the current
-// namespace (the node's), nft when neither or both hold the same count.
+// TestDetectMode: the iptables variant auto falls back to (no nftables)
+// follows the one that holds rules in the current namespace (the node's),
+// nft when neither or both hold the same count.
 func TestDetectMode(t *testing.T) {
 	requireTools(t)
 	tests := []struct {
@@ -310,10 +312,9 @@ func TestDetectMode(t *testing.T) {
 			}
 			var got Mode
 			err := node.Do(func(ns.NetNS) error {
-				m, err := NewManager(testCtx(t), Config{}, nil)
-				if err == nil {
-					got = m.Mode()
-				}
+				m := &Manager{cfg: Config{}.withDefaults(), log: slog.New(slog.DiscardHandler)}
+				var err error
+				got, err = m.detect(testCtx(t))
 				return err
 			})
 			if err != nil || got != tt.want {

@@ -1,0 +1,572 @@
+package iptables
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// nftBackend programs Istio's native-nftables layout over netlink
+// (github.com/google/nftables): no process is spawned. Apply and delete are
+// one netlink transaction each, which the kernel commits atomically (a
+// failed transaction leaves the rules as they were); verify is one read of
+// our tables compared expression by expression.
+type nftBackend struct {
+	cfg        Config
+	log        *slog.Logger
+	kubeletUID uint32
+}
+
+const inet = nftables.TableFamilyINet
+
+// newNFTables checks that nf_tables answers in the current namespace and
+// resolves the kubelet uid for the host rule.
+func newNFTables(ctx context.Context, cfg Config, log *slog.Logger) (*nftBackend, error) {
+	n := &nftBackend{cfg: cfg, log: log}
+	err := n.with(func(c *nftables.Conn) error {
+		_, err := c.ListTablesOfFamily(inet)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	if cfg.KubeletUID != nil {
+		n.kubeletUID = *cfg.KubeletUID
+	} else {
+		uid, err := findKubeletUID(cfg.HostProc)
+		if err != nil {
+			log.Debug("kubelet not found; probe SNAT keyed on uid 0", "err", err)
+		}
+		n.kubeletUID = uid
+	}
+	return n, ctx.Err()
+}
+
+func (n *nftBackend) name() Mode { return ModeNFTables }
+
+// with opens one netlink socket in the calling thread's namespace for the
+// whole operation.
+func (n *nftBackend) with(fn func(c *nftables.Conn) error) error {
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer c.CloseLasting()
+	return fn(c)
+}
+
+// --- reading ------------------------------------------------------------
+
+type nftTableState struct {
+	table  *nftables.Table
+	chains []*nftables.Chain
+	rules  map[string][]*nftables.Rule
+	sets   []string
+}
+
+// readNFT reads the given tables of ours that exist: chains, rules and set
+// names. One dump lists the tables; for those present, one dump of the
+// family's chains and one per chain of rules.
+func readNFT(c *nftables.Conn, names []string) (map[string]*nftTableState, error) {
+	tables, err := c.ListTablesOfFamily(inet)
+	if err != nil {
+		return nil, fmt.Errorf("listing inet tables: %w", err)
+	}
+	st := map[string]*nftTableState{}
+	for _, t := range tables {
+		if slices.Contains(names, t.Name) {
+			st[t.Name] = &nftTableState{table: t, rules: map[string][]*nftables.Rule{}}
+		}
+	}
+	if len(st) == 0 {
+		return st, nil
+	}
+	chains, err := c.ListChainsOfTableFamily(inet)
+	if err != nil {
+		return nil, fmt.Errorf("listing inet chains: %w", err)
+	}
+	for _, ch := range chains {
+		ts := st[ch.Table.Name]
+		if ts == nil {
+			continue
+		}
+		ts.chains = append(ts.chains, ch)
+		rules, err := c.GetRules(ts.table, ch)
+		if err != nil {
+			return nil, fmt.Errorf("listing rules of %s %s: %w", ch.Table.Name, ch.Name, err)
+		}
+		ts.rules[ch.Name] = rules
+	}
+	for name, ts := range st {
+		sets, err := c.GetSets(ts.table)
+		if err != nil {
+			return nil, fmt.Errorf("listing sets of %s: %w", name, err)
+		}
+		for _, s := range sets {
+			ts.sets = append(ts.sets, s.Name)
+		}
+	}
+	return st, nil
+}
+
+// exprKey is a rule's expressions as the kernel encodes them (counter values
+// zeroed), so a wanted rule and one read back compare byte for byte.
+func exprKey(exprs []expr.Any) (string, error) {
+	var b bytes.Buffer
+	for _, e := range exprs {
+		switch v := e.(type) {
+		case *expr.Counter:
+			e = &expr.Counter{}
+		case *expr.Ct:
+			// The library reads a ct set back without its source
+			// register; compare sets as (key, direction) only.
+			if v.SourceRegister {
+				e = &expr.Ct{Key: v.Key, Direction: v.Direction}
+			}
+		}
+		data, err := expr.Marshal(byte(inet), e)
+		if err != nil {
+			return "", fmt.Errorf("encoding %T: %w", e, err)
+		}
+		b.Write(data)
+	}
+	return b.String(), nil
+}
+
+func sameBase(have *nftables.Chain, want NFTChain) bool {
+	if !want.base() {
+		return have.Hooknum == nil
+	}
+	return have.Hooknum != nil && *have.Hooknum == *want.Hook && have.Type == want.Type &&
+		have.Priority != nil && int32(*have.Priority) == want.Priority
+}
+
+// diff compares the wanted set with what was read: tables, sets (by name),
+// chains (with their hooks), and each chain's rules in order.
+func (rs NFTRuleSet) diff(st map[string]*nftTableState) (Drift, error) {
+	var d Drift
+	for _, t := range rs.Tables {
+		prefix := "nft inet " + t.Name
+		ts := st[t.Name]
+		if ts == nil {
+			d.Missing = append(d.Missing, "nft add table inet "+t.Name)
+			ts = &nftTableState{rules: map[string][]*nftables.Rule{}}
+		}
+		for _, s := range t.Sets {
+			if !slices.Contains(ts.sets, s.Name) {
+				d.Missing = append(d.Missing, prefix+": set "+s.Name)
+			}
+		}
+		have := map[string]*nftables.Chain{}
+		for _, ch := range ts.chains {
+			have[ch.Name] = ch
+			if !slices.ContainsFunc(t.Chains, func(c NFTChain) bool { return c.Name == ch.Name }) {
+				d.Unexpected = append(d.Unexpected, prefix+": chain "+ch.Name)
+			}
+		}
+		for _, c := range t.Chains {
+			hc := have[c.Name]
+			switch {
+			case hc == nil:
+				d.Missing = append(d.Missing, prefix+": chain "+c.Name)
+			case !sameBase(hc, c):
+				d.Unexpected = append(d.Unexpected, prefix+": chain "+c.Name+" has another type, hook or priority")
+			}
+			var want, got []string
+			text := map[string]string{}
+			for _, r := range t.Rules {
+				if r.Chain != c.Name {
+					continue
+				}
+				k, err := exprKey(r.exprs())
+				if err != nil {
+					return d, err
+				}
+				want = append(want, k)
+				text[k] = r.Text()
+			}
+			handles := map[string][]uint64{}
+			for _, r := range ts.rules[c.Name] {
+				k, err := exprKey(r.Exprs)
+				if err != nil {
+					return d, err
+				}
+				got = append(got, k)
+				handles[k] = append(handles[k], r.Handle)
+			}
+			m, u := multisetDiff(want, got)
+			for _, k := range m {
+				d.Missing = append(d.Missing, prefix+" "+c.Name+": "+text[k])
+			}
+			for _, k := range u {
+				line := fmt.Sprintf("%s %s: rule handle %d", prefix, c.Name, handles[k][0])
+				if t, ok := text[k]; ok {
+					line += " (duplicate) " + t
+				}
+				handles[k] = handles[k][1:]
+				d.Unexpected = append(d.Unexpected, line)
+			}
+			if len(m) == 0 && len(u) == 0 && !slices.Equal(want, got) {
+				d.Unexpected = append(d.Unexpected, prefix+" "+c.Name+": rules out of order")
+			}
+		}
+	}
+	return d, nil
+}
+
+// --- writing ------------------------------------------------------------
+
+// converge makes the tables of rs exactly rs in one transaction, unless they
+// already are (then nothing is written). Existing tables of ours are kept
+// with their sets (and set elements); their chains are flushed and deleted
+// and ours recreated, all inside the one atomic commit, so packets see the
+// old rules or the new ones, never none.
+func (n *nftBackend) converge(c *nftables.Conn, rs NFTRuleSet) (bool, error) {
+	st, err := readNFT(c, rs.TableNames())
+	if err != nil {
+		return false, err
+	}
+	if len(st) > 0 {
+		d, err := rs.diff(st)
+		if err != nil || d.Empty() {
+			return false, err
+		}
+	}
+	for _, t := range rs.Tables {
+		table := c.AddTable(&nftables.Table{Name: t.Name, Family: inet})
+		ts := st[t.Name]
+		if ts != nil {
+			for _, ch := range ts.chains {
+				c.FlushChain(ch)
+			}
+			for _, ch := range ts.chains {
+				c.DelChain(ch)
+			}
+		}
+		for _, s := range t.Sets {
+			if ts != nil && slices.Contains(ts.sets, s.Name) {
+				continue
+			}
+			set := probeNFTSet(table, s.V6)
+			if err := c.AddSet(set, nil); err != nil {
+				return false, fmt.Errorf("set %s: %w", s.Name, err)
+			}
+		}
+		chains := map[string]*nftables.Chain{}
+		for _, ch := range t.Chains {
+			nc := &nftables.Chain{Name: ch.Name, Table: table}
+			if ch.base() {
+				prio := nftables.ChainPriority(ch.Priority)
+				policy := nftables.ChainPolicyAccept
+				nc.Type, nc.Hooknum, nc.Priority, nc.Policy = ch.Type, ch.Hook, &prio, &policy
+			}
+			chains[ch.Name] = c.AddChain(nc)
+		}
+		for _, r := range t.Rules {
+			c.AddRule(&nftables.Rule{Table: table, Chain: chains[r.Chain], Exprs: r.exprs()})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return false, fmt.Errorf("nftables transaction: %w", err)
+	}
+	return true, nil
+}
+
+func probeNFTSet(table *nftables.Table, v6 bool) *nftables.Set {
+	s := &nftables.Set{Table: table, Name: ProbeSetV4, KeyType: nftables.TypeIPAddr, Comment: probeSetComment}
+	if v6 {
+		s.Name, s.KeyType = ProbeSetV6, nftables.TypeIP6Addr
+	}
+	return s
+}
+
+// remove deletes the named tables that exist, in one transaction.
+func (n *nftBackend) remove(c *nftables.Conn, names []string) error {
+	tables, err := c.ListTablesOfFamily(inet)
+	if err != nil {
+		return fmt.Errorf("listing inet tables: %w", err)
+	}
+	del := 0
+	for _, t := range tables {
+		if slices.Contains(names, t.Name) {
+			c.DelTable(t)
+			del++
+		}
+	}
+	if del == 0 {
+		return nil
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables transaction: %w", err)
+	}
+	return nil
+}
+
+func (n *nftBackend) holdsAny(names ...string) (bool, error) {
+	var held bool
+	err := n.with(func(c *nftables.Conn) error {
+		tables, err := c.ListTablesOfFamily(inet)
+		for _, t := range tables {
+			held = held || slices.Contains(names, t.Name)
+		}
+		return err
+	})
+	return held, err
+}
+
+var podNFTTables = []string{NFTTableNat, NFTTableMangle, NFTTableRaw}
+
+func (n *nftBackend) applyPod(ctx context.Context, opts PodOptions) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return n.with(func(c *nftables.Conn) error {
+		_, err := n.converge(c, BuildPodRulesNFT(n.cfg, opts))
+		return err
+	})
+}
+
+func (n *nftBackend) verifyPod(ctx context.Context, opts PodOptions) (Drift, error) {
+	return n.verify(ctx, BuildPodRulesNFT(n.cfg, opts))
+}
+
+func (n *nftBackend) verify(ctx context.Context, rs NFTRuleSet) (Drift, error) {
+	var d Drift
+	if err := ctx.Err(); err != nil {
+		return d, err
+	}
+	err := n.with(func(c *nftables.Conn) error {
+		st, err := readNFT(c, rs.TableNames())
+		if err != nil {
+			return err
+		}
+		d, err = rs.diff(st)
+		return err
+	})
+	return d, err
+}
+
+func (n *nftBackend) deletePod(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return n.with(func(c *nftables.Conn) error { return n.remove(c, podNFTTables) })
+}
+
+func (n *nftBackend) holdsPod(context.Context) (bool, error) { return n.holdsAny(podNFTTables...) }
+
+// --- host ---------------------------------------------------------------
+
+func (n *nftBackend) hostRules() NFTRuleSet { return BuildHostRulesNFT(n.cfg, n.kubeletUID) }
+
+func (n *nftBackend) ensureHost(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return n.with(func(c *nftables.Conn) error {
+		if _, err := n.converge(c, n.hostRules()); err != nil {
+			return fmt.Errorf("host probe rules: %w", err)
+		}
+		return nil
+	})
+}
+
+func (n *nftBackend) verifyHost(ctx context.Context) (Drift, error) {
+	return n.verify(ctx, n.hostRules())
+}
+
+func (n *nftBackend) deleteHost(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return n.with(func(c *nftables.Conn) error { return n.remove(c, []string{NFTTableNat}) })
+}
+
+func (n *nftBackend) holdsHost(context.Context) (bool, error) { return n.holdsAny(NFTTableNat) }
+
+// nftStore is the probe sets as nftables sets in the node's nat table
+// (element comment = pod uid).
+type nftStore struct {
+	c     *nftables.Conn
+	table *nftables.Table
+}
+
+func (n *nftBackend) probes() (probeStore, func(), error) {
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return nil, nil, fmt.Errorf("netlink: %w", err)
+	}
+	return nftStore{c: c, table: &nftables.Table{Name: NFTTableNat, Family: inet}}, func() { _ = c.CloseLasting() }, nil
+}
+
+func (s nftStore) set(f Family) *nftables.Set { return probeNFTSet(s.table, f == IPv6) }
+
+func noSet(err error) error {
+	if errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("%w: %w", errNoSet, err)
+	}
+	return err
+}
+
+func (s nftStore) list(f Family) (map[netip.Addr]string, error) {
+	set, err := s.c.GetSetByName(s.table, f.probeSet())
+	if err != nil {
+		return nil, fmt.Errorf("listing nft set %s: %w", f.probeSet(), noSet(err))
+	}
+	elems, err := s.c.GetSetElements(set)
+	if err != nil {
+		return nil, fmt.Errorf("listing nft set %s: %w", f.probeSet(), noSet(err))
+	}
+	out := make(map[netip.Addr]string, len(elems))
+	for _, e := range elems {
+		if a, ok := netip.AddrFromSlice(e.Key); ok {
+			out[a.Unmap()] = e.Comment
+		}
+	}
+	return out, nil
+}
+
+// add puts the element in; relabelling is a delete and an add in the same
+// transaction (an add of an existing element keeps its old comment).
+func (s nftStore) add(f Family, ip netip.Addr, uid string, relabel bool) error {
+	set := s.set(f)
+	if relabel {
+		if err := s.c.SetDeleteElements(set, []nftables.SetElement{{Key: ip.AsSlice()}}); err != nil {
+			return err
+		}
+	}
+	if err := s.c.SetAddElements(set, []nftables.SetElement{{Key: ip.AsSlice(), Comment: uid}}); err != nil {
+		return err
+	}
+	if err := s.c.Flush(); err != nil {
+		return fmt.Errorf("adding %s (pod %s) to nft set %s: %w", ip, uid, f.probeSet(), noSet(err))
+	}
+	return nil
+}
+
+func (s nftStore) del(f Family, ip netip.Addr) error {
+	if err := s.c.SetDeleteElements(s.set(f), []nftables.SetElement{{Key: ip.AsSlice()}}); err != nil {
+		return err
+	}
+	if err := s.c.Flush(); err != nil {
+		return fmt.Errorf("removing %s from nft set %s: %w", ip, f.probeSet(), noSet(err))
+	}
+	return nil
+}
+
+// --- environment --------------------------------------------------------
+
+// nftablesSupported checks, with one transaction that creates and deletes a
+// scratch table (the commit nets out to nothing), that the kernel accepts
+// what our rules need: inet nat chains, redirect, conntrack mark and zone,
+// a set lookup and SNAT.
+func nftablesSupported() error {
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer c.CloseLasting()
+	t := c.AddTable(&nftables.Table{Name: "ambientd-probe-" + strconv.Itoa(os.Getpid()), Family: inet})
+	set := probeNFTSet(t, false)
+	if err := c.AddSet(set, nil); err != nil {
+		return err
+	}
+	prio := nftables.ChainPriority(nftPrioritySrcNAT)
+	post := c.AddChain(&nftables.Chain{Name: "post", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: &prio})
+	out := c.AddChain(&nftables.Chain{Name: "out", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest})
+	for _, r := range []struct {
+		chain *nftables.Chain
+		stmts []nftStmt
+	}{
+		{out, []nftStmt{port("tcp", "dport", true, 1), mark(true, ProxyMark), counter(), redirect(OutboundPort)}},
+		{out, []nftStmt{ctmark(ConnMark), restoreMark()}},
+		{out, []nftStmt{setConnmark(), ctZone(1)}},
+		{post, []nftStmt{skuid(0), inSet(IPv4, ProbeSetV4), snatTo(ProbeSNATv4)}},
+	} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: r.chain, Exprs: NFTRule{stmts: r.stmts}.exprs()})
+	}
+	c.DelTable(t)
+	return c.Flush()
+}
+
+// findKubeletUID returns the uid of the kubelet-hosting process (kubelet,
+// MicroK8s' kubelite, k3s) found in procDir, as Istio keys its nft probe
+// SNAT; 0 when none is found.
+func findKubeletUID(procDir string) (uint32, error) {
+	entries, err := os.ReadDir(procDir)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: %w", procDir, err)
+	}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		dir := filepath.Join(procDir, e.Name())
+		comm, err := os.ReadFile(filepath.Join(dir, "comm"))
+		if err != nil {
+			continue
+		}
+		switch strings.TrimSpace(string(comm)) {
+		case "kubelet", "kubelite":
+			cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+			if err != nil || !strings.Contains(strings.ToLower(string(cmdline)), "kubelet") {
+				continue
+			}
+		case "k3s":
+		default:
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join(dir, "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+				if f := strings.Fields(rest); len(f) > 0 {
+					if uid, err := strconv.ParseUint(f[0], 10, 32); err == nil {
+						return uint32(uid), nil
+					}
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("no kubelet process in %s", procDir)
+}
+
+// iptablesNFTChains reports whether iptables-nft holds any of chains in its
+// ip/ip6 tables of the current namespace, read over netlink (no process).
+func iptablesNFTChains(fams []Family, chains ...string) (bool, error) {
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return false, fmt.Errorf("netlink: %w", err)
+	}
+	defer c.CloseLasting()
+	for _, f := range fams {
+		fam := nftables.TableFamilyIPv4
+		if f == IPv6 {
+			fam = nftables.TableFamilyIPv6
+		}
+		list, err := c.ListChainsOfTableFamily(fam)
+		if err != nil {
+			return false, fmt.Errorf("listing %s chains: %w", f, err)
+		}
+		for _, ch := range list {
+			if slices.Contains(chains, ch.Name) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
