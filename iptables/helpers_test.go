@@ -18,6 +18,9 @@ import (
 
 var modes = []Mode{ModeLegacy, ModeNFT}
 
+// allModes adds the native nftables backend to the iptables variants.
+var allModes = []Mode{ModeLegacy, ModeNFT, ModeNFTables}
+
 func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)

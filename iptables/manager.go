@@ -102,7 +102,6 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-
 // Manager applies, verifies and deletes rule sets with the backend chosen
 // once at construction. It holds no per-pod state and is safe for
 // concurrent use.

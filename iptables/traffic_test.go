@@ -290,7 +290,7 @@ func ask(n ns.NetNS, network string, dst netip.AddrPort, o dialOpts) (string, er
 
 func TestTrafficCapture(t *testing.T) {
 	requireTools(t)
-	for _, mode := range modes {
+	for _, mode := range allModes {
 		for _, mark := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/listener-mark=%v", mode, mark), func(t *testing.T) {
 				testTraffic(t, mode, mark)

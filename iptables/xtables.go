@@ -228,7 +228,6 @@ func (x *xtables) verify(ctx context.Context, rs RuleSet) (Drift, error) {
 	return d, nil
 }
 
-
 // --- backend ------------------------------------------------------------
 
 func (x *xtables) applyPod(ctx context.Context, opts PodOptions) error {
