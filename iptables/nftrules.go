@@ -265,7 +265,7 @@ func snatTo(a netip.Addr) nftStmt {
 	}
 	return stmt(fmt.Sprintf("snat %s to %s", ip, a),
 		&expr.Immediate{Register: 1, Data: a.AsSlice()},
-		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: fam, RegAddrMin: 1})
+		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: fam, RegAddrMin: 1, RegAddrMax: 1}) // max = min, as read back
 }
 
 func hex8(v uint32) string { return fmt.Sprintf("0x%08x", v) }
