@@ -3,6 +3,7 @@ package iptables
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -72,42 +74,44 @@ func (n *nftBackend) with(fn func(c *nftables.Conn) error) error {
 type nftTableState struct {
 	table  *nftables.Table
 	chains []*nftables.Chain
-	rules  map[string][]*nftables.Rule
+	rules  map[string][]ruleRead // chain -> rules in order
 	sets   []string
 }
 
-// readNFT reads the given tables of ours that exist: chains, rules and set
-// names. One dump lists the tables; for those present, one dump of the
-// family's chains and one per chain of rules.
-func readNFT(c *nftables.Conn, names []string) (map[string]*nftTableState, error) {
-	tables, err := c.ListTablesOfFamily(inet)
-	if err != nil {
-		return nil, fmt.Errorf("listing inet tables: %w", err)
-	}
-	st := map[string]*nftTableState{}
-	for _, t := range tables {
-		if slices.Contains(names, t.Name) {
-			st[t.Name] = &nftTableState{table: t, rules: map[string][]*nftables.Rule{}}
-		}
-	}
-	if len(st) == 0 {
-		return st, nil
-	}
+// ruleRead is a rule as read back: its handle and its expressions' key.
+type ruleRead struct {
+	handle uint64
+	key    string
+}
+
+// readNFT reads the given tables of ours that exist (that have a chain):
+// chains, rules and (withSets) set names. One dump lists the family's
+// chains; when any is ours, one dump reads every rule of the family.
+func readNFT(c *nftables.Conn, names []string, withSets bool) (map[string]*nftTableState, error) {
 	chains, err := c.ListChainsOfTableFamily(inet)
 	if err != nil {
 		return nil, fmt.Errorf("listing inet chains: %w", err)
 	}
+	st := map[string]*nftTableState{}
 	for _, ch := range chains {
-		ts := st[ch.Table.Name]
-		if ts == nil {
+		if !slices.Contains(names, ch.Table.Name) {
 			continue
 		}
-		ts.chains = append(ts.chains, ch)
-		rules, err := c.GetRules(ts.table, ch)
-		if err != nil {
-			return nil, fmt.Errorf("listing rules of %s %s: %w", ch.Table.Name, ch.Name, err)
+		ts := st[ch.Table.Name]
+		if ts == nil {
+			ts = &nftTableState{table: ch.Table, rules: map[string][]ruleRead{}}
+			st[ch.Table.Name] = ts
 		}
-		ts.rules[ch.Name] = rules
+		ts.chains = append(ts.chains, ch)
+	}
+	if len(st) == 0 {
+		return st, nil
+	}
+	if err := dumpRules(st); err != nil {
+		return nil, err
+	}
+	if !withSets {
+		return st, nil
 	}
 	for name, ts := range st {
 		sets, err := c.GetSets(ts.table)
@@ -119,6 +123,125 @@ func readNFT(c *nftables.Conn, names []string) (map[string]*nftTableState, error
 		}
 	}
 	return st, nil
+}
+
+// dumpRules reads every rule of the inet family with one netlink dump (the
+// library dumps one chain per request) and files those of st's tables.
+func dumpRules(st map[string]*nftTableState) error {
+	conn, err := mnl.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer conn.Close()
+	msgs, err := conn.Execute(mnl.Message{
+		Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE), Flags: mnl.Request | mnl.Dump},
+		Data:   []byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return fmt.Errorf("dumping inet rules: %w", err)
+	}
+	for _, msg := range msgs {
+		if len(msg.Data) < 4 {
+			continue
+		}
+		table, chain, r, err := parseRule(msg.Data[4:])
+		if err != nil {
+			return fmt.Errorf("parsing a rule of %s %s: %w", table, chain, err)
+		}
+		if ts := st[table]; ts != nil {
+			ts.rules[chain] = append(ts.rules[chain], r)
+		}
+	}
+	return nil
+}
+
+// parseRule decodes one NFT_MSG_NEWRULE message. Expressions are decoded
+// with the library's types and re-encoded for the key, so a rule compares
+// equal to the one we would send; an expression of a kind we never use is
+// kept as its raw bytes (it can only match nothing of ours).
+func parseRule(b []byte) (table, chain string, r ruleRead, err error) {
+	ad, err := mnl.NewAttributeDecoder(b)
+	if err != nil {
+		return "", "", r, err
+	}
+	ad.ByteOrder = binary.BigEndian
+	var exprs []expr.Any
+	var opaque bytes.Buffer
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_RULE_TABLE:
+			table = ad.String()
+		case unix.NFTA_RULE_CHAIN:
+			chain = ad.String()
+		case unix.NFTA_RULE_HANDLE:
+			r.handle = ad.Uint64()
+		case unix.NFTA_RULE_EXPRESSIONS:
+			ad.Nested(func(list *mnl.AttributeDecoder) error {
+				for list.Next() {
+					list.Nested(func(e *mnl.AttributeDecoder) error {
+						var name string
+						for e.Next() {
+							switch e.Type() {
+							case unix.NFTA_EXPR_NAME:
+								name = e.String()
+							case unix.NFTA_EXPR_DATA:
+								x := newExpr(name)
+								if x == nil {
+									fmt.Fprintf(&opaque, "%s:%x;", name, e.Bytes())
+									continue
+								}
+								if err := expr.Unmarshal(byte(inet), e.Bytes(), x); err != nil {
+									return fmt.Errorf("expression %s: %w", name, err)
+								}
+								if imm, ok := x.(*expr.Immediate); ok && imm.Register == unix.NFT_REG_VERDICT && len(imm.Data) == 0 {
+									x = &expr.Verdict{}
+									if err := expr.Unmarshal(byte(inet), e.Bytes(), x); err != nil {
+										return fmt.Errorf("verdict: %w", err)
+									}
+								}
+								exprs = append(exprs, x)
+							}
+						}
+						return nil
+					})
+				}
+				return nil
+			})
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return table, chain, r, err
+	}
+	key, err := exprKey(exprs)
+	r.key = key + opaque.String()
+	return table, chain, r, err
+}
+
+// newExpr returns an empty expression of the kinds our rules use.
+func newExpr(name string) expr.Any {
+	switch name {
+	case "meta":
+		return &expr.Meta{}
+	case "cmp":
+		return &expr.Cmp{}
+	case "payload":
+		return &expr.Payload{}
+	case "bitwise":
+		return &expr.Bitwise{}
+	case "counter":
+		return &expr.Counter{}
+	case "immediate":
+		return &expr.Immediate{}
+	case "redir":
+		return &expr.Redir{}
+	case "nat":
+		return &expr.NAT{}
+	case "ct":
+		return &expr.Ct{}
+	case "lookup":
+		return &expr.Lookup{}
+	}
+	return nil
 }
 
 // exprKey is a rule's expressions as the kernel encodes them (counter values
@@ -162,7 +285,7 @@ func (rs NFTRuleSet) diff(st map[string]*nftTableState) (Drift, error) {
 		ts := st[t.Name]
 		if ts == nil {
 			d.Missing = append(d.Missing, "nft add table inet "+t.Name)
-			ts = &nftTableState{rules: map[string][]*nftables.Rule{}}
+			ts = &nftTableState{rules: map[string][]ruleRead{}}
 		}
 		for _, s := range t.Sets {
 			if !slices.Contains(ts.sets, s.Name) {
@@ -199,12 +322,8 @@ func (rs NFTRuleSet) diff(st map[string]*nftTableState) (Drift, error) {
 			}
 			handles := map[string][]uint64{}
 			for _, r := range ts.rules[c.Name] {
-				k, err := exprKey(r.Exprs)
-				if err != nil {
-					return d, err
-				}
-				got = append(got, k)
-				handles[k] = append(handles[k], r.Handle)
+				got = append(got, r.key)
+				handles[r.key] = append(handles[r.key], r.handle)
 			}
 			m, u := multisetDiff(want, got)
 			for _, k := range m {
@@ -234,7 +353,7 @@ func (rs NFTRuleSet) diff(st map[string]*nftTableState) (Drift, error) {
 // and ours recreated, all inside the one atomic commit, so packets see the
 // old rules or the new ones, never none.
 func (n *nftBackend) converge(c *nftables.Conn, rs NFTRuleSet) (bool, error) {
-	st, err := readNFT(c, rs.TableNames())
+	st, err := readNFT(c, rs.TableNames(), rs.hasSets())
 	if err != nil {
 		return false, err
 	}
@@ -348,7 +467,7 @@ func (n *nftBackend) verify(ctx context.Context, rs NFTRuleSet) (Drift, error) {
 		return d, err
 	}
 	err := n.with(func(c *nftables.Conn) error {
-		st, err := readNFT(c, rs.TableNames())
+		st, err := readNFT(c, rs.TableNames(), rs.hasSets())
 		if err != nil {
 			return err
 		}
@@ -546,26 +665,29 @@ func findKubeletUID(procDir string) (uint32, error) {
 }
 
 // iptablesNFTChains reports whether iptables-nft holds any of chains in its
-// ip/ip6 tables of the current namespace, read over netlink (no process).
+// ip/ip6 tables of the current namespace, read over netlink (one dump of
+// every family's chains, no process).
 func iptablesNFTChains(fams []Family, chains ...string) (bool, error) {
 	c, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return false, fmt.Errorf("netlink: %w", err)
 	}
 	defer c.CloseLasting()
-	for _, f := range fams {
-		fam := nftables.TableFamilyIPv4
-		if f == IPv6 {
-			fam = nftables.TableFamilyIPv6
+	list, err := c.ListChainsOfTableFamily(nftables.TableFamilyUnspecified)
+	if err != nil {
+		return false, fmt.Errorf("listing chains: %w", err)
+	}
+	for _, ch := range list {
+		fam := IPv4
+		switch ch.Table.Family {
+		case nftables.TableFamilyIPv4:
+		case nftables.TableFamilyIPv6:
+			fam = IPv6
+		default:
+			continue
 		}
-		list, err := c.ListChainsOfTableFamily(fam)
-		if err != nil {
-			return false, fmt.Errorf("listing %s chains: %w", f, err)
-		}
-		for _, ch := range list {
-			if slices.Contains(chains, ch.Name) {
-				return true, nil
-			}
+		if slices.Contains(fams, fam) && slices.Contains(chains, ch.Name) {
+			return true, nil
 		}
 	}
 	return false, nil

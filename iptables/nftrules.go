@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -94,6 +95,10 @@ type NFTTable struct {
 // data: render it, compare it, apply it.
 type NFTRuleSet struct {
 	Tables []NFTTable
+}
+
+func (rs NFTRuleSet) hasSets() bool {
+	return slices.ContainsFunc(rs.Tables, func(t NFTTable) bool { return len(t.Sets) > 0 })
 }
 
 // TableNames lists the set's tables.
