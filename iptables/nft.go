@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -29,6 +30,67 @@ type nftBackend struct {
 	cfg        Config
 	log        *slog.Logger
 	kubeletUID uint32
+	cache      *nftCache
+}
+
+// nftCache keeps what verification would otherwise recompute for every pod:
+// the wanted rule sets with their keys (per pod options) and the key of each
+// rule encoding read back from the kernel (bounded), so a steady-state
+// verify only walks the dump.
+type nftCache struct {
+	mu   sync.Mutex
+	sets map[PodOptions]NFTRuleSet
+	host *NFTRuleSet
+	raw  map[string]string
+}
+
+const maxRawKeys = 4096
+
+func (c *nftCache) rawKey(raw string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k, ok := c.raw[raw]
+	return k, ok
+}
+
+func (c *nftCache) putRaw(raw, key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.raw) < maxRawKeys {
+		c.raw[raw] = key
+	}
+}
+
+// withKeys fills every rule's key.
+func withKeys(rs NFTRuleSet) (NFTRuleSet, error) {
+	for ti := range rs.Tables {
+		for ri := range rs.Tables[ti].Rules {
+			r := &rs.Tables[ti].Rules[ri]
+			k, err := exprKey(r.exprs())
+			if err != nil {
+				return rs, err
+			}
+			r.key = k
+		}
+	}
+	return rs, nil
+}
+
+func (n *nftBackend) podRules(opts PodOptions) (NFTRuleSet, error) {
+	n.cache.mu.Lock()
+	rs, ok := n.cache.sets[opts]
+	n.cache.mu.Unlock()
+	if ok {
+		return rs, nil
+	}
+	rs, err := withKeys(BuildPodRulesNFT(n.cfg, opts))
+	if err != nil {
+		return rs, err
+	}
+	n.cache.mu.Lock()
+	n.cache.sets[opts] = rs
+	n.cache.mu.Unlock()
+	return rs, nil
 }
 
 const inet = nftables.TableFamilyINet
@@ -36,7 +98,7 @@ const inet = nftables.TableFamilyINet
 // newNFTables checks that nf_tables answers in the current namespace and
 // resolves the kubelet uid for the host rule.
 func newNFTables(ctx context.Context, cfg Config, log *slog.Logger) (*nftBackend, error) {
-	n := &nftBackend{cfg: cfg, log: log}
+	n := &nftBackend{cfg: cfg, log: log, cache: &nftCache{sets: map[PodOptions]NFTRuleSet{}, raw: map[string]string{}}}
 	err := n.with(func(c *nftables.Conn) error {
 		_, err := c.ListTablesOfFamily(inet)
 		return err
@@ -87,7 +149,7 @@ type ruleRead struct {
 // readNFT reads the given tables of ours that exist (that have a chain):
 // chains, rules and (withSets) set names. One dump lists the family's
 // chains; when any is ours, one dump reads every rule of the family.
-func readNFT(c *nftables.Conn, names []string, withSets bool) (map[string]*nftTableState, error) {
+func readNFT(c *nftables.Conn, names []string, withSets bool, cache *nftCache) (map[string]*nftTableState, error) {
 	chains, err := c.ListChainsOfTableFamily(inet)
 	if err != nil {
 		return nil, fmt.Errorf("listing inet chains: %w", err)
@@ -107,7 +169,7 @@ func readNFT(c *nftables.Conn, names []string, withSets bool) (map[string]*nftTa
 	if len(st) == 0 {
 		return st, nil
 	}
-	if err := dumpRules(st); err != nil {
+	if err := dumpRules(st, cache); err != nil {
 		return nil, err
 	}
 	if !withSets {
@@ -127,7 +189,7 @@ func readNFT(c *nftables.Conn, names []string, withSets bool) (map[string]*nftTa
 
 // dumpRules reads every rule of the inet family with one netlink dump (the
 // library dumps one chain per request) and files those of st's tables.
-func dumpRules(st map[string]*nftTableState) error {
+func dumpRules(st map[string]*nftTableState, cache *nftCache) error {
 	conn, err := mnl.Dial(unix.NETLINK_NETFILTER, nil)
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
@@ -144,7 +206,7 @@ func dumpRules(st map[string]*nftTableState) error {
 		if len(msg.Data) < 4 {
 			continue
 		}
-		table, chain, r, err := parseRule(msg.Data[4:])
+		table, chain, r, err := parseRule(msg.Data[4:], cache)
 		if err != nil {
 			return fmt.Errorf("parsing a rule of %s %s: %w", table, chain, err)
 		}
@@ -158,15 +220,20 @@ func dumpRules(st map[string]*nftTableState) error {
 // parseRule decodes one NFT_MSG_NEWRULE message. Expressions are decoded
 // with the library's types and re-encoded for the key, so a rule compares
 // equal to the one we would send; an expression of a kind we never use is
-// kept as its raw bytes (it can only match nothing of ours).
-func parseRule(b []byte) (table, chain string, r ruleRead, err error) {
+// kept as its raw bytes (it can only match nothing of ours). The key of an
+// encoding seen before comes from the cache.
+func parseRule(b []byte, cache *nftCache) (table, chain string, r ruleRead, err error) {
 	ad, err := mnl.NewAttributeDecoder(b)
 	if err != nil {
 		return "", "", r, err
 	}
 	ad.ByteOrder = binary.BigEndian
-	var exprs []expr.Any
-	var opaque bytes.Buffer
+	type elem struct {
+		name string
+		data []byte
+	}
+	var elems []elem
+	var raw strings.Builder
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_RULE_TABLE:
@@ -179,29 +246,21 @@ func parseRule(b []byte) (table, chain string, r ruleRead, err error) {
 			ad.Nested(func(list *mnl.AttributeDecoder) error {
 				for list.Next() {
 					list.Nested(func(e *mnl.AttributeDecoder) error {
-						var name string
+						var el elem
 						for e.Next() {
 							switch e.Type() {
 							case unix.NFTA_EXPR_NAME:
-								name = e.String()
+								el.name = e.String()
 							case unix.NFTA_EXPR_DATA:
-								x := newExpr(name)
-								if x == nil {
-									fmt.Fprintf(&opaque, "%s:%x;", name, e.Bytes())
-									continue
-								}
-								if err := expr.Unmarshal(byte(inet), e.Bytes(), x); err != nil {
-									return fmt.Errorf("expression %s: %w", name, err)
-								}
-								if imm, ok := x.(*expr.Immediate); ok && imm.Register == unix.NFT_REG_VERDICT && len(imm.Data) == 0 {
-									x = &expr.Verdict{}
-									if err := expr.Unmarshal(byte(inet), e.Bytes(), x); err != nil {
-										return fmt.Errorf("verdict: %w", err)
-									}
-								}
-								exprs = append(exprs, x)
+								el.data = e.Bytes()
 							}
 						}
+						elems = append(elems, el)
+						raw.WriteString(el.name)
+						if el.name != "counter" { // its values change
+							raw.Write(el.data)
+						}
+						raw.WriteByte(0)
 						return nil
 					})
 				}
@@ -212,9 +271,36 @@ func parseRule(b []byte) (table, chain string, r ruleRead, err error) {
 	if err := ad.Err(); err != nil {
 		return table, chain, r, err
 	}
+	if k, ok := cache.rawKey(raw.String()); ok {
+		r.key = k
+		return table, chain, r, nil
+	}
+	var exprs []expr.Any
+	var opaque bytes.Buffer
+	for _, el := range elems {
+		x := newExpr(el.name)
+		if x == nil {
+			fmt.Fprintf(&opaque, "%s:%x;", el.name, el.data)
+			continue
+		}
+		if err := expr.Unmarshal(byte(inet), el.data, x); err != nil {
+			return table, chain, r, fmt.Errorf("expression %s: %w", el.name, err)
+		}
+		if imm, ok := x.(*expr.Immediate); ok && imm.Register == unix.NFT_REG_VERDICT && len(imm.Data) == 0 {
+			x = &expr.Verdict{}
+			if err := expr.Unmarshal(byte(inet), el.data, x); err != nil {
+				return table, chain, r, fmt.Errorf("verdict: %w", err)
+			}
+		}
+		exprs = append(exprs, x)
+	}
 	key, err := exprKey(exprs)
+	if err != nil {
+		return table, chain, r, err
+	}
 	r.key = key + opaque.String()
-	return table, chain, r, err
+	cache.putRaw(raw.String(), r.key)
+	return table, chain, r, nil
 }
 
 // newExpr returns an empty expression of the kinds our rules use.
@@ -313,9 +399,12 @@ func (rs NFTRuleSet) diff(st map[string]*nftTableState) (Drift, error) {
 				if r.Chain != c.Name {
 					continue
 				}
-				k, err := exprKey(r.exprs())
-				if err != nil {
-					return d, err
+				k := r.key
+				if k == "" {
+					var err error
+					if k, err = exprKey(r.exprs()); err != nil {
+						return d, err
+					}
 				}
 				want = append(want, k)
 				text[k] = r.Text()
@@ -353,7 +442,7 @@ func (rs NFTRuleSet) diff(st map[string]*nftTableState) (Drift, error) {
 // and ours recreated, all inside the one atomic commit, so packets see the
 // old rules or the new ones, never none.
 func (n *nftBackend) converge(c *nftables.Conn, rs NFTRuleSet) (bool, error) {
-	st, err := readNFT(c, rs.TableNames(), rs.hasSets())
+	st, err := readNFT(c, rs.TableNames(), rs.hasSets(), n.cache)
 	if err != nil {
 		return false, err
 	}
@@ -451,14 +540,22 @@ func (n *nftBackend) applyPod(ctx context.Context, opts PodOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	rs, err := n.podRules(opts)
+	if err != nil {
+		return err
+	}
 	return n.with(func(c *nftables.Conn) error {
-		_, err := n.converge(c, BuildPodRulesNFT(n.cfg, opts))
+		_, err := n.converge(c, rs)
 		return err
 	})
 }
 
 func (n *nftBackend) verifyPod(ctx context.Context, opts PodOptions) (Drift, error) {
-	return n.verify(ctx, BuildPodRulesNFT(n.cfg, opts))
+	rs, err := n.podRules(opts)
+	if err != nil {
+		return Drift{}, err
+	}
+	return n.verify(ctx, rs)
 }
 
 func (n *nftBackend) verify(ctx context.Context, rs NFTRuleSet) (Drift, error) {
@@ -467,7 +564,7 @@ func (n *nftBackend) verify(ctx context.Context, rs NFTRuleSet) (Drift, error) {
 		return d, err
 	}
 	err := n.with(func(c *nftables.Conn) error {
-		st, err := readNFT(c, rs.TableNames(), rs.hasSets())
+		st, err := readNFT(c, rs.TableNames(), rs.hasSets(), n.cache)
 		if err != nil {
 			return err
 		}
@@ -488,7 +585,18 @@ func (n *nftBackend) holdsPod(context.Context) (bool, error) { return n.holdsAny
 
 // --- host ---------------------------------------------------------------
 
-func (n *nftBackend) hostRules() NFTRuleSet { return BuildHostRulesNFT(n.cfg, n.kubeletUID) }
+func (n *nftBackend) hostRules() NFTRuleSet {
+	n.cache.mu.Lock()
+	defer n.cache.mu.Unlock()
+	if n.cache.host == nil {
+		rs, err := withKeys(BuildHostRulesNFT(n.cfg, n.kubeletUID))
+		if err != nil {
+			return BuildHostRulesNFT(n.cfg, n.kubeletUID) // keys computed on use
+		}
+		n.cache.host = &rs
+	}
+	return *n.cache.host
+}
 
 func (n *nftBackend) ensureHost(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {

@@ -47,6 +47,7 @@ type nftStmt struct {
 type NFTRule struct {
 	Chain string
 	stmts []nftStmt
+	key   string // the expressions' encoding, filled by withKeys
 }
 
 // Text is the rule as `nft list` prints it (counters at zero).
