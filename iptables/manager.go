@@ -167,7 +167,7 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 // (another backend, only cleaned up) whatever families exist.
 func (m *Manager) newBackend(ctx context.Context, mode Mode, primary bool) (backend, error) {
 	if mode == ModeNFTables {
-		n, err := newNFTables(ctx, m.cfg, m.log)
+		n, err := newNFTables(ctx, m.cfg, m.log, primary)
 		if err == nil && primary {
 			m.log.Info("rule backend", "mode", string(mode), "kubelet_uid", n.kubeletUID)
 		}

@@ -95,9 +95,9 @@ func (n *nftBackend) podRules(opts PodOptions) (NFTRuleSet, error) {
 
 const inet = nftables.TableFamilyINet
 
-// newNFTables checks that nf_tables answers in the current namespace and
-// resolves the kubelet uid for the host rule.
-func newNFTables(ctx context.Context, cfg Config, log *slog.Logger) (*nftBackend, error) {
+// newNFTables checks that nf_tables answers in the current namespace and,
+// for the primary backend, resolves the kubelet uid for the host rule.
+func newNFTables(ctx context.Context, cfg Config, log *slog.Logger, primary bool) (*nftBackend, error) {
 	n := &nftBackend{cfg: cfg, log: log, cache: &nftCache{sets: map[PodOptions]NFTRuleSet{}, raw: map[string]string{}}}
 	err := n.with(func(c *nftables.Conn) error {
 		_, err := c.ListTablesOfFamily(inet)
@@ -106,12 +106,13 @@ func newNFTables(ctx context.Context, cfg Config, log *slog.Logger) (*nftBackend
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	if cfg.KubeletUID != nil {
+	switch {
+	case cfg.KubeletUID != nil:
 		n.kubeletUID = *cfg.KubeletUID
-	} else {
+	case primary:
 		uid, err := findKubeletUID(cfg.HostProc)
 		if err != nil {
-			log.Debug("kubelet not found; probe SNAT keyed on uid 0", "err", err)
+			log.Warn("kubelet process not found; nftables probe SNAT keyed on uid 0 (set the kubelet uid explicitly if it runs as another user)", "err", err)
 		}
 		n.kubeletUID = uid
 	}
