@@ -126,3 +126,23 @@ func ours(text string, rs RuleSet) map[string][]string {
 	}
 	return out
 }
+
+// checkDriftRepaired asserts VerifyPod names exactly the given drift, then
+// that ApplyPod repairs it.
+func checkDriftRepaired(t *testing.T, m *Manager, pod ns.NetNS, opts PodOptions, wantMissing, wantUnexpected []string) {
+	t.Helper()
+	ctx := testCtx(t)
+	d, err := m.VerifyPod(ctx, pod, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(d.Missing, wantMissing) || !slices.Equal(d.Unexpected, wantUnexpected) {
+		t.Fatalf("VerifyPod drift:\n%s\nwant missing %q\nwant unexpected %q", d, wantMissing, wantUnexpected)
+	}
+	if err := m.ApplyPod(ctx, pod, opts); err != nil {
+		t.Fatalf("repairing ApplyPod: %v", err)
+	}
+	if d, err := m.VerifyPod(ctx, pod, opts); err != nil || !d.Empty() {
+		t.Fatalf("VerifyPod after repair: %v, %s", err, d)
+	}
+}

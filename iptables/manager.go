@@ -258,20 +258,31 @@ func (m *Manager) ApplyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions)
 		if err := m.be.applyPod(ctx, opts); err != nil {
 			return err
 		}
-		for _, o := range m.others {
-			held, err := o.holdsPod(ctx)
-			if err != nil {
-				return fmt.Errorf("reading %s rules: %w", o.name(), err)
-			}
-			if held {
-				m.log.Info("removing our rules of another backend from the pod", "backend", string(o.name()), "netns", podNS.Path())
-				if err := o.deletePod(ctx); err != nil {
-					return fmt.Errorf("removing %s rules: %w", o.name(), err)
-				}
+		holding, err := m.othersHolding(ctx)
+		for _, o := range holding {
+			m.log.Info("removing our rules of another backend from the pod", "backend", string(o.name()), "netns", podNS.Path())
+			if err := o.deletePod(ctx); err != nil {
+				return fmt.Errorf("removing %s rules: %w", o.name(), err)
 			}
 		}
-		return nil
+		return err
 	})
+}
+
+// othersHolding returns the other backends that hold in-pod rules of ours in
+// the current namespace.
+func (m *Manager) othersHolding(ctx context.Context) ([]backend, error) {
+	var out []backend
+	for _, o := range m.others {
+		held, err := o.holdsPod(ctx)
+		if err != nil {
+			return out, fmt.Errorf("reading %s rules: %w", o.name(), err)
+		}
+		if held {
+			out = append(out, o)
+		}
+	}
+	return out, nil
 }
 
 // VerifyPod reports how the pod's rules and policy route differ from what
@@ -294,14 +305,12 @@ func (m *Manager) VerifyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions
 		if err != nil {
 			return err
 		}
-		for _, o := range m.others {
-			held, err := o.holdsPod(ctx)
-			if err != nil {
-				return fmt.Errorf("reading %s rules: %w", o.name(), err)
-			}
-			if held {
-				d.Unexpected = append(d.Unexpected, fmt.Sprintf("%s: our in-pod rules present in this backend too", o.name()))
-			}
+		holding, err := m.othersHolding(ctx)
+		for _, o := range holding {
+			d.Unexpected = append(d.Unexpected, fmt.Sprintf("%s: our in-pod rules present in this backend too", o.name()))
+		}
+		if err != nil {
+			return err
 		}
 		return nil
 	})

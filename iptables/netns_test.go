@@ -109,23 +109,10 @@ func testPodRules(t *testing.T, mode Mode, c goldenCase) {
 	nsRun(t, pod, tool(IPv4, mode, ""), append([]string{"-w", "-t", last.Table, "-D", last.Chain}, last.Args...)...)
 	nsRun(t, pod, tool(IPv4, mode, ""), "-w", "-t", "mangle", "-A", ChainPrerouting, "-p", "sctp", "-j", "ACCEPT")
 	nsRun(t, pod, "ip", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100")
-	d, err = m.VerifyPod(ctx, pod, c.opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantMissing := []string{"ip rule pref 32764 fwmark 0x111/0xfff lookup 100", "iptables -t " + last.Table + " " + last.Spec()}
-	wantUnexpected := []string{"iptables -t mangle -A ISTIO_PRERT -p sctp -j ACCEPT"}
-	if !reflect.DeepEqual(d.Missing, wantMissing) || !reflect.DeepEqual(d.Unexpected, wantUnexpected) {
-		t.Fatalf("VerifyPod drift:\n%s\nwant missing %q\nwant unexpected %q", d, wantMissing, wantUnexpected)
-	}
-
-	// Apply repairs it.
-	if err := m.ApplyPod(ctx, pod, c.opts); err != nil {
-		t.Fatalf("repairing ApplyPod: %v", err)
-	}
-	if d, err := m.VerifyPod(ctx, pod, c.opts); err != nil || !d.Empty() {
-		t.Fatalf("VerifyPod after repair: %v, %s", err, d)
-	}
+	// VerifyPod names exactly that; apply repairs it.
+	checkDriftRepaired(t, m, pod, c.opts,
+		[]string{"ip rule pref 32764 fwmark 0x111/0xfff lookup 100", "iptables -t " + last.Table + " " + last.Spec()},
+		[]string{"iptables -t mangle -A ISTIO_PRERT -p sctp -j ACCEPT"})
 
 	// Verify with other options reports the difference.
 	other := c.opts

@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 
@@ -137,23 +136,10 @@ func testNFTPodRules(t *testing.T, c goldenCase) {
 	nsRun(t, pod, "nft", "add", "rule", "inet", NFTTableMangle, nftChainPrerouting, "meta", "l4proto", "sctp", "accept")
 	stray := ruleHandle(t, pod, NFTTableMangle, nftChainPrerouting, "sctp")
 	nsRun(t, pod, "ip", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100")
-	d, err := m.VerifyPod(ctx, pod, c.opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantMissing := []string{"ip rule pref 32764 fwmark 0x111/0xfff lookup 100", "nft inet istio-ambient-nat istio-output: " + last.Text()}
-	wantUnexpected := []string{"nft inet istio-ambient-mangle istio-prerouting: rule handle " + stray}
-	if !slices.Equal(d.Missing, wantMissing) || !slices.Equal(d.Unexpected, wantUnexpected) {
-		t.Fatalf("VerifyPod drift:\n%s\nwant missing %q\nwant unexpected %q", d, wantMissing, wantUnexpected)
-	}
-
-	// Apply repairs it.
-	if err := m.ApplyPod(ctx, pod, c.opts); err != nil {
-		t.Fatalf("repairing ApplyPod: %v", err)
-	}
-	if d, err := m.VerifyPod(ctx, pod, c.opts); err != nil || !d.Empty() {
-		t.Fatalf("VerifyPod after repair: %v, %s", err, d)
-	}
+	// VerifyPod names exactly that; apply repairs it.
+	checkDriftRepaired(t, m, pod, c.opts,
+		[]string{"ip rule pref 32764 fwmark 0x111/0xfff lookup 100", "nft inet istio-ambient-nat istio-output: " + last.Text()},
+		[]string{"nft inet istio-ambient-mangle istio-prerouting: rule handle " + stray})
 	if got := nftList(t, pod, podNFTTables...); got != string(golden) {
 		t.Fatalf("nft list after repair differs from golden:\n%s", got)
 	}
@@ -178,7 +164,7 @@ func testNFTPodRules(t *testing.T, c goldenCase) {
 			t.Fatalf("policy route left after delete:\n%s", rules)
 		}
 	}
-	d, err = m.VerifyPod(ctx, pod, c.opts)
+	d, err := m.VerifyPod(ctx, pod, c.opts)
 	if err != nil || d.Empty() || len(d.Unexpected) != 0 {
 		t.Fatalf("VerifyPod after delete should report everything missing, nothing unexpected: %v %s", err, d)
 	}
