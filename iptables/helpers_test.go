@@ -127,8 +127,9 @@ func ours(text string, rs RuleSet) map[string][]string {
 	return out
 }
 
-// checkDriftRepaired asserts VerifyPod names exactly the given drift, then
-// that ApplyPod repairs it.
+// checkDriftRepaired asserts VerifyPod names exactly the given drift, that
+// ApplyPod repairs it, and that verifying against other options then finds
+// drift.
 func checkDriftRepaired(t *testing.T, m *Manager, pod ns.NetNS, opts PodOptions, wantMissing, wantUnexpected []string) {
 	t.Helper()
 	ctx := testCtx(t)
@@ -144,5 +145,11 @@ func checkDriftRepaired(t *testing.T, m *Manager, pod ns.NetNS, opts PodOptions,
 	}
 	if d, err := m.VerifyPod(ctx, pod, opts); err != nil || !d.Empty() {
 		t.Fatalf("VerifyPod after repair: %v, %s", err, d)
+	}
+	// Verify with other options reports the difference.
+	other := opts
+	other.DNSCapture = !other.DNSCapture
+	if d, err := m.VerifyPod(ctx, pod, other); err != nil || d.Empty() {
+		t.Fatalf("VerifyPod with DNS capture flipped found no drift (err %v)", err)
 	}
 }
