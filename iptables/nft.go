@@ -31,6 +31,8 @@ type nftBackend struct {
 	log        *slog.Logger
 	kubeletUID uint32
 	cache      *nftCache
+	// closing counts sockets being released in the background (withTx).
+	closing *sync.WaitGroup
 }
 
 // nftCache keeps what verification would otherwise recompute for every pod:
@@ -98,7 +100,7 @@ const inet = nftables.TableFamilyINet
 // newNFTables checks that nf_tables answers in the current namespace and,
 // for the primary backend, resolves the kubelet uid for the host rule.
 func newNFTables(ctx context.Context, cfg Config, log *slog.Logger, primary bool) (*nftBackend, error) {
-	n := &nftBackend{cfg: cfg, log: log, cache: &nftCache{sets: map[PodOptions]NFTRuleSet{}, raw: map[string]string{}}}
+	n := &nftBackend{cfg: cfg, log: log, closing: &sync.WaitGroup{}, cache: &nftCache{sets: map[PodOptions]NFTRuleSet{}, raw: map[string]string{}}}
 	err := n.with(func(c *nftables.Conn) error {
 		_, err := c.ListTablesOfFamily(inet)
 		return err
@@ -130,6 +132,29 @@ func (n *nftBackend) with(fn func(c *nftables.Conn) error) error {
 	}
 	defer c.CloseLasting()
 	return fn(c)
+}
+
+// withTx is with for operations that may commit a transaction deleting
+// objects. Releasing that socket makes the kernel finish destroying them
+// first (an RCU grace period, several ms); the transaction is already
+// committed, so the socket is released in the background instead of on the
+// pod's critical path. Bounded: the release returns after the grace period.
+func (n *nftBackend) withTx(fn func(c *nftables.Conn) error) error {
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer n.releaseLater(c)
+	return fn(c)
+}
+
+// releaseLater closes c in the background (see withTx).
+func (n *nftBackend) releaseLater(c *nftables.Conn) {
+	n.closing.Add(1)
+	go func() {
+		defer n.closing.Done()
+		_ = c.CloseLasting()
+	}()
 }
 
 // --- reading ------------------------------------------------------------
@@ -545,7 +570,7 @@ func (n *nftBackend) applyPod(ctx context.Context, opts PodOptions) error {
 	if err != nil {
 		return err
 	}
-	return n.with(func(c *nftables.Conn) error {
+	return n.withTx(func(c *nftables.Conn) error {
 		_, err := n.converge(c, rs)
 		return err
 	})
@@ -579,7 +604,7 @@ func (n *nftBackend) deletePod(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return n.with(func(c *nftables.Conn) error { return n.remove(c, podNFTTables) })
+	return n.withTx(func(c *nftables.Conn) error { return n.remove(c, podNFTTables) })
 }
 
 func (n *nftBackend) holdsPod(context.Context) (bool, error) { return n.holdsAny(podNFTTables...) }
@@ -603,7 +628,7 @@ func (n *nftBackend) ensureHost(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return n.with(func(c *nftables.Conn) error {
+	return n.withTx(func(c *nftables.Conn) error {
 		if _, err := n.converge(c, n.hostRules()); err != nil {
 			return fmt.Errorf("host probe rules: %w", err)
 		}
@@ -619,7 +644,7 @@ func (n *nftBackend) deleteHost(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return n.with(func(c *nftables.Conn) error { return n.remove(c, []string{NFTTableNat}) })
+	return n.withTx(func(c *nftables.Conn) error { return n.remove(c, []string{NFTTableNat}) })
 }
 
 func (n *nftBackend) holdsHost(context.Context) (bool, error) { return n.holdsAny(NFTTableNat) }
@@ -636,7 +661,9 @@ func (n *nftBackend) probes() (probeStore, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("netlink: %w", err)
 	}
-	return nftStore{c: c, table: &nftables.Table{Name: NFTTableNat, Family: inet}}, func() { _ = c.CloseLasting() }, nil
+	// Released in the background: removing elements defers their destruction
+	// to the socket's release (see withTx).
+	return nftStore{c: c, table: &nftables.Table{Name: NFTTableNat, Family: inet}}, func() { n.releaseLater(c) }, nil
 }
 
 func (s nftStore) set(f Family) *nftables.Set { return probeNFTSet(s.table, f == IPv6) }
