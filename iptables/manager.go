@@ -120,6 +120,8 @@ type Manager struct {
 	spawned atomic.Int64
 	// probeMu serializes the probe-set operations, which list then change.
 	probeMu sync.Mutex
+	// bg counts netlink sockets being released in the background.
+	bg sync.WaitGroup
 }
 
 // NewManager validates the config, resolves the backend once (see ModeAuto;
@@ -167,7 +169,7 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 // (another backend, only cleaned up) whatever families exist.
 func (m *Manager) newBackend(ctx context.Context, mode Mode, primary bool) (backend, error) {
 	if mode == ModeNFTables {
-		n, err := newNFTables(ctx, m.cfg, m.log, primary)
+		n, err := newNFTables(ctx, m.cfg, m.log, &m.bg, primary)
 		if err == nil && primary {
 			m.log.Info("rule backend", "mode", string(mode), "kubelet_uid", n.kubeletUID)
 		}
@@ -183,9 +185,9 @@ func (m *Manager) newBackend(ctx context.Context, mode Mode, primary bool) (back
 		if len(fams) == 0 {
 			return nil, fmt.Errorf("no %s iptables tools", mode)
 		}
-		return newXtables(m.cfg, m.log, mode, &m.spawned, fams)
+		return newXtables(m.cfg, m.log, mode, &m.spawned, &m.bg, fams)
 	}
-	x, err := newXtables(m.cfg, m.log, mode, &m.spawned, m.families())
+	x, err := newXtables(m.cfg, m.log, mode, &m.spawned, &m.bg, m.families())
 	if err != nil {
 		return nil, err
 	}

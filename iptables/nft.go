@@ -31,7 +31,7 @@ type nftBackend struct {
 	log        *slog.Logger
 	kubeletUID uint32
 	cache      *nftCache
-	// closing counts sockets being released in the background (withTx).
+	// closing counts sockets being released in the background (see with).
 	closing *sync.WaitGroup
 }
 
@@ -99,8 +99,8 @@ const inet = nftables.TableFamilyINet
 
 // newNFTables checks that nf_tables answers in the current namespace and,
 // for the primary backend, resolves the kubelet uid for the host rule.
-func newNFTables(ctx context.Context, cfg Config, log *slog.Logger, primary bool) (*nftBackend, error) {
-	n := &nftBackend{cfg: cfg, log: log, closing: &sync.WaitGroup{}, cache: &nftCache{sets: map[PodOptions]NFTRuleSet{}, raw: map[string]string{}}}
+func newNFTables(ctx context.Context, cfg Config, log *slog.Logger, bg *sync.WaitGroup, primary bool) (*nftBackend, error) {
+	n := &nftBackend{cfg: cfg, log: log, closing: bg, cache: &nftCache{sets: map[PodOptions]NFTRuleSet{}, raw: map[string]string{}}}
 	err := n.with(func(c *nftables.Conn) error {
 		_, err := c.ListTablesOfFamily(inet)
 		return err
@@ -124,36 +124,27 @@ func newNFTables(ctx context.Context, cfg Config, log *slog.Logger, primary bool
 func (n *nftBackend) name() Mode { return ModeNFTables }
 
 // with opens one netlink socket in the calling thread's namespace for the
-// whole operation.
+// whole operation and releases it in the background: the kernel makes the
+// release of any nftables socket wait while objects deleted by a committed
+// transaction (ours or another pod's) await destruction after an RCU grace
+// period — several ms on the pod's critical path for nothing, since the
+// transaction is already committed. Bounded: a release returns after the
+// grace period.
 func (n *nftBackend) with(fn func(c *nftables.Conn) error) error {
 	c, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
 	}
-	defer c.CloseLasting()
+	defer background(n.closing, c.CloseLasting)
 	return fn(c)
 }
 
-// withTx is with for operations that may commit a transaction deleting
-// objects. Releasing that socket makes the kernel finish destroying them
-// first (an RCU grace period, several ms); the transaction is already
-// committed, so the socket is released in the background instead of on the
-// pod's critical path. Bounded: the release returns after the grace period.
-func (n *nftBackend) withTx(fn func(c *nftables.Conn) error) error {
-	c, err := nftables.New(nftables.AsLasting())
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	defer n.releaseLater(c)
-	return fn(c)
-}
-
-// releaseLater closes c in the background (see withTx).
-func (n *nftBackend) releaseLater(c *nftables.Conn) {
-	n.closing.Add(1)
+// background runs fn (a socket release) in a goroutine counted by wg.
+func background(wg *sync.WaitGroup, fn func() error) {
+	wg.Add(1)
 	go func() {
-		defer n.closing.Done()
-		_ = c.CloseLasting()
+		defer wg.Done()
+		_ = fn()
 	}()
 }
 
@@ -175,7 +166,7 @@ type ruleRead struct {
 // readNFT reads the given tables of ours that exist (that have a chain):
 // chains, rules and (withSets) set names. One dump lists the family's
 // chains; when any is ours, one dump reads every rule of the family.
-func readNFT(c *nftables.Conn, names []string, withSets bool, cache *nftCache) (map[string]*nftTableState, error) {
+func readNFT(c *nftables.Conn, names []string, withSets bool, cache *nftCache, bg *sync.WaitGroup) (map[string]*nftTableState, error) {
 	chains, err := c.ListChainsOfTableFamily(inet)
 	if err != nil {
 		return nil, fmt.Errorf("listing inet chains: %w", err)
@@ -195,7 +186,7 @@ func readNFT(c *nftables.Conn, names []string, withSets bool, cache *nftCache) (
 	if len(st) == 0 {
 		return st, nil
 	}
-	if err := dumpRules(st, cache); err != nil {
+	if err := dumpRules(st, cache, bg); err != nil {
 		return nil, err
 	}
 	if !withSets {
@@ -215,12 +206,12 @@ func readNFT(c *nftables.Conn, names []string, withSets bool, cache *nftCache) (
 
 // dumpRules reads every rule of the inet family with one netlink dump (the
 // library dumps one chain per request) and files those of st's tables.
-func dumpRules(st map[string]*nftTableState, cache *nftCache) error {
+func dumpRules(st map[string]*nftTableState, cache *nftCache, bg *sync.WaitGroup) error {
 	conn, err := mnl.Dial(unix.NETLINK_NETFILTER, nil)
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
 	}
-	defer conn.Close()
+	defer background(bg, conn.Close)
 	msgs, err := conn.Execute(mnl.Message{
 		Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE), Flags: mnl.Request | mnl.Dump},
 		Data:   []byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0},
@@ -468,7 +459,7 @@ func (rs NFTRuleSet) diff(st map[string]*nftTableState) (Drift, error) {
 // and ours recreated, all inside the one atomic commit, so packets see the
 // old rules or the new ones, never none.
 func (n *nftBackend) converge(c *nftables.Conn, rs NFTRuleSet) (bool, error) {
-	st, err := readNFT(c, rs.TableNames(), rs.hasSets(), n.cache)
+	st, err := readNFT(c, rs.TableNames(), rs.hasSets(), n.cache, n.closing)
 	if err != nil {
 		return false, err
 	}
@@ -570,7 +561,7 @@ func (n *nftBackend) applyPod(ctx context.Context, opts PodOptions) error {
 	if err != nil {
 		return err
 	}
-	return n.withTx(func(c *nftables.Conn) error {
+	return n.with(func(c *nftables.Conn) error {
 		_, err := n.converge(c, rs)
 		return err
 	})
@@ -590,7 +581,7 @@ func (n *nftBackend) verify(ctx context.Context, rs NFTRuleSet) (Drift, error) {
 		return d, err
 	}
 	err := n.with(func(c *nftables.Conn) error {
-		st, err := readNFT(c, rs.TableNames(), rs.hasSets(), n.cache)
+		st, err := readNFT(c, rs.TableNames(), rs.hasSets(), n.cache, n.closing)
 		if err != nil {
 			return err
 		}
@@ -604,7 +595,7 @@ func (n *nftBackend) deletePod(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return n.withTx(func(c *nftables.Conn) error { return n.remove(c, podNFTTables) })
+	return n.with(func(c *nftables.Conn) error { return n.remove(c, podNFTTables) })
 }
 
 func (n *nftBackend) holdsPod(context.Context) (bool, error) { return n.holdsAny(podNFTTables...) }
@@ -628,7 +619,7 @@ func (n *nftBackend) ensureHost(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return n.withTx(func(c *nftables.Conn) error {
+	return n.with(func(c *nftables.Conn) error {
 		if _, err := n.converge(c, n.hostRules()); err != nil {
 			return fmt.Errorf("host probe rules: %w", err)
 		}
@@ -644,7 +635,7 @@ func (n *nftBackend) deleteHost(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return n.withTx(func(c *nftables.Conn) error { return n.remove(c, []string{NFTTableNat}) })
+	return n.with(func(c *nftables.Conn) error { return n.remove(c, []string{NFTTableNat}) })
 }
 
 func (n *nftBackend) holdsHost(context.Context) (bool, error) { return n.holdsAny(NFTTableNat) }
@@ -661,9 +652,8 @@ func (n *nftBackend) probes() (probeStore, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("netlink: %w", err)
 	}
-	// Released in the background: removing elements defers their destruction
-	// to the socket's release (see withTx).
-	return nftStore{c: c, table: &nftables.Table{Name: NFTTableNat, Family: inet}}, func() { n.releaseLater(c) }, nil
+	// Released in the background (see with).
+	return nftStore{c: c, table: &nftables.Table{Name: NFTTableNat, Family: inet}}, func() { background(n.closing, c.CloseLasting) }, nil
 }
 
 func (s nftStore) set(f Family) *nftables.Set { return probeNFTSet(s.table, f == IPv6) }
@@ -803,12 +793,12 @@ func findKubeletUID(procDir string) (uint32, error) {
 // iptablesNFTChains reports whether iptables-nft holds any of chains in its
 // ip/ip6 tables of the current namespace, read over netlink (one dump of
 // every family's chains, no process).
-func iptablesNFTChains(fams []Family, chains ...string) (bool, error) {
+func iptablesNFTChains(bg *sync.WaitGroup, fams []Family, chains ...string) (bool, error) {
 	c, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return false, fmt.Errorf("netlink: %w", err)
 	}
-	defer c.CloseLasting()
+	defer background(bg, c.CloseLasting)
 	list, err := c.ListChainsOfTableFamily(nftables.TableFamilyUnspecified)
 	if err != nil {
 		return false, fmt.Errorf("listing chains: %w", err)

@@ -178,7 +178,7 @@ func (m *Manager) detect(ctx context.Context) (Mode, error) {
 				m.log.Debug("iptables variant unavailable", "mode", string(mode), "err", err)
 				continue
 			}
-			x := &xtables{cfg: m.cfg, log: m.log, mode: mode, tools: map[Family]tools{f: t}, spawned: &m.spawned}
+			x := &xtables{cfg: m.cfg, log: m.log, mode: mode, tools: map[Family]tools{f: t}, spawned: &m.spawned, bg: &m.bg}
 			out, err := x.run(ctx, t.save, nil)
 			if err != nil {
 				m.log.Debug("iptables variant unreadable", "mode", string(mode), "err", err)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -27,12 +28,14 @@ type xtables struct {
 	mode    Mode
 	tools   map[Family]tools
 	spawned *atomic.Int64
+	// bg counts netlink sockets released in the background.
+	bg *sync.WaitGroup
 }
 
 // newXtables resolves the variant's programs for fams; a family whose tools
 // are missing is an error.
-func newXtables(cfg Config, log *slog.Logger, mode Mode, spawned *atomic.Int64, fams []Family) (*xtables, error) {
-	x := &xtables{cfg: cfg, log: log, mode: mode, tools: map[Family]tools{}, spawned: spawned}
+func newXtables(cfg Config, log *slog.Logger, mode Mode, spawned *atomic.Int64, bg *sync.WaitGroup, fams []Family) (*xtables, error) {
+	x := &xtables{cfg: cfg, log: log, mode: mode, tools: map[Family]tools{}, spawned: spawned, bg: bg}
 	for _, f := range fams {
 		t, err := lookTools(f, mode)
 		if err != nil {
@@ -272,7 +275,7 @@ func (x *xtables) holds(ctx context.Context, chains ...string) (bool, error) {
 		fams = append(fams, f)
 	}
 	if x.mode == ModeNFT {
-		return iptablesNFTChains(fams, chains...)
+		return iptablesNFTChains(x.bg, fams, chains...)
 	}
 	var used []Family
 	for _, f := range fams {
