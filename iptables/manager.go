@@ -340,3 +340,8 @@ func (m *Manager) DeletePod(ctx context.Context, podNS ns.NetNS) error {
 		return errors.Join(append(errs, deletePolicyRoute())...)
 	})
 }
+
+// WaitIdle waits until the netlink sockets the nftables backend releases in
+// the background (see nftBackend.with) are closed, e.g. before exiting or
+// when a test counts file descriptors. The manager stays usable.
+func (m *Manager) WaitIdle() { m.bg.Wait() }

@@ -211,7 +211,7 @@ func TestBadInput(t *testing.T) {
 	if s := saveText(t, fresh, IPv4, ModeNFT); strings.Contains(s, "ISTIO_") {
 		t.Errorf("rules written with a cancelled context:\n%s", s)
 	}
-	m.bg.Wait() // netlink sockets released in the background
+	m.WaitIdle() // netlink sockets released in the background
 	if after := testutil.CountFDs(t); after > fds {
 		t.Errorf("file descriptors leaked: %d before, %d after", fds, after)
 	}
