@@ -15,12 +15,15 @@ import (
 type backend interface {
 	name() Mode
 
-	applyPod(ctx context.Context, opts PodOptions) error
-	verifyPod(ctx context.Context, opts PodOptions) (Drift, error)
-	deletePod(ctx context.Context) error
+	// The pod methods get the operation's view of the namespace's nftables
+	// chains (nil when it could not be read: each backend then reads what
+	// it needs itself).
+	applyPod(ctx context.Context, opts PodOptions, v *nsView) error
+	verifyPod(ctx context.Context, opts PodOptions, v *nsView) (Drift, error)
+	deletePod(ctx context.Context, v *nsView) error
 	// holdsPod reports, cheaply, whether any of our in-pod rules of this
 	// backend exist here.
-	holdsPod(ctx context.Context) (bool, error)
+	holdsPod(ctx context.Context, v *nsView) (bool, error)
 
 	ensureHost(ctx context.Context) error
 	verifyHost(ctx context.Context) (Drift, error)

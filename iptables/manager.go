@@ -257,13 +257,14 @@ func (m *Manager) ApplyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions)
 		if err := ensurePolicyRoute(m.cfg.IPv6); err != nil {
 			return err
 		}
-		if err := m.be.applyPod(ctx, opts); err != nil {
+		v := m.view()
+		if err := m.be.applyPod(ctx, opts, v); err != nil {
 			return err
 		}
-		holding, err := m.othersHolding(ctx)
+		holding, err := m.othersHolding(ctx, v)
 		for _, o := range holding {
 			m.log.Info("removing our rules of another backend from the pod", "backend", string(o.name()), "netns", podNS.Path())
-			if err := o.deletePod(ctx); err != nil {
+			if err := o.deletePod(ctx, v); err != nil {
 				return fmt.Errorf("removing %s rules: %w", o.name(), err)
 			}
 		}
@@ -271,12 +272,24 @@ func (m *Manager) ApplyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions)
 	})
 }
 
+// view reads the namespace's nftables chains once for the operation; nil
+// (each backend reads for itself) when that fails, e.g. on a kernel without
+// nf_tables under the legacy backend.
+func (m *Manager) view() *nsView {
+	v, err := readView(&m.bg)
+	if err != nil {
+		m.log.Debug("nftables chains unreadable", "err", err)
+		return nil
+	}
+	return v
+}
+
 // othersHolding returns the other backends that hold in-pod rules of ours in
 // the current namespace.
-func (m *Manager) othersHolding(ctx context.Context) ([]backend, error) {
+func (m *Manager) othersHolding(ctx context.Context, v *nsView) ([]backend, error) {
 	var out []backend
 	for _, o := range m.others {
-		held, err := o.holdsPod(ctx)
+		held, err := o.holdsPod(ctx, v)
 		if err != nil {
 			return out, fmt.Errorf("reading %s rules: %w", o.name(), err)
 		}
@@ -302,12 +315,13 @@ func (m *Manager) VerifyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions
 			return err
 		}
 		d.add(rd)
-		fd, err := m.be.verifyPod(ctx, opts)
+		v := m.view()
+		fd, err := m.be.verifyPod(ctx, opts, v)
 		d.add(fd)
 		if err != nil {
 			return err
 		}
-		holding, err := m.othersHolding(ctx)
+		holding, err := m.othersHolding(ctx, v)
 		for _, o := range holding {
 			d.Unexpected = append(d.Unexpected, fmt.Sprintf("%s: our in-pod rules present in this backend too", o.name()))
 		}
@@ -327,11 +341,12 @@ func (m *Manager) DeletePod(ctx context.Context, podNS ns.NetNS) error {
 		return err
 	}
 	return inNS(podNS, "delete pod rules", func() error {
-		errs := []error{m.be.deletePod(ctx)}
+		v := m.view()
+		errs := []error{m.be.deletePod(ctx, v)}
 		for _, o := range m.others {
-			held, err := o.holdsPod(ctx)
+			held, err := o.holdsPod(ctx, v)
 			if err == nil && held {
-				err = o.deletePod(ctx)
+				err = o.deletePod(ctx, v)
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", o.name(), err))

@@ -164,16 +164,22 @@ type ruleRead struct {
 }
 
 // readNFT reads the given tables of ours that exist (that have a chain):
-// chains, rules and (withSets) set names. One dump lists the family's
-// chains; when any is ours, one dump reads every rule of the family.
-func readNFT(c *nftables.Conn, names []string, withSets bool, cache *nftCache, bg *sync.WaitGroup) (map[string]*nftTableState, error) {
-	chains, err := c.ListChainsOfTableFamily(inet)
-	if err != nil {
-		return nil, fmt.Errorf("listing inet chains: %w", err)
+// chains, rules and (withSets) set names. The chains come from v when given
+// (one dump of every family shared by the operation), else from one dump on
+// c; when any table is ours, one dump reads every rule of the family.
+func readNFT(c *nftables.Conn, v *nsView, names []string, withSets bool, cache *nftCache, bg *sync.WaitGroup) (map[string]*nftTableState, error) {
+	var chains []*nftables.Chain
+	if v != nil {
+		chains = v.chains
+	} else {
+		var err error
+		if chains, err = c.ListChainsOfTableFamily(inet); err != nil {
+			return nil, fmt.Errorf("listing inet chains: %w", err)
+		}
 	}
 	st := map[string]*nftTableState{}
 	for _, ch := range chains {
-		if !slices.Contains(names, ch.Table.Name) {
+		if ch.Table.Family != inet || !slices.Contains(names, ch.Table.Name) {
 			continue
 		}
 		ts := st[ch.Table.Name]
@@ -202,6 +208,51 @@ func readNFT(c *nftables.Conn, names []string, withSets bool, cache *nftCache, b
 		}
 	}
 	return st, nil
+}
+
+// nsView is one read of every nftables chain of the calling thread's
+// namespace, all families: the backends of one pod operation share it
+// (ours in inet, iptables-nft's in ip/ip6) instead of each dumping chains on
+// a socket of its own.
+type nsView struct {
+	chains []*nftables.Chain
+}
+
+// readView takes the view: one socket, one dump.
+func readView(bg *sync.WaitGroup) (*nsView, error) {
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	defer background(bg, c.CloseLasting)
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyUnspecified)
+	if err != nil {
+		return nil, fmt.Errorf("listing nftables chains: %w", err)
+	}
+	return &nsView{chains: chains}, nil
+}
+
+// has reports whether a chain exists in a table of one of fams, whose table
+// is one of tables (any table when nil) and whose name is one of names (any
+// chain when nil).
+func (v *nsView) has(fams []nftables.TableFamily, tables, names []string) bool {
+	return slices.ContainsFunc(v.chains, func(ch *nftables.Chain) bool {
+		return slices.Contains(fams, ch.Table.Family) &&
+			(tables == nil || slices.Contains(tables, ch.Table.Name)) &&
+			(names == nil || slices.Contains(names, ch.Name))
+	})
+}
+
+// tables returns the inet tables among names that have a chain in v.
+func (v *nsView) tables(names []string) []*nftables.Table {
+	var out []*nftables.Table
+	for _, ch := range v.chains {
+		if ch.Table.Family == inet && slices.Contains(names, ch.Table.Name) &&
+			!slices.ContainsFunc(out, func(t *nftables.Table) bool { return t.Name == ch.Table.Name }) {
+			out = append(out, ch.Table)
+		}
+	}
+	return out
 }
 
 // dumpRules reads every rule of the inet family with one netlink dump (the
@@ -458,8 +509,8 @@ func (rs NFTRuleSet) diff(st map[string]*nftTableState) (Drift, error) {
 // with their sets (and set elements); their chains are flushed and deleted
 // and ours recreated, all inside the one atomic commit, so packets see the
 // old rules or the new ones, never none.
-func (n *nftBackend) converge(c *nftables.Conn, rs NFTRuleSet) (bool, error) {
-	st, err := readNFT(c, rs.TableNames(), rs.hasSets(), n.cache, n.closing)
+func (n *nftBackend) converge(c *nftables.Conn, v *nsView, rs NFTRuleSet) (bool, error) {
+	st, err := readNFT(c, v, rs.TableNames(), rs.hasSets(), n.cache, n.closing)
 	if err != nil {
 		return false, err
 	}
@@ -517,21 +568,28 @@ func probeNFTSet(table *nftables.Table, v6 bool) *nftables.Set {
 	return s
 }
 
-// remove deletes the named tables that exist, in one transaction.
-func (n *nftBackend) remove(c *nftables.Conn, names []string) error {
-	tables, err := c.ListTablesOfFamily(inet)
-	if err != nil {
-		return fmt.Errorf("listing inet tables: %w", err)
-	}
-	del := 0
-	for _, t := range tables {
-		if slices.Contains(names, t.Name) {
-			c.DelTable(t)
-			del++
+// remove deletes the named tables that exist (as listed on c, or seen in
+// v), in one transaction.
+func (n *nftBackend) remove(c *nftables.Conn, v *nsView, names []string) error {
+	var tables []*nftables.Table
+	if v != nil {
+		tables = v.tables(names)
+	} else {
+		all, err := c.ListTablesOfFamily(inet)
+		if err != nil {
+			return fmt.Errorf("listing inet tables: %w", err)
+		}
+		for _, t := range all {
+			if slices.Contains(names, t.Name) {
+				tables = append(tables, t)
+			}
 		}
 	}
-	if del == 0 {
+	if len(tables) == 0 {
 		return nil
+	}
+	for _, t := range tables {
+		c.DelTable(t)
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables transaction: %w", err)
@@ -553,7 +611,7 @@ func (n *nftBackend) holdsAny(names ...string) (bool, error) {
 
 var podNFTTables = []string{NFTTableNat, NFTTableMangle, NFTTableRaw}
 
-func (n *nftBackend) applyPod(ctx context.Context, opts PodOptions) error {
+func (n *nftBackend) applyPod(ctx context.Context, opts PodOptions, v *nsView) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -562,15 +620,27 @@ func (n *nftBackend) applyPod(ctx context.Context, opts PodOptions) error {
 		return err
 	}
 	return n.with(func(c *nftables.Conn) error {
-		_, err := n.converge(c, rs)
+		_, err := n.converge(c, v, rs)
 		return err
 	})
 }
 
-func (n *nftBackend) verifyPod(ctx context.Context, opts PodOptions) (Drift, error) {
+func (n *nftBackend) verifyPod(ctx context.Context, opts PodOptions, v *nsView) (Drift, error) {
 	rs, err := n.podRules(opts)
 	if err != nil {
 		return Drift{}, err
+	}
+	if v != nil {
+		// Everything needed is in the view and one rule dump: no socket
+		// of the library's is opened.
+		if err := ctx.Err(); err != nil {
+			return Drift{}, err
+		}
+		st, err := readNFT(nil, v, rs.TableNames(), false, n.cache, n.closing)
+		if err != nil {
+			return Drift{}, err
+		}
+		return rs.diff(st)
 	}
 	return n.verify(ctx, rs)
 }
@@ -581,7 +651,7 @@ func (n *nftBackend) verify(ctx context.Context, rs NFTRuleSet) (Drift, error) {
 		return d, err
 	}
 	err := n.with(func(c *nftables.Conn) error {
-		st, err := readNFT(c, rs.TableNames(), rs.hasSets(), n.cache, n.closing)
+		st, err := readNFT(c, nil, rs.TableNames(), rs.hasSets(), n.cache, n.closing)
 		if err != nil {
 			return err
 		}
@@ -591,14 +661,22 @@ func (n *nftBackend) verify(ctx context.Context, rs NFTRuleSet) (Drift, error) {
 	return d, err
 }
 
-func (n *nftBackend) deletePod(ctx context.Context) error {
+func (n *nftBackend) deletePod(ctx context.Context, v *nsView) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return n.with(func(c *nftables.Conn) error { return n.remove(c, podNFTTables) })
+	if v != nil && len(v.tables(podNFTTables)) == 0 {
+		return nil // nothing of ours: no socket, no transaction
+	}
+	return n.with(func(c *nftables.Conn) error { return n.remove(c, v, podNFTTables) })
 }
 
-func (n *nftBackend) holdsPod(context.Context) (bool, error) { return n.holdsAny(podNFTTables...) }
+func (n *nftBackend) holdsPod(_ context.Context, v *nsView) (bool, error) {
+	if v != nil {
+		return v.has([]nftables.TableFamily{inet}, podNFTTables, nil), nil
+	}
+	return n.holdsAny(podNFTTables...)
+}
 
 // --- host ---------------------------------------------------------------
 
@@ -620,7 +698,7 @@ func (n *nftBackend) ensureHost(ctx context.Context) error {
 		return err
 	}
 	return n.with(func(c *nftables.Conn) error {
-		if _, err := n.converge(c, n.hostRules()); err != nil {
+		if _, err := n.converge(c, nil, n.hostRules()); err != nil {
 			return fmt.Errorf("host probe rules: %w", err)
 		}
 		return nil
@@ -635,7 +713,7 @@ func (n *nftBackend) deleteHost(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return n.with(func(c *nftables.Conn) error { return n.remove(c, []string{NFTTableNat}) })
+	return n.with(func(c *nftables.Conn) error { return n.remove(c, nil, []string{NFTTableNat}) })
 }
 
 func (n *nftBackend) holdsHost(context.Context) (bool, error) { return n.holdsAny(NFTTableNat) }
@@ -803,18 +881,17 @@ func iptablesNFTChains(bg *sync.WaitGroup, fams []Family, chains ...string) (boo
 	if err != nil {
 		return false, fmt.Errorf("listing chains: %w", err)
 	}
-	for _, ch := range list {
-		fam := IPv4
-		switch ch.Table.Family {
-		case nftables.TableFamilyIPv4:
-		case nftables.TableFamilyIPv6:
-			fam = IPv6
-		default:
-			continue
-		}
-		if slices.Contains(fams, fam) && slices.Contains(chains, ch.Name) {
-			return true, nil
-		}
+	var nf []nftables.TableFamily
+	for _, f := range fams {
+		nf = append(nf, nftFamily(f))
 	}
-	return false, nil
+	return (&nsView{chains: list}).has(nf, nil, chains), nil
+}
+
+// nftFamily is the nftables family iptables-nft keeps f's tables in.
+func nftFamily(f Family) nftables.TableFamily {
+	if f == IPv6 {
+		return nftables.TableFamilyIPv6
+	}
+	return nftables.TableFamilyIPv4
 }

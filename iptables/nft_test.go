@@ -184,7 +184,7 @@ func TestNFTFailedTransactionChangesNothing(t *testing.T) {
 	be := m.be.(*nftBackend)
 	err := pod.Do(func(ns.NetNS) error {
 		return be.with(func(c *nftables.Conn) error {
-			_, err := be.converge(c, broken)
+			_, err := be.converge(c, nil, broken)
 			return err
 		})
 	})

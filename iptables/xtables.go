@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/google/nftables"
 )
 
 // tools are the resolved save/restore programs of one family.
@@ -233,15 +235,15 @@ func (x *xtables) verify(ctx context.Context, rs RuleSet) (Drift, error) {
 
 // --- backend ------------------------------------------------------------
 
-func (x *xtables) applyPod(ctx context.Context, opts PodOptions) error {
+func (x *xtables) applyPod(ctx context.Context, opts PodOptions, _ *nsView) error {
 	return x.apply(ctx, BuildPodRules(x.cfg, opts))
 }
 
-func (x *xtables) verifyPod(ctx context.Context, opts PodOptions) (Drift, error) {
+func (x *xtables) verifyPod(ctx context.Context, opts PodOptions, _ *nsView) (Drift, error) {
 	return x.verify(ctx, BuildPodRules(x.cfg, opts))
 }
 
-func (x *xtables) deletePod(ctx context.Context) error {
+func (x *xtables) deletePod(ctx context.Context, _ *nsView) error {
 	return errors.Join(x.remove(ctx, BuildPodRules(x.cfg, PodOptions{})), x.removeForeignV6(ctx))
 }
 
@@ -269,12 +271,19 @@ func (x *xtables) removeForeignV6(ctx context.Context) error {
 // the families we have tools for. iptables-nft is read over netlink (no
 // process); legacy only runs a save when the kernel lists legacy tables in
 // this namespace at all (someone used iptables-legacy here).
-func (x *xtables) holds(ctx context.Context, chains ...string) (bool, error) {
+func (x *xtables) holds(ctx context.Context, v *nsView, chains ...string) (bool, error) {
 	var fams []Family
 	for f := range x.tools {
 		fams = append(fams, f)
 	}
 	if x.mode == ModeNFT {
+		if v != nil {
+			var nf []nftables.TableFamily
+			for _, f := range fams {
+				nf = append(nf, nftFamily(f))
+			}
+			return v.has(nf, nil, chains), nil
+		}
 		return iptablesNFTChains(x.bg, fams, chains...)
 	}
 	var used []Family
@@ -306,8 +315,8 @@ func (x *xtables) holds(ctx context.Context, chains ...string) (bool, error) {
 	return false, nil
 }
 
-func (x *xtables) holdsPod(ctx context.Context) (bool, error) {
-	return x.holds(ctx, ChainPrerouting, ChainOutput)
+func (x *xtables) holdsPod(ctx context.Context, v *nsView) (bool, error) {
+	return x.holds(ctx, v, ChainPrerouting, ChainOutput)
 }
 
 // legacyTablesUsed reports whether the kernel has any legacy iptables table

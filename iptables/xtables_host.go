@@ -76,7 +76,7 @@ func (x *xtables) deleteHost(ctx context.Context) error {
 // holdsHost: our host chain in this variant, or (for legacy, which ipsets
 // belong to as much as to iptables-nft) a probe ipset on the node.
 func (x *xtables) holdsHost(ctx context.Context) (bool, error) {
-	return x.holds(ctx, ChainPostrouting)
+	return x.holds(ctx, nil, ChainPostrouting)
 }
 
 func ipsetFamily(f Family) uint8 {
