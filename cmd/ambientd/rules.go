@@ -133,7 +133,7 @@ func printNFT(cfg iptables.Config, ann annFlag, host, del bool, stdout, stderr i
 		rs = iptables.BuildHostRulesNFT(cfg, 0)
 		fmt.Fprintln(stdout, "# the agent matches the kubelet's uid (meta skuid), found in /proc; 0 shown")
 	} else {
-		opts, err := iptables.PodOptionsFromAnnotations(cfg, ann)
+		opts, err := podmeta.PodOptions(cfg.DNSCapture, ann)
 		if err != nil {
 			fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
 			return 2
