@@ -71,10 +71,12 @@ func TestChainInstalledConfig(t *testing.T) {
 			}
 			return l
 		}
+		//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
 		c, err := libcni.ConfFromFile(files[0])
 		if err != nil {
 			t.Fatal(err)
 		}
+		//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
 		l, err := libcni.ConfListFromConf(c)
 		if err != nil {
 			t.Fatal(err)

@@ -56,7 +56,7 @@ func readConf(path string) confFile {
 
 func validate(data []byte, list bool) error {
 	if !list {
-		_, err := libcni.ConfFromBytes(data)
+		_, err := libcni.NetworkPluginConfFromBytes(data)
 		return err
 	}
 	l, err := libcni.ConfListFromBytes(data)

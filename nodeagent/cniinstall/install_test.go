@@ -95,7 +95,9 @@ func runtimeView(t *testing.T, dir string) (string, []string) {
 		l, err = libcni.ConfListFromFile(c.path)
 	} else {
 		var pc *libcni.PluginConfig
+		//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
 		if pc, err = libcni.ConfFromFile(c.path); err == nil {
+			//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
 			l, err = libcni.ConfListFromConf(pc)
 		}
 	}
