@@ -28,6 +28,7 @@ import (
 
 	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 )
 
 // renderDeploy renders deploy/ as `kubectl apply -k deploy/` would.
@@ -300,4 +301,58 @@ func hasCondition(n *corev1.Node, typ string) bool {
 		}
 	}
 	return false
+}
+
+// TestUninstallOnShutdownRule reads a real DaemonSet (deploy/'s, created
+// for real) with the agent's own rights: present and selecting the node →
+// upgrade (leave everything); being deleted → uninstall; gone → uninstall.
+func TestUninstallOnShutdownRule(t *testing.T) {
+	ctx := testContext(t, 2*time.Minute)
+	admin := testEnv.CP.Admin
+	var ds *unstructured.Unstructured
+	for _, o := range renderDeploy(t) {
+		if o.GetKind() == "DaemonSet" {
+			ds = o
+		}
+	}
+	if ds == nil {
+		t.Fatal("no DaemonSet in deploy/")
+	}
+	nsName := "shutdown-" + fmt.Sprint(time.Now().UnixNano()%1e9)
+	if _, err := testEnv.CreateNamespace(ctx, nsName, nil); err != nil {
+		t.Fatal(err)
+	}
+	ds.SetNamespace(nsName)
+	ds.SetFinalizers([]string{"e2e.ambientd.io/hold"}) // keeps it "being deleted" until removed
+	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
+	if err := serverSideApply(ctx, dyn, mapper, ds, false); err != nil {
+		t.Fatalf("creating the DaemonSet: %v", err)
+	}
+	rule := func() (bool, string) {
+		t.Helper()
+		u, reason, err := cniinstall.UninstallOnShutdown(ctx, testEnv.CP.Agent, nsName, ds.GetName(), testEnv.NodeName)
+		if err != nil {
+			t.Fatalf("UninstallOnShutdown with the agent's rights: %v", err)
+		}
+		return u, reason
+	}
+	if u, reason := rule(); u {
+		t.Fatalf("DaemonSet present: uninstall (%s), want leave in place", reason)
+	}
+	if err := admin.AppsV1().DaemonSets(nsName).Delete(ctx, ds.GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if u, reason := rule(); !u || !strings.Contains(reason, "being deleted") {
+		t.Fatalf("DaemonSet being deleted: uninstall=%v (%s)", u, reason)
+	}
+	if _, err := admin.AppsV1().DaemonSets(nsName).Patch(ctx, ds.GetName(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "DaemonSet gone", time.Minute, func() bool {
+		_, err := admin.AppsV1().DaemonSets(nsName).Get(ctx, ds.GetName(), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if u, reason := rule(); !u || !strings.Contains(reason, "gone") {
+		t.Fatalf("DaemonSet gone: uninstall=%v (%s)", u, reason)
+	}
 }
