@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -554,4 +556,65 @@ func TestLoopGuard(t *testing.T) {
 	if _, fighting := g.repaired(now.Add(time.Hour)); fighting || g.delay() != 0 {
 		t.Fatal("guard did not reset after a quiet window")
 	}
+}
+
+// syncBuffer is a log sink safe for the installer's goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Another component that keeps dropping our entry (Cilium's exclusive
+// mode, a primary CNI rewriting at every reconcile): the installer keeps
+// re-inserting, warns, and backs off instead of spinning.
+func TestRunFightIsDetected(t *testing.T) {
+	h := newHostTree(t)
+	path := h.path("10-flannel.conflist")
+	writeFile(t, path, flannelConflist, 0o644)
+	var logs syncBuffer
+	cfg := h.config()
+	cfg.RepairLimit = 2
+	i, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runInstaller(t, i)
+	waitInstalled(t, i, "first install")
+
+	stop := make(chan struct{})
+	fought := make(chan int)
+	go func() { // the fighter: strip our entry whenever it shows up
+		n := 0
+		defer func() { fought <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if b, _ := os.ReadFile(path); bytes.Contains(b, []byte("ambientd-cni")) {
+				_ = os.WriteFile(path, []byte(flannelConflist), 0o644) // not t.Fatal: another goroutine
+				n++
+			}
+			runtime.Gosched()
+		}
+	}()
+	testutil.Eventually(t, "fight warning", 30*time.Second, func() bool {
+		return strings.Contains(logs.String(), "another component keeps rewriting")
+	})
+	close(stop)
+	t.Logf("fighter stripped our entry %d times before the warning", <-fought)
+	waitInstalled(t, i, "entry back once the fight stops")
 }
