@@ -9,7 +9,6 @@
 package iptables
 
 import (
-	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -45,11 +44,6 @@ const (
 	// working and stale entries are recognised.
 	ProbeSetV4 = "istio-inpod-probes-v4"
 	ProbeSetV6 = "istio-inpod-probes-v6"
-
-	// AnnotationBypassInbound drops inbound capture when "true".
-	AnnotationBypassInbound = "ambient.istio.io/bypass-inbound-capture"
-	// AnnotationDNSCapture overrides Config.DNSCapture for one pod.
-	AnnotationDNSCapture = "ambient.istio.io/dns-capture"
 )
 
 // ProbeSNATv4 and ProbeSNATv6 are the source addresses kubelet probes are
@@ -99,46 +93,14 @@ func hostPrefix(a netip.Addr) string {
 	return netip.PrefixFrom(a, a.BitLen()).String()
 }
 
-// PodOptions are the per-pod choices, derived from Config and annotations.
+// PodOptions are the per-pod choices (the agent derives them from the pod's
+// annotations and Config.DNSCapture).
 type PodOptions struct {
 	// BypassInbound drops the inbound redirect (and the probe accept that
 	// only matters for it).
 	BypassInbound bool
 	// DNSCapture redirects the pod's DNS to ztunnel's 15053.
 	DNSCapture bool
-}
-
-// PodOptionsFromAnnotations derives a pod's options from the node config and
-// the pod's annotations. Only "true" and "false" are valid annotation values;
-// anything else is an error naming the annotation and the value, so a typo
-// never silently changes capture.
-func PodOptionsFromAnnotations(cfg Config, annotations map[string]string) (PodOptions, error) {
-	opts := PodOptions{DNSCapture: cfg.DNSCapture}
-	if v, ok := annotations[AnnotationBypassInbound]; ok {
-		b, err := parseBool(AnnotationBypassInbound, v)
-		if err != nil {
-			return PodOptions{}, err
-		}
-		opts.BypassInbound = b
-	}
-	if v, ok := annotations[AnnotationDNSCapture]; ok {
-		b, err := parseBool(AnnotationDNSCapture, v)
-		if err != nil {
-			return PodOptions{}, err
-		}
-		opts.DNSCapture = b
-	}
-	return opts, nil
-}
-
-func parseBool(name, v string) (bool, error) {
-	switch v {
-	case "true":
-		return true, nil
-	case "false":
-		return false, nil
-	}
-	return false, fmt.Errorf("annotation %s has invalid value %q: want \"true\" or \"false\"", name, v)
 }
 
 // Rule is one rule appended to one of our chains. Args are in the canonical

@@ -12,45 +12,6 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
-func TestPodOptionsFromAnnotations(t *testing.T) {
-	tests := []struct {
-		name    string
-		cfg     Config
-		ann     map[string]string
-		want    PodOptions
-		wantErr string
-	}{
-		{name: "defaults off", want: PodOptions{}},
-		{name: "node dns on", cfg: Config{DNSCapture: true}, want: PodOptions{DNSCapture: true}},
-		{name: "pod turns dns off", cfg: Config{DNSCapture: true}, ann: map[string]string{AnnotationDNSCapture: "false"}, want: PodOptions{}},
-		{name: "pod turns dns on", ann: map[string]string{AnnotationDNSCapture: "true"}, want: PodOptions{DNSCapture: true}},
-		{name: "bypass", ann: map[string]string{AnnotationBypassInbound: "true"}, want: PodOptions{BypassInbound: true}},
-		{name: "bypass false", ann: map[string]string{AnnotationBypassInbound: "false"}, want: PodOptions{}},
-		{name: "unrelated annotations ignored", ann: map[string]string{"foo": "bar"}, want: PodOptions{}},
-		{name: "bypass yes", ann: map[string]string{AnnotationBypassInbound: "yes"}, wantErr: `annotation ambient.istio.io/bypass-inbound-capture has invalid value "yes"`},
-		{name: "bypass True", ann: map[string]string{AnnotationBypassInbound: "True"}, wantErr: `"True"`},
-		{name: "dns empty", ann: map[string]string{AnnotationDNSCapture: ""}, wantErr: `annotation ambient.istio.io/dns-capture has invalid value ""`},
-		{name: "dns 1", ann: map[string]string{AnnotationDNSCapture: "1"}, wantErr: `ambient.istio.io/dns-capture has invalid value "1"`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := PodOptionsFromAnnotations(tt.cfg, tt.ann)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != tt.want {
-				t.Fatalf("got %+v, want %+v", got, tt.want)
-			}
-		})
-	}
-}
-
 func TestConfigValidate(t *testing.T) {
 	for _, c := range []Config{
 		{Mode: "iptables"},

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
 // rulesCmd prints the exact iptables-restore text ambientd would apply for
@@ -55,9 +56,9 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		del     = fs.Bool("delete", false, "print the batch that removes the rules instead of the one that installs them")
 	)
 	fs.BoolVar(&cfg.IPv6, "ipv6", false, "node has IPv6: add ip6tables rules")
-	fs.BoolVar(&cfg.DNSCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+iptables.AnnotationDNSCapture+" annotation)")
+	fs.BoolVar(&cfg.DNSCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+podmeta.AnnotationDNSCapture+" annotation)")
 	fs.Var(&reroute, "reroute-interface", "virtual interface whose TCP goes to ztunnel's outbound port (repeatable, or comma separated)")
-	fs.Var(ann, "annotation", "pod annotation key=value (repeatable), e.g. "+iptables.AnnotationBypassInbound+"=true")
+	fs.Var(ann, "annotation", "pod annotation key=value (repeatable), e.g. "+podmeta.AnnotationBypassInbound+"=true")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: ambientd rules [flags]\n\nPrints the exact iptables-restore text for the given options, touching nothing.\n\n")
 		fs.PrintDefaults()
@@ -91,7 +92,7 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		}
 		rs = iptables.BuildHostRules(cfg)
 	} else {
-		opts, err := iptables.PodOptionsFromAnnotations(cfg, ann)
+		opts, err := podmeta.PodOptions(cfg.DNSCapture, ann)
 		if err != nil {
 			fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
 			return 2

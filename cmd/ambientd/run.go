@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -23,10 +22,8 @@ import (
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
-	"github.com/ambientd/ambientd/nodeagent/cniserver"
-	"github.com/ambientd/ambientd/nodeagent/policy"
-	"github.com/ambientd/ambientd/nodeagent/registry"
-	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/ztunnelproto"
 )
 
 // runFlags are the agent's settings; each flag has an environment variable
@@ -37,6 +34,8 @@ type runFlags struct {
 	excludeNamespaces, logLevel                     string
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
+	kubeQPS                                         float64
+	kubeBurst                                       int
 	install                                         installFlags
 }
 
@@ -59,29 +58,43 @@ var envOf = map[string]string{
 	"retry-base-delay":   "AMBIENTD_RETRY_BASE_DELAY",
 	"retry-max-delay":    "AMBIENTD_RETRY_MAX_DELAY",
 	"log-level":          "AMBIENTD_LOG_LEVEL",
+	"kube-qps":           "AMBIENTD_KUBE_QPS",
+	"kube-burst":         "AMBIENTD_KUBE_BURST",
 }
+
+// Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
+// for controllers with a steady trickle; a node agent has bursts — a
+// restart rebuilding every pod, a node full of pods created at once, each
+// with a status patch and maybe a lookup GET.
+const (
+	defaultKubeQPS   = 20
+	defaultKubeBurst = 50
+)
 
 func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) {
 	var f runFlags
+	def := agent.DefaultConfig()
 	fs := flag.NewFlagSet("ambientd run", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty = in-cluster config")
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (required)")
-	fs.StringVar(&f.ztunnelSocket, "ztunnel-socket", ztunnel.DefaultSocketPath, "Unix socket ztunnel connects to")
+	fs.StringVar(&f.ztunnelSocket, "ztunnel-socket", ztunnelproto.DefaultSocketPath, "Unix socket ztunnel connects to")
 	fs.StringVar(&f.cniSocket, "cni-socket", cniapi.DefaultSocketPath, "Unix socket the CNI plugin calls")
 	fs.StringVar(&f.healthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
-	fs.StringVar(&f.hostProc, "host-proc", "/proc", "host /proc, scanned for running pods' network namespaces")
+	fs.StringVar(&f.hostProc, "host-proc", def.HostProc, "host /proc, scanned for running pods' network namespaces")
 	fs.StringVar(&f.iptablesMode, "iptables", "auto", "iptables variant: auto, legacy or nft")
-	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", "kube-system", "comma-separated namespaces never enrolled")
-	fs.BoolVar(&f.dnsCapture, "dns-capture", true, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
+	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(def.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
+	fs.BoolVar(&f.dnsCapture, "dns-capture", def.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
 	fs.BoolVar(&f.ipv6, "ipv6", false, "also program IPv6 rules")
 	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin into the host's bin dir and config, keep it there, report it in readiness (see docs/install.md)")
 	fs.BoolVar(&f.failPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
-	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", 10*time.Second, "how long a CNI ADD waits for an unknown pod to appear in the API")
-	fs.DurationVar(&f.retryBase, "retry-base-delay", 200*time.Millisecond, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
-	fs.DurationVar(&f.retryMax, "retry-max-delay", 30*time.Second, "cap of the per-pod exponential backoff")
+	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", def.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
+	fs.DurationVar(&f.retryBase, "retry-base-delay", def.RetryBaseDelay, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
+	fs.DurationVar(&f.retryMax, "retry-max-delay", def.RetryMaxDelay, "cap of the per-pod exponential backoff")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Float64Var(&f.kubeQPS, "kube-qps", defaultKubeQPS, "Kubernetes API requests per second the agent may make (client-go rate limit)")
+	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
 	f.install.register(fs)
 	for name, env := range envOf {
 		fl := fs.Lookup(name)
@@ -151,6 +164,9 @@ func (f runFlags) validate() error {
 	if f.retryMax < f.retryBase {
 		return fmt.Errorf("--retry-max-delay %v: must not be below --retry-base-delay %v", f.retryMax, f.retryBase)
 	}
+	if f.kubeQPS <= 0 || f.kubeBurst < 1 {
+		return fmt.Errorf("--kube-qps %v / --kube-burst %d: must be positive", f.kubeQPS, f.kubeBurst)
+	}
 	if _, err := parseLevel(f.logLevel); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
@@ -201,6 +217,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		return err
 	}
 	restCfg.UserAgent = "ambientd/" + version
+	restCfg.QPS, restCfg.Burst = float32(f.kubeQPS), f.kubeBurst
 	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
@@ -213,23 +230,21 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	if err := rules.EnsureHostRules(ctx); err != nil {
 		return fmt.Errorf("host probe rules: %w", err)
 	}
-	reg := registry.New()
-	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: f.ztunnelSocket}, agent.RegistrySnapshot{Reg: reg}, log)
-	pol := policy.DefaultConfig()
-	pol.ExcludeNamespaces = f.excluded()
-	a, err := agent.New(agent.Config{
-		NodeName:         f.nodeName,
-		Policy:           pol,
-		Rules:            rulesCfg,
-		HostProc:         f.hostProc,
-		FailPending:      f.failPending,
-		PodLookupTimeout: f.podLookupTimeout,
-		RetryBaseDelay:   f.retryBase,
-		RetryMaxDelay:    f.retryMax,
-		HealthAddr:       f.healthAddr,
-		MetricsAddr:      f.metricsAddr,
-		Collectors:       []prometheus.Collector{zs.Metrics()},
-	}, client, zs, rules, reg, log)
+	ac := agent.DefaultConfig()
+	ac.NodeName = f.nodeName
+	ac.Policy.ExcludeNamespaces = f.excluded()
+	ac.DNSCapture = f.dnsCapture
+	ac.HostProc = f.hostProc
+	ac.FailPending = f.failPending
+	ac.PodLookupTimeout = f.podLookupTimeout
+	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
+	node, err := daemon.New(daemon.Config{
+		Agent:         ac,
+		ZtunnelSocket: f.ztunnelSocket,
+		CNISocket:     f.cniSocket,
+		HealthAddr:    f.healthAddr,
+		MetricsAddr:   f.metricsAddr,
+	}, client, rules, log)
 	if err != nil {
 		return err
 	}
@@ -239,11 +254,10 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		defer ci.Finish() // TODO(coordinator): add ci.Ready to the agent's readiness and node condition
+		defer ci.Finish() // TODO(coordinator): ci.Ready / ci.Check into /readyz and nodeready.Inputs.PluginInstalled
 	}
-	cs := cniserver.New(cniserver.Config{SocketPath: f.cniSocket}, a, log)
 	log.Info("ambientd starting", "version", version, "node", f.nodeName, "ztunnel_socket", f.ztunnelSocket, "cni_socket", f.cniSocket, "iptables", rules.Mode())
-	return a.Run(ctx, cs)
+	return node.Run(ctx)
 }
 
 func kubeConfig(path string) (*rest.Config, error) {

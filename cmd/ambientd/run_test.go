@@ -55,6 +55,12 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "bad node name", args: []string{"--node-name=N_1"}, env: env(), wantErr: "--node-name"},
 		{name: "bad retry base", args: []string{"--node-name=n", "--retry-base-delay=0s"}, env: env(), wantErr: "--retry-base-delay"},
 		{name: "retry max below base", args: []string{"--node-name=n", "--retry-base-delay=2s", "--retry-max-delay=1s"}, env: env(), wantErr: "--retry-max-delay"},
+		{name: "bad kube qps", args: []string{"--node-name=n", "--kube-qps=0"}, env: env(), wantErr: "--kube-qps"},
+		{name: "kube burst from env", env: env("NODE_NAME", "n", "AMBIENTD_KUBE_BURST", "200"), check: func(t *testing.T, f runFlags) {
+			if f.kubeBurst != 200 || f.kubeQPS != defaultKubeQPS {
+				t.Errorf("kube burst %d qps %v, want 200 and the default", f.kubeBurst, f.kubeQPS)
+			}
+		}},
 		{name: "stray argument", args: []string{"--node-name=n", "extra"}, env: env(), wantErr: "unexpected"},
 		{name: "exclude list", args: []string{"--node-name=n", "--exclude-namespaces= a, b ,,"}, env: env(), check: func(t *testing.T, f runFlags) {
 			if got := strings.Join(f.excluded(), ","); got != "a,b" {

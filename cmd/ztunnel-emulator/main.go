@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	zp "github.com/ambientd/ambientd/ztunnelproto"
 )
 
 func main() {
@@ -33,7 +34,7 @@ func run() error {
 	cfg := ztunnelemu.Config{Nacks: map[string]string{}}
 	var statusAddr string
 	var debug bool
-	flag.StringVar(&cfg.SocketPath, "socket", ztunnelemu.DefaultSocketPath, "the agent's ZDS socket to connect to")
+	flag.StringVar(&cfg.SocketPath, "socket", zp.DefaultSocketPath, "the agent's ZDS socket to connect to")
 	flag.BoolVar(&cfg.NetnsMode, "netns-mode", false, "enter each workload netns and listen on 15001, 15006, 15008 there")
 	flag.BoolVar(&cfg.ExitOnProtocolError, "exit-on-protocol-error", false, "exit (status 1) on a protocol violation, as real ztunnel does")
 	flag.Func("nack", "namespace/name=message (or uid=message): answer Adds of that workload with an error; repeatable", func(s string) error {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
 )
 
@@ -45,7 +46,11 @@ func TestCommandAgainstServer(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*testTimeout)
 	defer cancel()
-	nsFile := testutil.NewNetNSWith(t, testutil.NetNSOptions{LoDown: true, IgnoreRemovalErr: true}).File
+	nsFile, err := podnetns.Open(testutil.NewNetNSWith(t, testutil.NetNSOptions{LoDown: true, IgnoreRemovalErr: true}).NS.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nsFile.Close() })
 
 	dir, err := os.MkdirTemp("", "zemu")
 	if err != nil {

@@ -186,22 +186,21 @@ func WriteArchive(w io.Writer, img v1.Image, tag string, epoch time.Time) (v1.Ha
 		return v1.Hash{}, err
 	}
 	tw := tar.NewWriter(w)
-	put := func(name string, data []byte) error {
-		return tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch, Uname: "root", Gname: "root", Typeflag: tar.TypeReg, Format: tar.FormatPAX})
+	header := func(name string, typ byte, mode, size int64) error {
+		return tw.WriteHeader(&tar.Header{Name: name, Typeflag: typ, Mode: mode, Size: size, ModTime: epoch, Uname: "root", Gname: "root", Format: tar.FormatPAX})
 	}
 	write := func(name string, data []byte) error {
-		if err := put(name, data); err != nil {
+		if err := header(name, tar.TypeReg, 0o644, int64(len(data))); err != nil {
 			return err
 		}
 		_, err := tw.Write(data)
 		return err
 	}
 	blob := func(h v1.Hash) string { return "blobs/" + h.Algorithm + "/" + h.Hex }
-	if err := tw.WriteHeader(&tar.Header{Name: "blobs/", Mode: 0o755, ModTime: epoch, Typeflag: tar.TypeDir, Uname: "root", Gname: "root", Format: tar.FormatPAX}); err != nil {
-		return v1.Hash{}, err
-	}
-	if err := tw.WriteHeader(&tar.Header{Name: "blobs/sha256/", Mode: 0o755, ModTime: epoch, Typeflag: tar.TypeDir, Uname: "root", Gname: "root", Format: tar.FormatPAX}); err != nil {
-		return v1.Hash{}, err
+	for _, d := range []string{"blobs/", "blobs/sha256/"} {
+		if err := header(d, tar.TypeDir, 0o755, 0); err != nil {
+			return v1.Hash{}, err
+		}
 	}
 	if err := write(blob(cfgName), rawConfig); err != nil {
 		return v1.Hash{}, err

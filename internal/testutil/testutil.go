@@ -22,13 +22,21 @@ func CountFDs(t testing.TB) int {
 // waiting for <what>" once timeout has passed.
 func Eventually(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
+	if !Wait(timeout, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// Wait polls cond until it holds (true) or timeout has passed (false).
+func Wait(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return true
 }
 
 // Logger returns a text logger writing each record at level or above to t.Log.

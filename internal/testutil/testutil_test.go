@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -59,4 +60,32 @@ func TestCountFDs(t *testing.T) {
 func TestEventually(t *testing.T) {
 	start := time.Now()
 	Eventually(t, "50ms", time.Minute, func() bool { return time.Since(start) > 50*time.Millisecond })
+}
+
+// fatalRecorder is a testing.TB whose Fatalf only records the message.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalRecorder) Helper() {}
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+}
+
+// TestEventuallyTimesOut: a condition that never holds fails the test, with a
+// message naming what was awaited, once the timeout has passed.
+func TestEventuallyTimesOut(t *testing.T) {
+	rec := &fatalRecorder{TB: t}
+	calls := 0
+	Eventually(rec, "the impossible", 30*time.Millisecond, func() bool { calls++; return false })
+	if rec.msg != "timed out waiting for the impossible" {
+		t.Errorf("Fatalf message %q, want %q", rec.msg, "timed out waiting for the impossible")
+	}
+	if calls < 2 {
+		t.Errorf("condition polled %d times, want it retried until the timeout", calls)
+	}
+	if Wait(10*time.Millisecond, func() bool { return false }) {
+		t.Error("Wait of a condition that never holds = true")
+	}
 }

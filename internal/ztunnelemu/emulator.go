@@ -24,16 +24,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DefaultSocketPath is where ztunnel connects to the node agent.
-const DefaultSocketPath = "/var/run/ztunnel/ztunnel.sock"
-
 // ErrProtocolExit is returned by Run when ExitOnProtocolError is set and the
 // agent violated the protocol.
 var ErrProtocolExit = errors.New("ztunnel emulator: exiting on protocol error")
 
 // Config configures an Emulator; zero fields take the defaults in brackets.
 type Config struct {
-	SocketPath string // [DefaultSocketPath]
+	SocketPath string // [zp.DefaultSocketPath]
 	// NetnsMode enters each workload's netns and listens on Ports there.
 	NetnsMode bool
 	// ExitOnProtocolError makes Run return ErrProtocolExit on the first
@@ -78,7 +75,7 @@ type workload struct {
 // New returns an emulator; nothing happens until Run.
 func New(cfg Config, log *slog.Logger) *Emulator {
 	if cfg.SocketPath == "" {
-		cfg.SocketPath = DefaultSocketPath
+		cfg.SocketPath = zp.DefaultSocketPath
 	}
 	if cfg.ReconnectMin <= 0 {
 		cfg.ReconnectMin = 50 * time.Millisecond
@@ -87,10 +84,10 @@ func New(cfg Config, log *slog.Logger) *Emulator {
 		cfg.ReconnectMax = 2 * time.Second
 	}
 	if len(cfg.Ports) == 0 {
-		cfg.Ports = []int{15001, 15006, 15008}
+		cfg.Ports = []int{zp.OutboundPort, zp.InboundPort, zp.HBONEPort}
 	}
 	if cfg.Mark == 0 {
-		cfg.Mark = 0x539
+		cfg.Mark = zp.ProxyMark
 	}
 	if cfg.MaxRecords <= 0 {
 		cfg.MaxRecords = 100000

@@ -1,10 +1,11 @@
 // Package agent is the node agent's core: it watches this node's pods and all
 // namespaces, decides with the enrollment policy which pods belong in the mesh,
-// and drives each pod to its wanted state — rules in its network namespace,
-// ztunnel told, probe IPs registered, annotation written — through one
-// idempotent reconcile per pod fed by a rate-limited workqueue (the
-// sample-controller shape). It also implements the CNI server's Handler, so a
-// new pod is enrolled before its containers start.
+// and drives each pod through its lifecycle phases (see registry.Phase) —
+// rules in its network namespace, ztunnel told, probe IPs registered, status
+// written — with one per-pod sync used by the workqueue and by CNI ADD alike
+// (the sample-controller shape). It knows no transport: it returns domain
+// errors (ErrPodUnknown, …) that the CNI server maps to gRPC codes, and it
+// supervises no listener: nodeagent/daemon runs it beside the servers.
 //
 // The agent holds no package-level state; everything lives in an Agent.
 package agent
@@ -15,7 +16,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/podstatus"
 	"github.com/ambientd/ambientd/nodeagent/policy"
@@ -42,15 +43,14 @@ import (
 // Ztunnel is what the agent needs from the ztunnel server
 // (*ztunnel.Server implements it).
 type Ztunnel interface {
-	AddWorkload(ctx context.Context, w ztunnel.Workload, netns *os.File) error
+	AddWorkload(ctx context.Context, w ztunnel.Workload, netns *podnetns.Handle) error
 	DelWorkload(ctx context.Context, uid string) error
 	SubscribeSnapshotAcked() (<-chan struct{}, func())
 	Status() ztunnel.Status
-	Run(ctx context.Context) error
 }
 
 // Rules is what the agent needs from the rule manager (*iptables.Manager
-// implements it).
+// implements it). The pod netns is a *podnetns.Handle, passed as ns.NetNS.
 type Rules interface {
 	ApplyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) error
 	DeletePod(ctx context.Context, podNS ns.NetNS) error
@@ -58,62 +58,66 @@ type Rules interface {
 	RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
 }
 
-// CNIServer is the CNI event server (*cniserver.Server implements it). It is
-// created after the agent, because the agent is its Handler.
-type CNIServer interface {
-	Run(ctx context.Context) error
-	Serving() bool
-}
-
-// Config configures an Agent. Zero durations take the defaults in brackets.
+// Config configures an Agent. DefaultConfig holds the defaults; New takes a
+// zero field from there.
 type Config struct {
 	NodeName string
 	Policy   policy.Config
-	// Rules is the node-wide rule configuration; per-pod options are derived
-	// from it and the pod's annotations.
-	Rules iptables.Config
-	// HostProc is the host's /proc, scanned for running pods' netns [/proc].
+	// DNSCapture is the node's default for pods without the dns-capture
+	// annotation.
+	DNSCapture bool
+	// HostProc is the host's /proc, scanned for running pods' netns.
 	HostProc string
 	// FailPending makes a CNI ADD fail when the pod's rules are in place but
-	// ztunnel did not ack it (the rules are then removed again). By default
-	// such a pod starts: its traffic is captured and held by the redirect until
-	// ztunnel takes the pod over.
+	// ztunnel did not ack it (the pod is then released again). By default
+	// such a pod starts: its traffic is captured and held by the redirect
+	// until ztunnel takes the pod over.
 	FailPending bool
 	// PodLookupTimeout bounds how long a CNI ADD waits for a pod the API does
-	// not know yet [10s]. CacheWait is the first part of it, during which only
-	// the informer cache is consulted [500ms].
+	// not know yet. CacheWait is the first part of it, during which only
+	// the informer is waited on; then direct GETs follow with capped
+	// exponential backoff.
 	PodLookupTimeout, CacheWait time.Duration
-	// RetryBaseDelay..RetryMaxDelay is the per-pod backoff of failed
-	// reconciles, including pending pods [200ms..30s].
+	// RetryBaseDelay..RetryMaxDelay is the per-pod backoff of failed syncs,
+	// including pending pods.
 	RetryBaseDelay, RetryMaxDelay time.Duration
-	// Workers reconcile pods concurrently [4].
+	// Workers sync pods concurrently.
 	Workers int
-	// HealthAddr serves /healthz and /readyz; MetricsAddr serves /metrics.
-	// Empty disables the listener.
-	HealthAddr, MetricsAddr string
-	// Collectors are registered with the agent's metrics (e.g. the ztunnel
-	// server's).
-	Collectors []prometheus.Collector
+}
+
+// DefaultConfig returns the defaults (the flags of `ambientd run` show them).
+func DefaultConfig() Config {
+	return Config{
+		Policy:           policy.DefaultConfig(),
+		DNSCapture:       true,
+		HostProc:         "/proc",
+		PodLookupTimeout: 10 * time.Second,
+		CacheWait:        500 * time.Millisecond,
+		RetryBaseDelay:   200 * time.Millisecond,
+		RetryMaxDelay:    30 * time.Second,
+		Workers:          4,
+	}
 }
 
 func (c Config) withDefaults() Config {
+	d := DefaultConfig()
 	if c.HostProc == "" {
-		c.HostProc = "/proc"
+		c.HostProc = d.HostProc
 	}
 	if c.PodLookupTimeout <= 0 {
-		c.PodLookupTimeout = 10 * time.Second
+		c.PodLookupTimeout = d.PodLookupTimeout
 	}
 	if c.CacheWait <= 0 {
-		c.CacheWait = 500 * time.Millisecond
+		c.CacheWait = d.CacheWait
 	}
 	if c.RetryBaseDelay <= 0 {
-		c.RetryBaseDelay = 200 * time.Millisecond
+		c.RetryBaseDelay = d.RetryBaseDelay
 	}
 	if c.RetryMaxDelay <= 0 {
-		c.RetryMaxDelay = 30 * time.Second
+		c.RetryMaxDelay = d.RetryMaxDelay
 	}
 	if c.Workers <= 0 {
-		c.Workers = 4
+		c.Workers = d.Workers
 	}
 	return c
 }
@@ -135,20 +139,27 @@ type Agent struct {
 	nsInformer            cache.SharedIndexInformer
 	nsLister              corelisters.NamespaceLister
 	queue                 workqueue.TypedRateLimitingInterface[string] // pod uids
+	podSeen               broadcast                                    // fires on every pod event
 
 	locks keyedMutex
 
-	synced     atomic.Bool // informer caches synced
-	running    atomic.Bool // rebuild done, servers and workers started
-	liveLoops  atomic.Int32
-	wantLoops  int32
-	cniServing func() bool
+	// refused holds the uids a ztunnel refused in its snapshot, until
+	// their next sync takes them (under the per-pod lock) back to pending.
+	refused uidSet
+	// moved holds the uids whose phase a running sync moved.
+	moved uidSet
+
+	lastAck   atomic.Int64 // unix nanos of the last ztunnel snapshot ack
+	synced    atomic.Bool  // informer caches synced
+	running   atomic.Bool  // rebuild done, workers started
+	liveLoops atomic.Int32
+	wantLoops int32
 }
 
 const uidIndex = "uid"
 
 // New builds an agent. reg is the registry the ztunnel server takes its
-// snapshots from (see SnapshotSource); the agent owns it from now on.
+// snapshots from (through the agent's Snapshot); the agent owns it.
 func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *registry.Registry, log *slog.Logger) (*Agent, error) {
 	cfg = cfg.withDefaults()
 	if cfg.NodeName == "" {
@@ -197,7 +208,7 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 	a.nsInformer = a.nsFactory.Core().V1().Namespaces().Informer()
 	a.nsLister = a.nsFactory.Core().V1().Namespaces().Lister()
 
-	// Event handlers only enqueue keys; all decisions happen in reconcile.
+	// Event handlers only enqueue keys; all decisions happen in sync.
 	if _, err := a.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    a.enqueuePod,
 		UpdateFunc: func(_, obj any) { a.enqueuePod(obj) },
@@ -209,7 +220,7 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		AddFunc: a.enqueueNamespace,
 		UpdateFunc: func(old, obj any) {
 			o, n := old.(*corev1.Namespace), obj.(*corev1.Namespace)
-			if o.Labels[policy.LabelDataplaneMode] != n.Labels[policy.LabelDataplaneMode] {
+			if o.Labels[podmeta.LabelDataplaneMode] != n.Labels[podmeta.LabelDataplaneMode] {
 				a.enqueueNamespace(obj)
 			}
 		},
@@ -219,15 +230,13 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 	return a, nil
 }
 
-// Registry returns the agent's pod registry (read-only use).
-func (a *Agent) Registry() *registry.Registry { return a.reg }
-
 func (a *Agent) enqueuePod(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
 	if p, ok := obj.(*corev1.Pod); ok {
 		a.queue.Add(string(p.UID))
+		a.podSeen.fire()
 	}
 }
 
@@ -247,27 +256,15 @@ func (a *Agent) enqueueNamespace(obj any) {
 
 // Run starts the informers, waits for their caches, rebuilds the registry
 // from the API and /proc (so a restarted agent's first ztunnel snapshot holds
-// every live pod), and only then serves the ztunnel and CNI sockets and starts
-// the workers. It returns when ctx ends (nil) or a server fails.
-func (a *Agent) Run(ctx context.Context, cni CNIServer) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	a.cniServing = cni.Serving
+// every live pod), then calls ready — the daemon starts the ztunnel and CNI
+// servers only then — and runs the workers until ctx ends. It returns nil
+// when ctx ends. The registry is closed when Run returns.
+func (a *Agent) Run(ctx context.Context, ready func()) error {
 	defer a.reg.Close()
-
-	errc := make(chan error, 8)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	fail := func(what string, err error) {
-		if err != nil && ctx.Err() == nil {
-			errc <- fmt.Errorf("%s: %w", what, err)
-		}
-	}
-
-	if err := a.serveHTTP(ctx, &wg, fail); err != nil {
-		return err
-	}
 
 	a.podFactory.Start(ctx.Done())
 	a.nsFactory.Start(ctx.Done())
@@ -293,9 +290,6 @@ func (a *Agent) Run(ctx context.Context, cni CNIServer) error {
 	// loop "missing" that simply has not been scheduled yet; each one takes
 	// itself off the count when it returns.
 	a.liveLoops.Add(a.wantLoops)
-	wg.Go(func() { fail("ztunnel server", a.zt.Run(ctx)) })
-	wg.Go(func() { fail("CNI server", cni.Run(ctx)) })
-	wg.Go(func() { a.status.Run(ctx, 2) })
 	wg.Go(func() { a.retryOnSnapshotAck(ctx, acked) })
 	for range a.cfg.Workers {
 		wg.Go(func() { a.worker(ctx) })
@@ -303,14 +297,16 @@ func (a *Agent) Run(ctx context.Context, cni CNIServer) error {
 	context.AfterFunc(ctx, a.queue.ShutDown)
 	a.running.Store(true)
 	a.log.Info("agent running", "node", a.cfg.NodeName, "pods", a.reg.Len())
+	ready()
+	<-ctx.Done()
+	return nil
+}
 
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-errc:
-		a.log.Error("agent stopping", "error", err)
-		return err
-	}
+// RunStatusWriter writes queued pod status until ctx ends (the daemon runs
+// it beside the agent, and stops it after the agent).
+func (a *Agent) RunStatusWriter(ctx context.Context) error {
+	a.status.Run(ctx, 2)
+	return nil
 }
 
 // retryOnSnapshotAck retries every pending pod as soon as a ztunnel acks its
@@ -324,7 +320,8 @@ func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-acked:
-			pending := a.reg.UIDs(registry.Pending)
+			a.lastAck.Store(time.Now().UnixNano())
+			pending := append(a.reg.UIDs(registry.Pending), a.reg.UIDs(registry.Unverified)...)
 			if len(pending) > 0 {
 				a.log.Info("ztunnel snapshot acked, retrying pending pods", "pending", len(pending))
 			}
@@ -342,7 +339,7 @@ func (a *Agent) worker(ctx context.Context) {
 		if quit {
 			return
 		}
-		err := a.reconcile(ctx, uid)
+		_, err := a.sync(ctx, uid, nil)
 		switch {
 		case err == nil:
 			a.queue.Forget(uid)
@@ -355,8 +352,8 @@ func (a *Agent) worker(ctx context.Context) {
 	}
 }
 
-// keyedMutex serialises work on one pod (CNI ADD/DEL and reconcile) without
-// blocking other pods. Entries are dropped when unused.
+// keyedMutex serialises work on one pod (CNI ADD/DEL, sync, snapshot
+// refusals) without blocking other pods. Entries are dropped when unused.
 type keyedMutex struct {
 	mu sync.Mutex
 	m  map[string]*keyedEntry
@@ -388,5 +385,30 @@ func (k *keyedMutex) lock(key string) func() {
 			delete(k.m, key)
 		}
 		k.mu.Unlock()
+	}
+}
+
+// broadcast wakes every waiter once per fire (a closed channel, replaced).
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel closed at the next fire.
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) fire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,12 +22,15 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
@@ -39,6 +43,7 @@ type fakeZtunnel struct {
 	connected bool
 	nack      map[string]string
 	adds      []ztunnel.Workload
+	attempts  map[string]int // AddWorkload calls per uid, failed ones too
 	dels      []string
 	delErr    error // when set, DelWorkload fails with it
 	subs      []chan struct{}
@@ -50,9 +55,13 @@ type fakeZtunnel struct {
 	snapTaken bool
 }
 
-func (z *fakeZtunnel) AddWorkload(_ context.Context, w ztunnel.Workload, netns *os.File) error {
+func (z *fakeZtunnel) AddWorkload(_ context.Context, w ztunnel.Workload, netns *podnetns.Handle) error {
 	z.mu.Lock()
 	defer z.mu.Unlock()
+	if z.attempts == nil {
+		z.attempts = map[string]int{}
+	}
+	z.attempts[w.UID]++
 	if netns == nil {
 		return errors.New("no netns")
 	}
@@ -136,6 +145,12 @@ func (z *fakeZtunnel) added(uid string) int {
 	return n
 }
 
+func (z *fakeZtunnel) tried(uid string) int {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.attempts[uid]
+}
+
 func (z *fakeZtunnel) deleted(uid string) bool {
 	z.mu.Lock()
 	defer z.mu.Unlock()
@@ -191,11 +206,6 @@ func (r *fakeRules) counts() (applied, deleted, probes int) {
 	return r.applied, r.deleted, len(r.probes)
 }
 
-type fakeCNI struct{}
-
-func (fakeCNI) Run(ctx context.Context) error { <-ctx.Done(); return nil }
-func (fakeCNI) Serving() bool                 { return true }
-
 type harness struct {
 	t      testing.TB
 	client *fake.Clientset
@@ -228,7 +238,6 @@ func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 		}
 	}
 	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: &fakeRules{probes: map[string][]netip.Addr{}}, reg: registry.New()}
-	h.zt.source = RegistrySnapshot{Reg: h.reg}.Snapshot
 	cfg := Config{
 		NodeName:         node,
 		Policy:           policy.DefaultConfig(),
@@ -246,9 +255,12 @@ func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 		t.Fatal(err)
 	}
 	h.agent = a
+	h.zt.source = a.Snapshot
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, fakeCNI{}) }()
+	// As the daemon does: the ztunnel server starts once the agent is ready.
+	go a.RunStatusWriter(ctx)
+	go func() { done <- a.Run(ctx, func() { go h.zt.Run(ctx) }) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -277,10 +289,18 @@ func (h *harness) setNamespace(name string, ambient bool) {
 func (h *harness) enrollConnected(p *corev1.Pod) {
 	h.t.Helper()
 	h.zt.connect()
-	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != cniserver.Enrolled {
+	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != Enrolled {
 		h.t.Fatalf("HandleAdd = %v, %v", out, err)
 	}
 	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation(p.Namespace, p.Name); return v == "enabled" })
+}
+
+// put registers e as it is, as a restart's rebuild does.
+func (h *harness) put(e registry.Entry) {
+	h.t.Helper()
+	if _, err := h.reg.Update(e.UID, func(cur *registry.Entry) { *cur = e }); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 func (h *harness) waitFor(what string, cond func() bool) {
@@ -293,7 +313,7 @@ func (h *harness) annotation(namespace, name string) (string, bool) {
 	if err != nil {
 		return "<" + err.Error() + ">", false
 	}
-	v, ok := p.Annotations[policy.AnnotationRedirection]
+	v, ok := p.Annotations[podmeta.AnnotationRedirection]
 	return v, ok
 }
 
@@ -302,13 +322,13 @@ func (h *harness) state(uid string) string {
 	if !ok {
 		return "absent"
 	}
-	return e.State.String()
+	return e.Phase.String()
 }
 
 func namespace(name string, ambient bool) *corev1.Namespace {
 	n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if ambient {
-		n.Labels = map[string]string{policy.LabelDataplaneMode: policy.ModeAmbient}
+		n.Labels = map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}
 	}
 	return n
 }
@@ -327,8 +347,8 @@ func runningPod(p *corev1.Pod, ip string) *corev1.Pod {
 	return p
 }
 
-func event(p *corev1.Pod) cniserver.PodEvent {
-	return cniserver.PodEvent{
+func event(p *corev1.Pod) PodEvent {
+	return PodEvent{
 		Name: p.Name, Namespace: p.Namespace, UID: string(p.UID),
 		NetnsPath: "/proc/self/ns/net", // a real netns file; the fake rules never enter it
 		IPs:       []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24")},
@@ -340,7 +360,7 @@ func TestCNIAddEnrolls(t *testing.T) {
 	h := newHarness(t, namespace("app", true), p)
 	h.zt.connect()
 	out, err := h.agent.HandleAdd(context.Background(), event(p))
-	if err != nil || out != cniserver.Enrolled {
+	if err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd = %v, %v; want Enrolled", out, err)
 	}
 	if got := h.state("uid-a"); got != "enabled" {
@@ -361,12 +381,12 @@ func TestCNIAddEnrolls(t *testing.T) {
 func TestCNIAddNotInMesh(t *testing.T) {
 	plain := pod("plain", "a", "uid-1", nil)
 	sys := pod("kube-system", "b", "uid-2", map[string]string{})
-	sys.Labels = map[string]string{policy.LabelDataplaneMode: policy.ModeAmbient}
+	sys.Labels = map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}
 	h := newHarness(t, namespace("plain", false), namespace("kube-system", true), plain, sys)
 	h.zt.connect()
 	for _, p := range []*corev1.Pod{plain, sys} {
 		out, err := h.agent.HandleAdd(context.Background(), event(p))
-		if err != nil || out != cniserver.NotInMesh {
+		if err != nil || out != NotInMesh {
 			t.Errorf("%s: HandleAdd = %v, %v; want NotInMesh", p.Name, out, err)
 		}
 	}
@@ -381,7 +401,7 @@ func TestPendingBecomesEnabledOnSnapshotAck(t *testing.T) {
 	slow := func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }
 	h := newHarnessWith(t, slow, namespace("app", true), p)
 	out, err := h.agent.HandleAdd(context.Background(), event(p))
-	if err != nil || out != cniserver.Pending {
+	if err != nil || out != Pending {
 		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
 	}
 	if applied, _, _ := h.rules.counts(); applied != 1 {
@@ -412,18 +432,18 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 	h := newHarness(t, namespace("app", true), a, b)
 	h.zt.connect()
 	h.zt.setNack("uid-a", "netns broken")
-	if out, err := h.agent.HandleAdd(context.Background(), event(a)); err != nil || out != cniserver.Pending {
+	if out, err := h.agent.HandleAdd(context.Background(), event(a)); err != nil || out != Pending {
 		t.Fatalf("a: HandleAdd = %v, %v; want Pending", out, err)
 	}
-	if out, err := h.agent.HandleAdd(context.Background(), event(b)); err != nil || out != cniserver.Enrolled {
+	if out, err := h.agent.HandleAdd(context.Background(), event(b)); err != nil || out != Enrolled {
 		t.Fatalf("b: HandleAdd = %v, %v; want Enrolled", out, err)
 	}
-	// The backoff retries a while it is nacked...
-	h.waitFor("a retried", func() bool {
-		h.zt.mu.Lock()
-		defer h.zt.mu.Unlock()
-		return len(h.zt.adds) >= 1 && h.state("uid-a") == "pending"
-	})
+	// The backoff retries a while it is nacked: a second Add of a, and a
+	// still pending (b's success says nothing about a).
+	h.waitFor("a retried", func() bool { return h.zt.tried("uid-a") >= 2 })
+	if got := h.state("uid-a"); got != "pending" {
+		t.Errorf("a state %s while nacked, want pending", got)
+	}
 	// ...and it is enabled as soon as ztunnel accepts it.
 	h.zt.setNack("uid-a", "")
 	h.waitFor("a enabled after nack cleared", func() bool { return h.state("uid-a") == "enabled" })
@@ -433,7 +453,7 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 }
 
 func TestCNIAddBadInput(t *testing.T) {
-	badDNS := pod("app", "dns", "uid-d", map[string]string{iptables.AnnotationDNSCapture: "maybe"})
+	badDNS := pod("app", "dns", "uid-d", map[string]string{podmeta.AnnotationDNSCapture: "maybe"})
 	ok := pod("app", "ok", "uid-ok", nil)
 	h := newHarness(t, namespace("app", true), badDNS, ok)
 	h.zt.connect()
@@ -553,10 +573,10 @@ func TestTerminalPodIsRemoved(t *testing.T) {
 }
 
 func TestRestartRebuildsRegistry(t *testing.T) {
-	enabled := runningPod(pod("app", "a", "uid-a", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.5")
-	pending := runningPod(pod("app", "b", "uid-b", map[string]string{policy.AnnotationRedirection: "pending"}), "10.1.0.6")
+	enabled := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.5")
+	pending := runningPod(pod("app", "b", "uid-b", map[string]string{podmeta.AnnotationRedirection: "pending"}), "10.1.0.6")
 	plain := runningPod(pod("app", "c", "uid-c", nil), "10.1.0.7")
-	done := runningPod(pod("app", "d", "uid-d", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.8")
+	done := runningPod(pod("app", "d", "uid-d", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.8")
 	done.Status.Phase = corev1.PodSucceeded
 	// The host proc is empty, so no netns is found: the restored pods are
 	// offered as Keep. The hour-long backoff keeps the pending pod's failed
@@ -594,11 +614,11 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 	hostProc := t.TempDir()
 	sandbox := func(pid int, uid string) { fakeSandbox(t, hostProc, pid, uid) }
 	lost := runningPod(pod("app", "lost", "uid-lost", nil), "127.0.0.1")
-	enabled := runningPod(pod("app", "on", "uid-on", map[string]string{policy.AnnotationRedirection: "enabled"}), "127.0.0.1")
+	enabled := runningPod(pod("app", "on", "uid-on", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "127.0.0.1")
 	nowhere := runningPod(pod("app", "nowhere", "uid-nowhere", nil), "10.1.0.9")
 	outside := runningPod(pod("plain", "out", "uid-out", nil), "127.0.0.1")
 	optOut := runningPod(pod("app", "optout", "uid-optout", nil), "127.0.0.1")
-	optOut.Labels = map[string]string{policy.LabelDataplaneMode: policy.ModeNone}
+	optOut.Labels = map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeNone}
 	done := runningPod(pod("app", "done", "uid-done", nil), "127.0.0.1")
 	done.Status.Phase = corev1.PodSucceeded
 	for i, uid := range []string{"uid-lost", "uid-on", "uid-out", "uid-optout", "uid-done"} {
@@ -630,7 +650,7 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 		v, _ := h.annotation("app", "lost")
 		return v == "enabled" && h.state("uid-lost") == "enabled"
 	})
-	if e, _ := h.reg.Get("uid-lost"); e.RulesUnverified {
+	if e, _ := h.reg.Get("uid-lost"); e.Phase == registry.Unverified {
 		t.Error("restored pod still has unverified rules after being enabled")
 	}
 	if applied, _, _ := h.rules.counts(); applied < 1 {
@@ -683,40 +703,11 @@ func BenchmarkHandleAdd(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for b.Loop() {
-		if out, err := h.agent.HandleAdd(ctx, ev); err != nil || out != cniserver.Enrolled {
+		if out, err := h.agent.HandleAdd(ctx, ev); err != nil || out != Enrolled {
 			b.Fatalf("HandleAdd = %v, %v", out, err)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/add")
-}
-
-// failingCNI is a CNI server whose listener cannot be set up.
-type failingCNI struct{}
-
-func (failingCNI) Run(context.Context) error {
-	return errors.New("listen unix /run/x.sock: address in use")
-}
-func (failingCNI) Serving() bool { return false }
-
-// TestRunReturnsWhenAServerFails: a server that cannot start must stop the
-// agent (so it exits and is restarted), not leave it hanging half-alive.
-func TestRunReturnsWhenAServerFails(t *testing.T) {
-	a, err := New(Config{NodeName: node, Policy: policy.DefaultConfig(), HostProc: t.TempDir()}, fake.NewClientset(),
-		&fakeZtunnel{nack: map[string]string{}}, &fakeRules{probes: map[string][]netip.Addr{}}, registry.New(),
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(context.Background(), failingCNI{}) }()
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "CNI server") || !strings.Contains(err.Error(), "address in use") {
-			t.Errorf("Run = %v, want the CNI server's error", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return after the CNI server failed")
-	}
 }
 
 func (h *harness) failures(reason string) float64 {
@@ -733,7 +724,7 @@ func (h *harness) failures(reason string) float64 {
 // rules cannot be deleted, so its traffic is still captured: ztunnel must
 // keep serving it (no Del), and it stays registered and annotated, retried.
 func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
-	p := runningPod(pod("app", "a", "uid-a", map[string]string{policy.AnnotationRedirection: "enabled"}), "10.1.0.5")
+	p := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.5")
 	h := newHarness(t, namespace("app", true), p) // empty host proc: no netns is ever found
 	h.zt.connect()
 	if h.state("uid-a") != "enabled" {
@@ -782,10 +773,8 @@ func TestSnapshotRefusalMakesPodPending(t *testing.T) {
 
 	// The new ztunnel refuses the pod in its snapshot and keeps refusing it.
 	h.zt.setNack("uid-a", "netns gone")
-	RegistrySnapshot{Reg: h.reg}.SnapshotRefused("uid-a", errors.New("netns gone"))
-	if st := h.state("uid-a"); st != "pending" {
-		t.Fatalf("state after refusal %s, want pending", st)
-	}
+	h.agent.SnapshotRefused("uid-a", errors.New("netns gone"))
+	h.waitFor("pod pending after the refusal", func() bool { return h.state("uid-a") == "pending" })
 	h.zt.connect() // the snapshot ack
 	h.waitFor("pod sent again, refused, and marked pending", func() bool {
 		v, _ := h.annotation("app", "a")
@@ -805,21 +794,21 @@ func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
 	h := newHarness(t, namespace("app", true))
 	other := testutil.NewNetNS(t)
 	for uid, path := range map[string]string{"uid-old": "/proc/self/ns/net", "uid-new": other.NS.Path()} {
-		f, err := os.Open(path)
+		f, err := podnetns.Open(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.reg.Put(registry.Entry{UID: uid, Name: "web-0", Namespace: "app", Netns: f, State: registry.Enabled})
+		h.put(registry.Entry{UID: uid, Name: "web-0", Namespace: "app", Netns: f, Phase: registry.Enabled})
 	}
-	if err := h.agent.HandleDel(context.Background(), cniserver.PodEvent{Namespace: "app", Name: "web-0", NetnsPath: other.NS.Path()}); err != nil {
+	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: other.NS.Path()}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-new") != "absent" || h.state("uid-old") != "enabled" {
 		t.Errorf("after DEL of the new pod's netns: new=%s old=%s, want absent, enabled", h.state("uid-new"), h.state("uid-old"))
 	}
 	// Several candidates and a netns that is gone: nobody is dropped.
-	h.reg.Put(registry.Entry{UID: "uid-new2", Name: "web-0", Namespace: "app", State: registry.Enabled})
-	if err := h.agent.HandleDel(context.Background(), cniserver.PodEvent{Namespace: "app", Name: "web-0", NetnsPath: "/nonexistent"}); err != nil {
+	h.put(registry.Entry{UID: "uid-new2", Name: "web-0", Namespace: "app", Phase: registry.Enabled})
+	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: "/nonexistent"}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-old") != "enabled" || h.state("uid-new2") != "enabled" {
@@ -864,10 +853,10 @@ func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 	h.zt.mu.Unlock()
 	h.setNamespace("app", false)
 	h.waitFor("removal failing at the Del", func() bool { return h.failures("removal") >= 1 })
-	if e, ok := h.reg.Get("uid-a"); !ok || !e.Releasing {
+	if e, ok := h.reg.Get("uid-a"); !ok || e.Phase != registry.Releasing {
 		t.Fatalf("after a failed Del: entry %+v registered=%v, want Releasing", e, ok)
 	}
-	if snap := SnapshotOf(h.reg); len(snap) != 0 {
+	if snap := h.agent.Snapshot(); len(snap) != 0 {
 		t.Errorf("snapshot during the release holds %d pods, want none", len(snap))
 	}
 
@@ -879,6 +868,50 @@ func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 	h.waitFor("pod enrolled afresh", func() bool {
 		e, ok := h.reg.Get("uid-a")
 		now, _, _ := h.rules.counts()
-		return ok && !e.Releasing && e.State == registry.Enabled && now > applied
+		return ok && e.Phase == registry.Enabled && now > applied
 	})
+}
+
+// TestLookupIsGentle: a CNI ADD for a pod the informer has not seen waits on
+// the informer (a pod that appears there is taken without any GET), then
+// falls back to direct GETs whose backoff doubles up to a cap — not a GET
+// every few milliseconds.
+func TestLookupIsGentle(t *testing.T) {
+	h := newHarnessWith(t, func(c *Config) { c.PodLookupTimeout, c.CacheWait = 2*time.Second, time.Second },
+		namespace("app", true))
+	var gets atomic.Int32
+	h.client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		gets.Add(1)
+		return false, nil, nil
+	})
+	h.zt.connect()
+
+	// Appears in the informer while the ADD waits for it: no GET.
+	late := pod("app", "late", "uid-late", nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.agent.HandleAdd(context.Background(), event(late))
+		done <- err
+	}()
+	if _, err := h.client.CoreV1().Pods("app").Create(context.Background(), late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("HandleAdd of a pod that appeared meanwhile: %v", err)
+	}
+	if n := gets.Load(); n != 0 {
+		t.Errorf("%d GETs for a pod the informer delivered within CacheWait, want 0", n)
+	}
+
+	// Never appears: GETs after CacheWait, backing off (100ms, 200ms, 400ms,
+	// …) over the remaining second: a handful, not one per 50ms.
+	gets.Store(0)
+	_, err := h.agent.HandleAdd(context.Background(), event(pod("app", "ghost", "uid-ghost", nil)))
+	if !errors.Is(err, ErrPodUnknown) {
+		t.Fatalf("HandleAdd of an unknown pod = %v, want ErrPodUnknown", err)
+	}
+	t.Logf("%d GETs for an unknown pod over %v", gets.Load(), 2*time.Second)
+	if n := gets.Load(); n < 1 || n > 6 {
+		t.Errorf("%d GETs for an unknown pod, want between 1 and 6 (capped exponential backoff)", n)
+	}
 }

@@ -18,6 +18,9 @@ type metrics struct {
 	removals    *prometheus.CounterVec
 	annotations *prometheus.CounterVec
 	steps       *prometheus.HistogramVec
+	// ackToEnabled is the agent's own measure of how fast a pending pod is
+	// enabled once a ztunnel acked its snapshot.
+	ackToEnabled prometheus.Histogram
 }
 
 // failure reasons (label values of ambientd_enrollment_failures_total).
@@ -51,14 +54,25 @@ func newMetrics(reg *registry.Registry) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"step"}),
 	}
+	m.ackToEnabled = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ambientd_snapshot_ack_to_enabled_seconds",
+		Help:    "From a ztunnel's snapshot ack to a pending pod being enabled.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
+	})
 	for _, r := range failureReasons {
 		m.failures.WithLabelValues(r)
 	}
-	count := func(s registry.State) func() float64 {
-		return func() float64 { return float64(len(reg.UIDs(s))) }
+	count := func(phases ...registry.Phase) func() float64 {
+		return func() float64 {
+			n := 0
+			for _, p := range phases {
+				n += len(reg.UIDs(p))
+			}
+			return float64(n)
+		}
 	}
-	m.reg.MustRegister(m.failures, m.cniAdds, m.removals, m.annotations, m.steps,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_pending", Help: "Registered pods ztunnel has not acked."}, count(registry.Pending)),
+	m.reg.MustRegister(m.failures, m.cniAdds, m.removals, m.annotations, m.steps, m.ackToEnabled,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_pending", Help: "Registered pods ztunnel has not acked."}, count(registry.Pending, registry.Unverified)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_enabled", Help: "Registered pods ztunnel has acked."}, count(registry.Enabled)),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"net"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
 )
 
 // PeerCred is the identity of the process on the other end of a connection,
@@ -41,19 +42,9 @@ func (peerCredentials) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthIn
 	if !ok {
 		return nil, nil, fmt.Errorf("peer credentials: %T is not a Unix socket connection", c)
 	}
-	raw, err := uc.SyscallConn()
+	cred, err := unixsock.PeerCred(uc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("peer credentials: %w", err)
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, nil, fmt.Errorf("peer credentials: %w", err)
-	}
-	if credErr != nil {
-		return nil, nil, fmt.Errorf("peer credentials: getsockopt SO_PEERCRED: %w", credErr)
+		return nil, nil, err
 	}
 	return c, PeerCred{
 		UID: cred.Uid, GID: cred.Gid, PID: cred.Pid,

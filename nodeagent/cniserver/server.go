@@ -9,12 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,59 +19,27 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
 )
 
-// PodEvent is one pod sandbox event as the runtime described it to the plugin.
-type PodEvent struct {
-	Name, Namespace string
-	// UID may be empty: old runtimes do not pass K8S_POD_UID.
-	UID              string
-	InfraContainerID string
-	// NetnsPath is the pod's network namespace; empty on a DEL whose
-	// namespace is already gone.
-	NetnsPath string
-	// IPs are the pod's addresses from the chain's prevResult, with the
-	// prefix length of their subnet.
-	IPs []netip.Prefix
-	// Interface is the pod-side interface name (CNI_IFNAME).
-	Interface string
-}
+// PodEvent and Outcome are the agent core's; the aliases let handlers and
+// tests spell them from here.
+type (
+	PodEvent = agent.PodEvent
+	Outcome  = agent.Outcome
+)
 
-// Outcome is what HandleAdd did with a pod it did not fail.
-type Outcome int
-
+// The outcomes of an ADD (see agent.Outcome).
 const (
-	// OutcomeUnknown is the zero value; returning it with a nil error is a
-	// Handler bug and fails the ADD.
-	OutcomeUnknown Outcome = iota
-	// Enrolled: in-pod rules applied and ztunnel acknowledged the pod.
-	Enrolled
-	// Pending: rules applied, ztunnel has not acknowledged yet; the agent
-	// retries. The pod may start: its traffic is already captured.
-	Pending
-	// NotInMesh: the pod does not belong in the mesh; nothing was done.
-	NotInMesh
+	OutcomeUnknown = agent.OutcomeUnknown
+	Enrolled       = agent.Enrolled
+	Pending        = agent.Pending
+	NotInMesh      = agent.NotInMesh
 )
 
-func (o Outcome) String() string {
-	switch o {
-	case Enrolled:
-		return "enrolled"
-	case Pending:
-		return "pending"
-	case NotInMesh:
-		return "not-in-mesh"
-	default:
-		return fmt.Sprintf("Outcome(%d)", int(o))
-	}
-}
-
-// LogValue makes slog (whose JSON handler ignores String) log the name, not
-// the number.
-func (o Outcome) LogValue() slog.Value { return slog.StringValue(o.String()) }
-
-func (o Outcome) proto() cniapi.Outcome {
+func outcomeProto(o Outcome) cniapi.Outcome {
 	switch o {
 	case Enrolled:
 		return cniapi.Outcome_OUTCOME_ENROLLED
@@ -95,8 +59,8 @@ type Handler interface {
 	// HandleAdd returns the Outcome, or an error when the pod belongs in the
 	// mesh but could not be captured: the plugin then fails the ADD with the
 	// error's message and the runtime retries the sandbox. The status code
-	// sent is codes.Internal, or the code of a gRPC status the error wraps
-	// (status.Error), or DeadlineExceeded/Canceled for context errors.
+	// sent is mapped from the agent's domain error the error wraps (see
+	// toStatus), DeadlineExceeded/Canceled for context errors, else Internal.
 	HandleAdd(ctx context.Context, ev PodEvent) (Outcome, error)
 	// HandleDel is told about a torn-down sandbox. Its error is logged by the
 	// plugin and never fails the DEL.
@@ -142,9 +106,6 @@ func New(cfg Config, h Handler, log *slog.Logger) *Server {
 	return &Server{cfg: cfg, h: h, log: log.With("component", "cniserver")}
 }
 
-// SocketPath is the path the server listens on.
-func (s *Server) SocketPath() string { return s.cfg.SocketPath }
-
 // Serving reports whether the socket is up and accepting calls.
 func (s *Server) Serving() bool { return s.serving.Load() }
 
@@ -158,9 +119,9 @@ func (s *Server) Run(ctx context.Context) error {
 		return errors.New("cniserver: Run called twice")
 	}
 	path := s.cfg.SocketPath
-	ln, ino, err := listen(path)
+	ln, sock, err := unixsock.Listen(path, "unix", 0o600)
 	if err != nil {
-		return err
+		return fmt.Errorf("cniserver: %w", err)
 	}
 
 	gs := grpc.NewServer(
@@ -199,77 +160,8 @@ func (s *Server) Run(ctx context.Context) error {
 		<-stopped
 	}
 	timer.Stop()
-	removeIfOurs(path, ino, s.log)
+	sock.RemoveIfOurs(s.log)
 	return runErr
-}
-
-// listen replaces a stale socket at path and listens there with mode 0600.
-// It returns the socket's inode so shutdown removes only its own socket, not
-// one a newer agent already put in its place.
-func listen(path string) (*net.UnixListener, fileID, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fileID{}, fmt.Errorf("cniserver: create socket directory: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fileID{}, fmt.Errorf("cniserver: refusing to replace %s: it is a %v, not a socket", path, fi.Mode().Type())
-		}
-		// A socket left behind by an agent that died: nothing can be
-		// listening on it any more that we should defer to, since only one
-		// agent runs per node and this is it.
-		if err := os.Remove(path); err != nil {
-			return nil, fileID{}, fmt.Errorf("cniserver: remove stale socket: %w", err)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fileID{}, fmt.Errorf("cniserver: inspect socket path: %w", err)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return nil, fileID{}, fmt.Errorf("cniserver: listen: %w", err)
-	}
-	ln.SetUnlinkOnClose(false)
-	// bind(2) applies the umask; tighten afterwards. A non-root process that
-	// connects in between is still refused by the SO_PEERCRED check.
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		os.Remove(path)
-		return nil, fileID{}, fmt.Errorf("cniserver: chmod socket: %w", err)
-	}
-	fi, err := os.Lstat(path)
-	if err != nil {
-		ln.Close()
-		os.Remove(path)
-		return nil, fileID{}, fmt.Errorf("cniserver: stat socket: %w", err)
-	}
-	return ln, inode(fi), nil
-}
-
-// fileID identifies one file across a remove and re-create at the same path
-// (inode numbers alone get reused at once on tmpfs).
-type fileID struct {
-	dev, ino uint64
-	ctime    syscall.Timespec
-}
-
-func inode(fi os.FileInfo) fileID {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return fileID{dev: st.Dev, ino: st.Ino, ctime: st.Ctim}
-	}
-	return fileID{}
-}
-
-func removeIfOurs(path string, ino fileID, log *slog.Logger) {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return
-	}
-	if inode(fi) != ino {
-		log.Info("socket path now belongs to another server; leaving it", "socket", path)
-		return
-	}
-	if err := os.Remove(path); err != nil {
-		log.Warn("remove socket", "socket", path, "err", err)
-	}
 }
 
 // AddPod implements cniapi.CNIEventsServer.
@@ -288,12 +180,12 @@ func (s *Server) AddPod(ctx context.Context, req *cniapi.AddPodRequest) (*cniapi
 		log.Warn("CNI ADD failed", "code", st.Code(), "err", st.Message())
 		return nil, st.Err()
 	}
-	if out.proto() == cniapi.Outcome_OUTCOME_UNSPECIFIED {
+	if outcomeProto(out) == cniapi.Outcome_OUTCOME_UNSPECIFIED {
 		log.Error("handler returned no outcome and no error", "outcome", out.String())
 		return nil, status.Errorf(codes.Internal, "agent handler returned %v without an error", out)
 	}
 	log.Info("CNI ADD handled", "outcome", out.String())
-	return &cniapi.AddPodResponse{Outcome: out.proto(), Message: out.String()}, nil
+	return &cniapi.AddPodResponse{Outcome: outcomeProto(out), Message: out.String()}, nil
 }
 
 // DelPod implements cniapi.CNIEventsServer.
@@ -346,17 +238,32 @@ func podEvent(p *cniapi.Pod, add bool) (PodEvent, error) {
 	return ev, nil
 }
 
-// toStatus keeps a gRPC status the handler chose and maps everything else.
+// codeOf maps the agent's domain errors to the gRPC codes the plugin acts
+// on: Unavailable tells it to let the runtime try again later.
+var codeOf = []struct {
+	err  error
+	code codes.Code
+}{
+	{agent.ErrPodUnknown, codes.NotFound},
+	{agent.ErrAPIUnavailable, codes.Unavailable},
+	{agent.ErrInvalidPod, codes.InvalidArgument},
+	{agent.ErrNetnsUnusable, codes.InvalidArgument},
+	{agent.ErrNotCaptured, codes.Internal},
+	{agent.ErrPending, codes.Unavailable},
+	{context.DeadlineExceeded, codes.DeadlineExceeded},
+	{context.Canceled, codes.Canceled},
+}
+
+// toStatus turns a handler error into the status the plugin gets. This is
+// the one place agent errors become gRPC codes.
 func toStatus(err error) *status.Status {
 	if st, ok := status.FromError(err); ok {
 		return st
 	}
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.New(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.New(codes.Canceled, err.Error())
-	default:
-		return status.New(codes.Internal, err.Error())
+	for _, m := range codeOf {
+		if errors.Is(err, m.err) {
+			return status.New(m.code, err.Error())
+		}
 	}
+	return status.New(codes.Internal, err.Error())
 }

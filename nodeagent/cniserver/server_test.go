@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
 )
 
@@ -142,7 +143,7 @@ func TestAddDelRoundTrip(t *testing.T) {
 	testutil.RequireRoot(t) // SO_PEERCRED: the test process must be root to be accepted
 	rec := &recorder{outcome: Enrolled}
 	s, _ := startServer(t, rec, Config{})
-	c := cniapi.NewCNIEventsClient(dial(t, s.SocketPath()))
+	c := cniapi.NewCNIEventsClient(dial(t, s.cfg.SocketPath))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -194,6 +195,14 @@ func TestAddAnswers(t *testing.T) {
 		{"plain error", &recorder{err: errors.New("apply in-pod rules: iptables-restore: exit 4")}, okPod, 0, codes.Internal, "iptables-restore: exit 4"},
 		{"status error keeps its code", &recorder{err: status.Error(codes.FailedPrecondition, "pod has no netns")}, okPod, 0, codes.FailedPrecondition, "pod has no netns"},
 		{"wrapped deadline", &recorder{err: fmt.Errorf("wait for ztunnel: %w", context.DeadlineExceeded)}, okPod, 0, codes.DeadlineExceeded, "wait for ztunnel"},
+		// The agent's domain errors, wrapped as the core wraps them, reach the
+		// plugin as these codes (errors.Is across the boundary).
+		{"pod unknown", &recorder{err: fmt.Errorf("pod ns/p not found (waited 10s): %w", agent.ErrPodUnknown)}, okPod, 0, codes.NotFound, "pod ns/p not found"},
+		{"api unavailable", &recorder{err: fmt.Errorf("lookup: %w: %w", agent.ErrAPIUnavailable, errors.New("connection refused"))}, okPod, 0, codes.Unavailable, "connection refused"},
+		{"invalid pod", &recorder{err: fmt.Errorf("pod ns/p: %w: bad dns-capture", agent.ErrInvalidPod)}, okPod, 0, codes.InvalidArgument, "bad dns-capture"},
+		{"netns unusable", &recorder{err: fmt.Errorf("pod ns/p: %w: netns %q", agent.ErrNetnsUnusable, "/x")}, okPod, 0, codes.InvalidArgument, "netns"},
+		{"not captured", &recorder{err: fmt.Errorf("%w: program in-pod rules: boom", agent.ErrNotCaptured)}, okPod, 0, codes.Internal, "boom"},
+		{"pending with fail-pending", &recorder{err: fmt.Errorf("pod ns/p: %w (--fail-pending is set)", fmt.Errorf("%w: nack", agent.ErrPending))}, okPod, 0, codes.Unavailable, "--fail-pending"},
 		{"no pod", &recorder{outcome: Enrolled}, nil, 0, codes.InvalidArgument, "no pod"},
 		{"no namespace", &recorder{outcome: Enrolled}, &cniapi.Pod{Name: "p", NetnsPath: "/x"}, 0, codes.InvalidArgument, "name and namespace"},
 		{"no netns", &recorder{outcome: Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns"}, 0, codes.InvalidArgument, "netns path"},
@@ -202,7 +211,7 @@ func TestAddAnswers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, _ := startServer(t, tt.h, Config{})
-			c := cniapi.NewCNIEventsClient(dial(t, s.SocketPath()))
+			c := cniapi.NewCNIEventsClient(dial(t, s.cfg.SocketPath))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			resp, err := c.AddPod(ctx, &cniapi.AddPodRequest{Pod: tt.pod})
@@ -232,7 +241,7 @@ func TestDeadlinePropagatesAndNothingLeaks(t *testing.T) {
 	fdsBefore := countFDs(t)
 	rec := &recorder{block: true}
 	s, stop := startServer(t, rec, Config{})
-	conn := dial(t, s.SocketPath())
+	conn := dial(t, s.cfg.SocketPath)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_, err := cniapi.NewCNIEventsClient(conn).AddPod(ctx, &cniapi.AddPodRequest{Pod: &cniapi.Pod{Name: "p", Namespace: "ns", NetnsPath: "/x"}})
@@ -283,7 +292,7 @@ func TestSocketLifecycle(t *testing.T) {
 	}
 
 	// The health calls below succeeding shows a live socket replaced the dead one.
-	hc := healthpb.NewHealthClient(dial(t, s.SocketPath()))
+	hc := healthpb.NewHealthClient(dial(t, s.cfg.SocketPath))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, svc := range []string{"", cniapi.HealthService} {
@@ -340,7 +349,7 @@ func TestRefusesNonRootPeer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = []string{helperEnv + "=" + s.SocketPath()}
+		cmd.Env = []string{helperEnv + "=" + s.cfg.SocketPath}
 		cmd.SysProcAttr = &syscall.SysProcAttr{
 			Credential:  &syscall.Credential{Uid: 65534, Gid: 65534},
 			AmbientCaps: caps,

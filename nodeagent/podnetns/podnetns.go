@@ -41,13 +41,13 @@ func New(hostProc string) *Finder {
 	return &Finder{HostProc: hostProc, addrs: netnsAddrs}
 }
 
-// Find scans HostProc once and returns, per uid found, an open handle of
+// Find scans HostProc once and returns, per uid found, an open Handle of
 // /proc/<pid>/ns/net (the caller owns and closes it). Pods not found are simply
 // absent from the map. Processes that vanish mid-scan are skipped. An error is
 // returned only when HostProc itself cannot be read or ctx ends; the handles
 // found so far are closed then.
-func (f *Finder) Find(ctx context.Context, targets []Target) (map[string]*os.File, error) {
-	found := make(map[string]*os.File)
+func (f *Finder) Find(ctx context.Context, targets []Target) (map[string]*Handle, error) {
+	found := make(map[string]*Handle)
 	if len(targets) == 0 {
 		return found, nil
 	}
@@ -113,7 +113,7 @@ func (f *Finder) Find(ctx context.Context, targets []Target) (map[string]*os.Fil
 
 // check opens nsPath and keeps it when that netns holds one of ips. tried
 // avoids re-listing the same namespace for every process of the pod.
-func (f *Finder) check(nsPath string, ips []netip.Addr, tried map[uint64]bool) (*os.File, bool) {
+func (f *Finder) check(nsPath string, ips []netip.Addr, tried map[uint64]bool) (*Handle, bool) {
 	h, err := os.Open(nsPath)
 	if err != nil {
 		return nil, false
@@ -129,7 +129,12 @@ func (f *Finder) check(nsPath string, ips []netip.Addr, tried map[uint64]bool) (
 		h.Close()
 		return nil, false
 	}
-	return h, true
+	nh, err := fromFile(h, nsPath)
+	if err != nil {
+		h.Close()
+		return nil, false
+	}
+	return nh, true
 }
 
 func holdsAny(have, want []netip.Addr) bool {
@@ -185,7 +190,7 @@ func netnsAddrs(f *os.File) ([]netip.Addr, error) {
 var ErrNotFound = errors.New("pod network namespace not found")
 
 // FindOne is Find for a single pod.
-func (f *Finder) FindOne(ctx context.Context, t Target) (*os.File, error) {
+func (f *Finder) FindOne(ctx context.Context, t Target) (*Handle, error) {
 	m, err := f.Find(ctx, []Target{t})
 	if err != nil {
 		return nil, err

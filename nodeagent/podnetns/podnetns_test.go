@@ -100,7 +100,7 @@ func TestFindFakeProc(t *testing.T) {
 		t.Fatalf("found %d pods, want %d: %v", len(got), len(want), got)
 	}
 	for uid, path := range want {
-		if h := got[uid]; h == nil || h.Name() != path {
+		if h := got[uid]; h == nil || h.Path() != path {
 			t.Errorf("pod %s: got %v, want %s", uid, h, path)
 		}
 	}
@@ -190,15 +190,8 @@ func TestFindRealNetns(t *testing.T) {
 	}
 	defer h.Close()
 	// The handle must refer to the very namespace the test created.
-	var want, got os.FileInfo
-	if want, err = os.Stat(podNS.Path()); err != nil {
-		t.Fatal(err)
-	}
-	if got, err = h.Stat(); err != nil {
-		t.Fatal(err)
-	}
-	if !os.SameFile(want, got) {
-		t.Errorf("found netns %s is not the pod's netns %s", h.Name(), podNS.Path())
+	if !h.SameAs(podNS.Path()) {
+		t.Errorf("found netns %s is not the pod's netns %s", h, podNS.Path())
 	}
 }
 

@@ -1,4 +1,5 @@
-// Package podstatus writes the ambient.istio.io/redirection annotation. Writes
+// Package podstatus writes what a pod shows about its enrollment (today the
+// ambient.istio.io/redirection annotation; a Status field each). Writes
 // are merge patches on the pods/status subresource (what the agent's RBAC
 // allows), queued and retried with capped backoff until they land, so a slow or
 // unreachable API server never blocks enrollment. Only the newest wanted value
@@ -19,10 +20,17 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
-// Annotation is the annotation this package writes.
-const Annotation = "ambient.istio.io/redirection"
+// Status is what one pod should show. The agent derives it from the pod's
+// phase in one place; adding a field (e.g. a pod condition) means adding it
+// here, to that derivation and to the patch body below.
+type Status struct {
+	// Redirection is the ambient.istio.io/redirection value; "" removes it.
+	Redirection string
+}
 
 // Key names one pod: a pod recreated under the same name (a StatefulSet pod)
 // is another pod, so a write for the old one never replaces the new one's.
@@ -31,9 +39,9 @@ type Key struct{ Namespace, Name, UID string }
 func (k Key) String() string { return k.Namespace + "/" + k.Name + " (uid " + k.UID + ")" }
 
 type want struct {
-	uid   string
-	value string // "" removes the annotation
-	gen   uint64
+	uid    string
+	status Status
+	gen    uint64
 }
 
 // Result is reported to the optional OnResult hook after every attempt.
@@ -87,13 +95,13 @@ func New(client kubernetes.Interface, log *slog.Logger, opts Options) *Patcher {
 	}
 }
 
-// Set asks for the annotation of pod namespace/name (which must have uid) to
-// become value; value "" removes it. It never blocks.
-func (p *Patcher) Set(namespace, name, uid, value string) {
+// Set asks for pod namespace/name (which must have uid) to show st. It never
+// blocks.
+func (p *Patcher) Set(namespace, name, uid string, st Status) {
 	k := Key{namespace, name, uid}
 	p.mu.Lock()
 	p.gen++
-	p.wanted[k] = want{uid: uid, value: value, gen: p.gen}
+	p.wanted[k] = want{uid: uid, status: st, gen: p.gen}
 	p.mu.Unlock()
 	p.queue.Add(k)
 }
@@ -105,12 +113,12 @@ func (p *Patcher) Pending() int {
 	return len(p.wanted)
 }
 
-// Wanted returns the value queued for a pod and whether a write is queued.
-func (p *Patcher) Wanted(namespace, name, uid string) (string, bool) {
+// queued returns the status queued for a pod and whether a write is queued.
+func (p *Patcher) queued(namespace, name, uid string) (Status, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	w, ok := p.wanted[Key{namespace, name, uid}]
-	return w.value, ok
+	return w.status, ok
 }
 
 // Run writes queued annotations with the given number of workers until ctx
@@ -152,7 +160,7 @@ func (p *Patcher) next(ctx context.Context) bool {
 		// Gone, or a different pod now has this name (the uid precondition
 		// failed): the write is moot.
 		res = ResultDropped
-		p.log.Info("annotation write dropped", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "value", w.value, "reason", err)
+		p.log.Info("annotation write dropped", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "status", w.status, "reason", err)
 	default:
 		res = ResultRetry
 	}
@@ -161,7 +169,7 @@ func (p *Patcher) next(ctx context.Context) bool {
 	}
 	if res == ResultRetry {
 		if ctx.Err() == nil {
-			p.log.Warn("annotation write failed, retrying", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "value", w.value, "error", err)
+			p.log.Warn("annotation write failed, retrying", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "status", w.status, "error", err)
 		}
 		p.queue.AddRateLimited(k)
 		return true
@@ -179,13 +187,13 @@ func (p *Patcher) next(ctx context.Context) bool {
 // the pod was recreated under the same name, the API server rejects the write.
 func (p *Patcher) patch(ctx context.Context, k Key, w want) error {
 	var val any
-	if w.value != "" {
-		val = w.value
+	if w.status.Redirection != "" {
+		val = w.status.Redirection
 	}
 	body, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{
 			"uid":         w.uid,
-			"annotations": map[string]any{Annotation: val},
+			"annotations": map[string]any{podmeta.AnnotationRedirection: val},
 		},
 	})
 	if err != nil {
@@ -195,7 +203,7 @@ func (p *Patcher) patch(ctx context.Context, k Key, w want) error {
 	defer cancel()
 	_, err = p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
-		return fmt.Errorf("podstatus: patch %s %s=%q: %w", k, Annotation, w.value, err)
+		return fmt.Errorf("podstatus: patch %s %+v: %w", k, w.status, err)
 	}
 	return nil
 }

@@ -21,6 +21,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ambientd/ambientd/internal/testutil"
+
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
 func pod(name, uid string, ann map[string]string) *corev1.Pod {
@@ -38,7 +40,7 @@ func annotation(t *testing.T, c *fake.Clientset, name string) (string, bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, ok := p.Annotations[Annotation]
+	v, ok := p.Annotations[podmeta.AnnotationRedirection]
 	return v, ok
 }
 
@@ -70,8 +72,8 @@ func TestSetRetriesUntilLanded(t *testing.T) {
 			n.(*atomic.Int32).Add(1)
 		}})
 	start(t, p)
-	p.Set("ns", "a", "u-1", "pending")
-	p.Set("ns", "a", "u-1", "enabled") // only the newest value matters
+	p.Set("ns", "a", "u-1", Status{Redirection: "pending"})
+	p.Set("ns", "a", "u-1", Status{Redirection: "enabled"}) // only the newest value matters
 	waitFor(t, "annotation enabled", func() bool { v, _ := annotation(t, c, "a"); return v == "enabled" && p.Pending() == 0 })
 	if !sawStatus.Load() {
 		t.Error("patch did not target the status subresource")
@@ -80,7 +82,7 @@ func TestSetRetriesUntilLanded(t *testing.T) {
 		t.Errorf("retries not reported: %v", n)
 	}
 
-	p.Set("ns", "a", "u-1", "")
+	p.Set("ns", "a", "u-1", Status{Redirection: ""})
 	waitFor(t, "annotation removed", func() bool { _, ok := annotation(t, c, "a"); return !ok && p.Pending() == 0 })
 }
 
@@ -94,8 +96,8 @@ func TestSetDropsGoneOrReplacedPod(t *testing.T) {
 	})
 	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: time.Millisecond})
 	start(t, p)
-	p.Set("ns", "missing", "u-9", "enabled")
-	p.Set("ns", "b", "u-old", "enabled")
+	p.Set("ns", "missing", "u-9", Status{Redirection: "enabled"})
+	p.Set("ns", "b", "u-old", Status{Redirection: "enabled"})
 	waitFor(t, "writes dropped", func() bool { return p.Pending() == 0 })
 	if _, ok := annotation(t, c, "b"); ok {
 		t.Error("replaced pod got annotated")
@@ -124,14 +126,14 @@ func TestSetForOldPodDoesNotReplaceNewPodsWrite(t *testing.T) {
 		return false, nil, nil
 	})
 	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: time.Millisecond})
-	p.Set("ns", "web-0", "u-new", "enabled")
-	p.Set("ns", "web-0", "u-old", "") // queued before any write runs
+	p.Set("ns", "web-0", "u-new", Status{Redirection: "enabled"})
+	p.Set("ns", "web-0", "u-old", Status{Redirection: ""}) // queued before any write runs
 	start(t, p)
 	waitFor(t, "writes done", func() bool { return p.Pending() == 0 })
 	if v, _ := annotation(t, c, "web-0"); v != "enabled" {
 		t.Errorf("new pod's annotation %q, want enabled", v)
 	}
-	if v, ok := p.Wanted("ns", "web-0", "u-new"); ok {
+	if v, ok := p.queued("ns", "web-0", "u-new"); ok {
 		t.Errorf("write still queued after landing: %q", v)
 	}
 }

@@ -6,18 +6,8 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-)
 
-// Labels and annotations shared with Istio, so pods and namespaces labelled for
-// istio-cni behave the same under ambientd.
-const (
-	LabelDataplaneMode      = "istio.io/dataplane-mode"
-	ModeAmbient             = "ambient"
-	ModeNone                = "none"
-	AnnotationSidecarStatus = "sidecar.istio.io/status"
-	AnnotationRedirection   = "ambient.istio.io/redirection"
-	RedirectionEnabled      = "enabled"
-	RedirectionPending      = "pending"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
 // Reason says why a pod is or is not in the mesh; it is used as a metric label
@@ -73,7 +63,7 @@ func (c Config) Decide(pod *corev1.Pod, nsLabels map[string]string) Decision {
 		return Decision{Reason: ReasonExcludedNamespace}
 	case pod.Spec.HostNetwork:
 		return Decision{Reason: ReasonHostNetwork}
-	case hasKey(pod.Annotations, AnnotationSidecarStatus):
+	case hasKey(pod.Annotations, podmeta.AnnotationSidecarStatus):
 		return Decision{Reason: ReasonSidecar}
 	case matches(pod.Labels, c.ZtunnelLabels):
 		return Decision{Reason: ReasonZtunnel}
@@ -82,13 +72,13 @@ func (c Config) Decide(pod *corev1.Pod, nsLabels map[string]string) Decision {
 	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
 		return Decision{Reason: ReasonTerminal}
 	}
-	switch pod.Labels[LabelDataplaneMode] {
-	case ModeNone:
+	switch pod.Labels[podmeta.LabelDataplaneMode] {
+	case podmeta.ModeNone:
 		return Decision{Reason: ReasonPodOptOut}
-	case ModeAmbient:
+	case podmeta.ModeAmbient:
 		return Decision{InMesh: true, Reason: ReasonPodLabel}
 	}
-	if nsLabels[LabelDataplaneMode] == ModeAmbient {
+	if nsLabels[podmeta.LabelDataplaneMode] == podmeta.ModeAmbient {
 		return Decision{InMesh: true, Reason: ReasonNamespaceLabel}
 	}
 	return Decision{Reason: ReasonNotLabelled}

@@ -5,11 +5,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
 func TestDecide(t *testing.T) {
-	ambient := map[string]string{LabelDataplaneMode: ModeAmbient}
-	none := map[string]string{LabelDataplaneMode: ModeNone}
+	ambient := map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}
+	none := map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeNone}
 	pod := func(ns string, labels, ann map[string]string, mut ...func(*corev1.Pod)) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels, Annotations: ann}}
 		for _, m := range mut {
@@ -29,14 +31,14 @@ func TestDecide(t *testing.T) {
 		{"namespace labelled", pod("a", nil, nil), ambient, Decision{true, ReasonNamespaceLabel}},
 		{"pod labelled", pod("a", ambient, nil), nil, Decision{true, ReasonPodLabel}},
 		{"nothing labelled", pod("a", nil, nil), nil, Decision{false, ReasonNotLabelled}},
-		{"other namespace mode", pod("a", nil, nil), map[string]string{LabelDataplaneMode: "sidecar"}, Decision{false, ReasonNotLabelled}},
+		{"other namespace mode", pod("a", nil, nil), map[string]string{podmeta.LabelDataplaneMode: "sidecar"}, Decision{false, ReasonNotLabelled}},
 		{"pod opts out of ambient namespace", pod("a", none, nil), ambient, Decision{false, ReasonPodOptOut}},
 		{"excluded namespace beats pod label", pod("kube-system", ambient, nil), ambient, Decision{false, ReasonExcludedNamespace}},
 		{"host network", pod("a", ambient, nil, hostNet), ambient, Decision{false, ReasonHostNetwork}},
-		{"sidecar injected", pod("a", nil, map[string]string{AnnotationSidecarStatus: "{}"}), ambient, Decision{false, ReasonSidecar}},
-		{"sidecar annotation empty still counts", pod("a", nil, map[string]string{AnnotationSidecarStatus: ""}), ambient, Decision{false, ReasonSidecar}},
+		{"sidecar injected", pod("a", nil, map[string]string{podmeta.AnnotationSidecarStatus: "{}"}), ambient, Decision{false, ReasonSidecar}},
+		{"sidecar annotation empty still counts", pod("a", nil, map[string]string{podmeta.AnnotationSidecarStatus: ""}), ambient, Decision{false, ReasonSidecar}},
 		{"ztunnel pod", pod("istio-system", map[string]string{"app": "ztunnel"}, nil), ambient, Decision{false, ReasonZtunnel}},
-		{"agent pod", pod("istio-system", map[string]string{"app": "ambientd", LabelDataplaneMode: ModeAmbient}, nil), ambient, Decision{false, ReasonSelf}},
+		{"agent pod", pod("istio-system", map[string]string{"app": "ambientd", podmeta.LabelDataplaneMode: podmeta.ModeAmbient}, nil), ambient, Decision{false, ReasonSelf}},
 		{"succeeded pod", pod("a", nil, nil, phase(corev1.PodSucceeded)), ambient, Decision{false, ReasonTerminal}},
 		{"failed pod", pod("a", nil, nil, phase(corev1.PodFailed)), ambient, Decision{false, ReasonTerminal}},
 		{"running pod", pod("a", nil, nil, phase(corev1.PodRunning)), ambient, Decision{true, ReasonNamespaceLabel}},
@@ -53,7 +55,7 @@ func TestDecide(t *testing.T) {
 
 func TestDecideEmptyConfigExcludesNothing(t *testing.T) {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Labels: map[string]string{"app": "ztunnel"}}}
-	got := Config{}.Decide(p, map[string]string{LabelDataplaneMode: ModeAmbient})
+	got := Config{}.Decide(p, map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient})
 	if !got.InMesh {
 		t.Errorf("empty config: Decide = %+v, want in mesh", got)
 	}

@@ -1,63 +1,46 @@
-// Package registry is the agent's record of enrolled pods: uid → pod identity,
-// IPs, open network-namespace handle and enrollment state. It owns the netns
-// file descriptors: it closes a pod's handle when the pod is removed or its
-// handle replaced, and nobody else does.
+// Package registry is the agent's record of the pods it has taken on: uid →
+// pod identity, IPs, open network-namespace handle and lifecycle phase. It
+// owns the netns handles: it closes a pod's handle when the pod leaves or its
+// handle is replaced, and nobody else does.
 //
-// The registry is what a newly connected ztunnel gets as its snapshot, so a pod
-// must be in it from the moment its rules are in place until it is removed.
+// A pod's phase changes only through Update, and only along the moves
+// listed in transitions.go. The registry is what a newly connected ztunnel
+// gets as its snapshot, so a pod is in it from the moment its rules may be in
+// place until it is released.
 package registry
 
 import (
+	"errors"
+	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"sort"
 	"sync"
+
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 )
 
-// State is a pod's enrollment state, mirrored in the
-// ambient.istio.io/redirection annotation.
-type State int
-
-const (
-	// Pending: rules are in place, ztunnel has not acked the pod yet.
-	Pending State = iota
-	// Enabled: ztunnel acked the pod and its IPs are in the probe set.
-	Enabled
-)
-
-func (s State) String() string {
-	switch s {
-	case Pending:
-		return "pending"
-	case Enabled:
-		return "enabled"
-	}
-	return "unknown"
-}
-
-// Entry is one enrolled pod. Netns may be nil when the agent restarted and
-// could not find the pod's namespace: ztunnel is then told to keep the pod as
-// it is. Callers get copies; they must not close Netns.
+// Entry is one pod. Netns may be nil when the agent restarted and could not
+// find the pod's namespace: ztunnel is then told to keep the pod as it is.
+// Callers get copies; they must not close Netns.
 type Entry struct {
 	UID            string
 	Name           string
 	Namespace      string
 	ServiceAccount string
 	IPs            []netip.Addr
-	Netns          *os.File
-	State          State
-	// RulesUnverified marks a pod restored after a restart only because the
-	// policy puts it in the mesh and its netns was found (it carried no
-	// redirection annotation, e.g. the agent died before that patch landed):
-	// its rules may or may not be in place, so the next reconcile applies
-	// them (idempotently) before telling ztunnel again.
-	RulesUnverified bool
-	// Releasing marks a pod being taken out of the mesh: its rules are gone
-	// (or it is) and ztunnel is being told to drop it. It is left out of
-	// snapshots, so a ztunnel that connects meanwhile never gets it.
-	Releasing bool
+	Netns          *podnetns.Handle
+	Phase          Phase
+	// LastError says why the pod is not (yet) enabled; empty when it is.
+	// It is what a pod condition's message will carry.
+	LastError string
+	// Gone marks a pod whose object or sandbox is gone: when it leaves
+	// the registry there is nothing left to annotate.
+	Gone bool
 }
+
+// ErrForbidden wraps a phase move that transitions.go does not allow.
+var ErrForbidden = errors.New("phase transition not allowed")
 
 // Registry is safe for concurrent use.
 type Registry struct {
@@ -70,23 +53,50 @@ func New() *Registry {
 	return &Registry{entries: make(map[string]*Entry)}
 }
 
-// Put records e, replacing any entry with the same UID. When the replaced
-// entry held a different netns handle, that handle is closed; when e.Netns is
-// nil the existing handle is kept (a restart re-registering a pod it could not
-// find must not drop a handle it already has).
-func (r *Registry) Put(e Entry) {
-	e.IPs = slices.Clone(e.IPs)
+// Update is the one way to change a pod. fn gets a copy of uid's entry (a
+// zero Entry with UID set and Phase Absent when uid is not registered) and
+// changes it; the result is stored when the phase move old → new is allowed
+// (staying in a phase always is). Phase Absent removes the entry. The netns
+// handle follows the entry: a handle fn replaced, or that leaves with the
+// entry, is closed; a new handle in a refused update is closed too, so a
+// handle never leaks. It returns the stored entry (a copy) and, for a refused
+// move, an error wrapping ErrForbidden.
+//
+// The agent calls Update under its per-pod lock, so fn sees the pod as no
+// other change can leave it meanwhile.
+func (r *Registry) Update(uid string, fn func(*Entry)) (Entry, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if old, ok := r.entries[e.UID]; ok {
-		switch {
-		case e.Netns == nil:
-			e.Netns = old.Netns
-		case old.Netns != nil && old.Netns != e.Netns:
-			old.Netns.Close()
-		}
+	old, ok := r.entries[uid]
+	cur := Entry{UID: uid}
+	if ok {
+		cur = *old
+		cur.IPs = slices.Clone(old.IPs)
 	}
-	r.entries[e.UID] = &e
+	next := cur
+	fn(&next)
+	next.UID = uid
+	next.IPs = slices.Clone(next.IPs)
+	if !canMove(cur.Phase, next.Phase) {
+		if next.Netns != nil && next.Netns != cur.Netns {
+			next.Netns.Close()
+		}
+		return cur, fmt.Errorf("pod %s/%s (uid %s): %s → %s: %w", cur.Namespace, cur.Name, uid, cur.Phase, next.Phase, ErrForbidden)
+	}
+	if cur.Netns != nil && cur.Netns != next.Netns {
+		cur.Netns.Close()
+	}
+	if next.Phase == Absent {
+		if next.Netns != nil {
+			next.Netns.Close() // it leaves with the entry
+		}
+		delete(r.entries, uid)
+		return Entry{UID: uid}, nil
+	}
+	r.entries[uid] = &next
+	out := next
+	out.IPs = slices.Clone(next.IPs)
+	return out, nil
 }
 
 // Get returns a copy of the entry for uid.
@@ -95,90 +105,11 @@ func (r *Registry) Get(uid string) (Entry, bool) {
 	defer r.mu.Unlock()
 	e, ok := r.entries[uid]
 	if !ok {
-		return Entry{}, false
+		return Entry{UID: uid}, false
 	}
-	return *e, true
-}
-
-// SetState changes the state of uid and reports whether uid is registered.
-func (r *Registry) SetState(uid string, s State) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[uid]
-	if ok {
-		e.State = s
-	}
-	return ok
-}
-
-// SetStateIf moves uid from state from to state to, atomically; it reports
-// whether it did (false when the pod is unknown or in another state).
-func (r *Registry) SetStateIf(uid string, from, to State) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[uid]
-	if !ok || e.State != from {
-		return false
-	}
-	e.State = to
-	return true
-}
-
-// SetReleasing marks uid as Releasing and reports whether it is registered.
-func (r *Registry) SetReleasing(uid string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[uid]
-	if ok {
-		e.Releasing = true
-	}
-	return ok
-}
-
-// SetRulesVerified clears RulesUnverified of uid (its rules were just
-// applied) and reports whether uid is registered.
-func (r *Registry) SetRulesVerified(uid string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[uid]
-	if ok {
-		e.RulesUnverified = false
-	}
-	return ok
-}
-
-// SetNetns gives uid a netns handle (found later, e.g. by a /proc scan), closing
-// any previous different one. If uid is not registered, f is closed and false
-// returned, so a handle never leaks.
-func (r *Registry) SetNetns(uid string, f *os.File) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[uid]
-	if !ok {
-		f.Close()
-		return false
-	}
-	if e.Netns != nil && e.Netns != f {
-		e.Netns.Close()
-	}
-	e.Netns = f
-	return true
-}
-
-// Delete removes uid and closes its netns handle. It reports whether uid was
-// registered.
-func (r *Registry) Delete(uid string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[uid]
-	if !ok {
-		return false
-	}
-	if e.Netns != nil {
-		e.Netns.Close()
-	}
-	delete(r.entries, uid)
-	return true
+	out := *e
+	out.IPs = slices.Clone(e.IPs)
+	return out, true
 }
 
 // List returns copies of all entries, sorted by namespace, name, uid so
@@ -203,13 +134,13 @@ func (r *Registry) List() []Entry {
 	return out
 }
 
-// UIDs returns the registered uids in the given state.
-func (r *Registry) UIDs(s State) []string {
+// UIDs returns the registered uids in phase p.
+func (r *Registry) UIDs(p Phase) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []string
 	for uid, e := range r.entries {
-		if e.State == s {
+		if e.Phase == p {
 			out = append(out, uid)
 		}
 	}
@@ -239,8 +170,8 @@ func (r *Registry) Len() int {
 	return len(r.entries)
 }
 
-// Close removes every entry and closes every handle. The agent calls it at
-// shutdown.
+// Close removes every entry and closes every handle: the agent is stopping,
+// so this is not a lifecycle move of any pod. The agent calls it at shutdown.
 func (r *Registry) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()

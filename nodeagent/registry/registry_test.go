@@ -3,33 +3,81 @@ package registry
 import (
 	"errors"
 	"net/netip"
-	"os"
-	"path/filepath"
+	"slices"
 	"testing"
+
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 )
 
-// openFile returns a real open file so the test can observe whether the
-// registry closed it.
-func openFile(t *testing.T) *os.File {
+// openHandle returns a real open netns handle (this process's own netns) so
+// the test can observe whether the registry closed it.
+func openHandle(t *testing.T) *podnetns.Handle {
 	t.Helper()
-	f, err := os.Create(filepath.Join(t.TempDir(), "ns"))
+	h, err := podnetns.Open("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.Close() })
-	return f
+	t.Cleanup(func() { h.Close() })
+	return h
 }
 
-func isClosed(f *os.File) bool {
-	_, err := f.Stat()
-	return errors.Is(err, os.ErrClosed)
+func isClosed(h *podnetns.Handle) bool { return h.Fd() == ^uintptr(0) }
+
+// put stores e as it is (whatever its phase), as a rebuild or an enrollment does.
+func put(t *testing.T, r *Registry, e Entry) {
+	t.Helper()
+	if _, err := r.Update(e.UID, func(cur *Entry) { *cur = e }); err != nil {
+		t.Fatal(err)
+	}
 }
 
-func TestPutReplacesAndClosesOldHandle(t *testing.T) {
+var phases = []Phase{Absent, Unverified, Pending, Enabled, Releasing}
+
+// TestTransitions: every allowed move is stored, every other one is refused
+// and leaves the entry as it was.
+func TestTransitions(t *testing.T) {
+	want := map[[2]Phase]bool{
+		{Absent, Unverified}: true, {Absent, Pending}: true, {Absent, Enabled}: true,
+		{Unverified, Pending}: true, {Unverified, Releasing}: true,
+		{Pending, Enabled}: true, {Pending, Releasing}: true,
+		{Enabled, Pending}: true, {Enabled, Releasing}: true,
+		{Releasing, Absent}: true,
+	}
+	for _, from := range phases {
+		for _, to := range phases {
+			ok := from == to || want[[2]Phase{from, to}]
+			t.Run(from.String()+"→"+to.String(), func(t *testing.T) {
+				if canMove(from, to) != ok {
+					t.Fatalf("canMove(%v, %v) = %v, want %v", from, to, !ok, ok)
+				}
+				r := New()
+				if from != Absent {
+					r.entries["u"] = &Entry{UID: "u", Name: "p", Namespace: "n", Phase: from}
+				}
+				got, err := r.Update("u", func(e *Entry) { e.Phase = to })
+				cur, registered := r.Get("u")
+				switch {
+				case ok && err != nil:
+					t.Errorf("allowed move refused: %v", err)
+				case ok && (got.Phase != to || cur.Phase != to || registered != (to != Absent)):
+					t.Errorf("allowed move: returned %v, stored %v (registered %v), want %v", got.Phase, cur.Phase, registered, to)
+				case !ok && !errors.Is(err, ErrForbidden):
+					t.Errorf("forbidden move: err = %v, want ErrForbidden", err)
+				case !ok && (cur.Phase != from || registered != (from != Absent)):
+					t.Errorf("forbidden move changed the entry: phase %v registered %v, want %v", cur.Phase, registered, from)
+				}
+			})
+		}
+	}
+}
+
+func TestUpdateReplacesAndClosesOldHandle(t *testing.T) {
 	r := New()
-	a, b := openFile(t), openFile(t)
-	r.Put(Entry{UID: "u1", Name: "p", Namespace: "n", Netns: a})
-	r.Put(Entry{UID: "u1", Name: "p", Namespace: "n", Netns: b, State: Enabled})
+	a, b := openHandle(t), openHandle(t)
+	put(t, r, Entry{UID: "u1", Name: "p", Namespace: "n", Netns: a, Phase: Pending})
+	if _, err := r.Update("u1", func(e *Entry) { e.Netns, e.Phase = b, Enabled }); err != nil {
+		t.Fatal(err)
+	}
 	if !isClosed(a) {
 		t.Error("replaced handle not closed")
 	}
@@ -37,38 +85,37 @@ func TestPutReplacesAndClosesOldHandle(t *testing.T) {
 		t.Error("current handle closed")
 	}
 	e, ok := r.Get("u1")
-	if !ok || e.Netns != b || e.State != Enabled {
+	if !ok || e.Netns != b || e.Phase != Enabled {
 		t.Errorf("Get = %+v, %v", e, ok)
 	}
-}
-
-func TestPutNilNetnsKeepsHandle(t *testing.T) {
-	r := New()
-	a := openFile(t)
-	r.Put(Entry{UID: "u1", Netns: a})
-	r.Put(Entry{UID: "u1", State: Enabled})
-	e, _ := r.Get("u1")
-	if e.Netns != a || isClosed(a) {
-		t.Errorf("handle dropped: %+v closed=%v", e, isClosed(a))
-	}
-	// Re-putting the same handle must not close it.
-	r.Put(Entry{UID: "u1", Netns: a})
-	if isClosed(a) {
-		t.Error("same handle closed on re-put")
+	// Keeping the same handle must not close it.
+	if _, err := r.Update("u1", func(e *Entry) { e.LastError = "x" }); err != nil || isClosed(b) {
+		t.Errorf("same handle: err %v closed %v", err, isClosed(b))
 	}
 }
 
-func TestDeleteAndClose(t *testing.T) {
+func TestRefusedUpdateClosesNewHandle(t *testing.T) {
 	r := New()
-	a, b := openFile(t), openFile(t)
-	r.Put(Entry{UID: "u1", Netns: a})
-	r.Put(Entry{UID: "u2", Netns: b})
-	r.Put(Entry{UID: "u3"}) // Keep entry without handle
-	if !r.Delete("u1") || !isClosed(a) {
-		t.Error("Delete did not remove/close")
+	a := openHandle(t)
+	if _, err := r.Update("u", func(e *Entry) { e.Netns, e.Phase = a, Releasing }); !errors.Is(err, ErrForbidden) {
+		t.Fatalf("absent → releasing: err = %v", err)
 	}
-	if r.Delete("u1") {
-		t.Error("second Delete reported true")
+	if !isClosed(a) || r.Len() != 0 {
+		t.Errorf("refused update: handle closed %v, registry %d; want closed, empty", isClosed(a), r.Len())
+	}
+}
+
+func TestReleaseAndClose(t *testing.T) {
+	r := New()
+	a, b := openHandle(t), openHandle(t)
+	put(t, r, Entry{UID: "u1", Netns: a, Phase: Enabled})
+	if _, err := r.Update("u1", func(e *Entry) { e.Phase = Releasing }); err != nil {
+		t.Fatal(err)
+	}
+	put(t, r, Entry{UID: "u2", Netns: b, Phase: Enabled})
+	put(t, r, Entry{UID: "u3", Phase: Enabled}) // Keep entry without handle
+	if _, err := r.Update("u1", func(e *Entry) { e.Phase = Absent }); err != nil || !isClosed(a) || r.Len() != 2 {
+		t.Errorf("release: err %v closed %v len %d", err, isClosed(a), r.Len())
 	}
 	r.Close()
 	if !isClosed(b) || r.Len() != 0 {
@@ -76,110 +123,34 @@ func TestDeleteAndClose(t *testing.T) {
 	}
 }
 
-func TestSetNetnsUnknownClosesHandle(t *testing.T) {
-	r := New()
-	a := openFile(t)
-	if r.SetNetns("nope", a) {
-		t.Error("SetNetns on unknown uid reported true")
-	}
-	if !isClosed(a) {
-		t.Error("handle for unknown uid leaked")
-	}
-	b, c := openFile(t), openFile(t)
-	r.Put(Entry{UID: "u"})
-	r.SetNetns("u", b)
-	r.SetNetns("u", c)
-	if !isClosed(b) || isClosed(c) {
-		t.Errorf("closed b=%v c=%v", isClosed(b), isClosed(c))
-	}
-}
-
-func TestListSortedAndStates(t *testing.T) {
+func TestListSortedAndPhases(t *testing.T) {
 	r := New()
 	ip := netip.MustParseAddr("10.0.0.1")
 	ips := []netip.Addr{ip}
-	r.Put(Entry{UID: "3", Namespace: "b", Name: "x"})
-	r.Put(Entry{UID: "1", Namespace: "a", Name: "y", IPs: ips, State: Enabled})
-	r.Put(Entry{UID: "2", Namespace: "a", Name: "x"})
+	put(t, r, Entry{UID: "3", Namespace: "b", Name: "x", Phase: Pending})
+	put(t, r, Entry{UID: "1", Namespace: "a", Name: "y", IPs: ips, Phase: Enabled})
+	put(t, r, Entry{UID: "2", Namespace: "a", Name: "x", Phase: Pending})
 	ips[0] = netip.MustParseAddr("10.9.9.9") // caller's slice must not alias
 	var got []string
 	for _, e := range r.List() {
 		got = append(got, e.UID)
 	}
-	if want := []string{"2", "1", "3"}; !equal(got, want) {
+	if want := []string{"2", "1", "3"}; !slices.Equal(got, want) {
 		t.Errorf("List order = %v, want %v", got, want)
 	}
 	if e, _ := r.Get("1"); e.IPs[0] != ip {
 		t.Errorf("IPs aliased caller slice: %v", e.IPs)
 	}
-	if got := r.UIDs(Pending); !equal(got, []string{"2", "3"}) {
+	if got := r.UIDs(Pending); !slices.Equal(got, []string{"2", "3"}) {
 		t.Errorf("UIDs(Pending) = %v", got)
 	}
-	if !r.SetState("2", Enabled) || r.SetState("nope", Enabled) {
-		t.Error("SetState result wrong")
+	if _, err := r.Update("2", func(e *Entry) { e.Phase = Enabled }); err != nil {
+		t.Fatal(err)
 	}
-	if got := r.UIDs(Enabled); !equal(got, []string{"1", "2"}) {
+	if got := r.UIDs(Enabled); !slices.Equal(got, []string{"1", "2"}) {
 		t.Errorf("UIDs(Enabled) = %v", got)
 	}
-	if got := r.FindByName("a", "x"); !equal(got, []string{"2"}) {
+	if got := r.FindByName("a", "x"); !slices.Equal(got, []string{"2"}) {
 		t.Errorf("FindByName = %v", got)
-	}
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func TestSetRulesVerified(t *testing.T) {
-	r := New()
-	f := openFile(t)
-	r.Put(Entry{UID: "u1", Name: "p", Namespace: "n", Netns: f, RulesUnverified: true})
-	if e, _ := r.Get("u1"); !e.RulesUnverified {
-		t.Fatal("RulesUnverified not recorded")
-	}
-	if !r.SetRulesVerified("u1") {
-		t.Fatal("SetRulesVerified of a registered uid = false")
-	}
-	if e, _ := r.Get("u1"); e.RulesUnverified || e.Netns != f || isClosed(f) {
-		t.Errorf("after SetRulesVerified: %+v (handle closed %v), want verified with the same open handle", e, isClosed(f))
-	}
-	if r.SetRulesVerified("nope") {
-		t.Error("SetRulesVerified of an unknown uid = true")
-	}
-}
-
-func TestSetStateIf(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		from, to  State
-		have      State
-		known     bool
-		wantMoved bool
-		wantState State
-	}{
-		{name: "matching state moves", have: Enabled, known: true, from: Enabled, to: Pending, wantMoved: true, wantState: Pending},
-		{name: "other state stays", have: Pending, known: true, from: Enabled, to: Pending, wantMoved: false, wantState: Pending},
-		{name: "unknown pod", known: false, from: Enabled, to: Pending, wantMoved: false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := New()
-			if tc.known {
-				r.Put(Entry{UID: "u", State: tc.have})
-			}
-			if got := r.SetStateIf("u", tc.from, tc.to); got != tc.wantMoved {
-				t.Errorf("SetStateIf = %v, want %v", got, tc.wantMoved)
-			}
-			if e, ok := r.Get("u"); ok != tc.known || (ok && e.State != tc.wantState) {
-				t.Errorf("after: %+v known=%v, want state %v known=%v", e, ok, tc.wantState, tc.known)
-			}
-		})
 	}
 }

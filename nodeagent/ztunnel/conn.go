@@ -11,8 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
-	"golang.org/x/sys/unix"
 )
 
 // request is one Add/Keep/Del/SnapshotSent and where its result goes.
@@ -23,9 +24,9 @@ type request struct {
 	res     chan error // buffered: the owner never blocks on a gone caller
 }
 
-func addReq(w Workload, netns *os.File) *request {
+func addReq(w Workload, netns *podnetns.Handle) *request {
 	return &request{
-		op: zp.OpAdd, uid: w.UID, netns: netns, res: make(chan error, 1),
+		op: zp.OpAdd, uid: w.UID, netns: netns.File(), res: make(chan error, 1),
 		msg: zp.AddRequest(w.UID, &zp.WorkloadInfo{Name: w.Name, Namespace: w.Namespace, ServiceAccount: w.ServiceAccount}),
 	}
 }
@@ -203,7 +204,7 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 // longer be trusted to pair acks with requests.
 func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal bool) {
 	m := c.s.metrics
-	start := time.Now()
+	start := c.s.now()
 	deadline := start.Add(c.s.cfg.AckTimeout)
 	if err := c.c.Send(r.msg, r.netns, deadline); err != nil {
 		if r.netns != nil && errors.Is(err, os.ErrClosed) {
@@ -215,6 +216,9 @@ func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal boo
 		m.requests.WithLabelValues(r.op, "broken").Inc()
 		return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, err), true
 	}
+	if c.s.afterSend != nil {
+		c.s.afterSend(r.op, r.uid)
+	}
 	return c.awaitAck(ctx, r, start, deadline)
 }
 
@@ -222,7 +226,7 @@ func (c *zconn) roundTrip(ctx context.Context, r *request) (err error, fatal boo
 // is already waiting when the deadline passes still counts.
 func (c *zconn) awaitAck(ctx context.Context, r *request, start, deadline time.Time) (err error, fatal bool) {
 	m := c.s.metrics
-	timer := time.NewTimer(time.Until(deadline))
+	timer := time.NewTimer(deadline.Sub(c.s.now()))
 	defer timer.Stop()
 	select {
 	case res := <-c.in:
@@ -248,7 +252,7 @@ func (c *zconn) ackResult(r *request, start time.Time, res readResult) (err erro
 		m.requests.WithLabelValues(r.op, "broken").Inc()
 		return fmt.Errorf("%s workload %s: %w: connection %d: %v", r.op, r.uid, ErrConnBroken, c.id, res.err), true
 	}
-	m.ackSeconds.WithLabelValues(r.op).Observe(time.Since(start).Seconds())
+	m.ackSeconds.WithLabelValues(r.op).Observe(c.s.now().Sub(start).Seconds())
 	if msg := res.ack.GetError(); msg != "" {
 		m.requests.WithLabelValues(r.op, "nack").Inc()
 		return &NackError{Op: r.op, UID: r.uid, Message: msg}, false
@@ -279,15 +283,9 @@ func (c *zconn) read() {
 
 // peerPID names the connecting process in logs (SO_PEERCRED); 0 if unknown.
 func peerPID(uc *net.UnixConn) int32 {
-	rc, err := uc.SyscallConn()
+	cred, err := unixsock.PeerCred(uc)
 	if err != nil {
 		return 0
 	}
-	var pid int32
-	_ = rc.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			pid = cred.Pid
-		}
-	})
-	return pid
+	return cred.Pid
 }

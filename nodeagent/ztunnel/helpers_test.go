@@ -11,6 +11,7 @@ import (
 
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 )
 
 // Generous bounds: the machine is shared with other builds.
@@ -136,10 +137,23 @@ func waitUntil(t testing.TB, what string, cond func() bool) {
 	testutil.Eventually(t, what, testTimeout, cond)
 }
 
+// testNetns is a throwaway network namespace and a Handle on it, as the
+// registry hands the server.
+type testNetns struct {
+	*testutil.NetNS
+	File *podnetns.Handle
+}
+
 // newNetns makes a throwaway network namespace with lo up.
-func newNetns(t testing.TB) *testutil.NetNS {
+func newNetns(t testing.TB) testNetns {
 	t.Helper()
-	return testutil.NewNetNSWith(t, testutil.NetNSOptions{IgnoreRemovalErr: true})
+	n := testutil.NewNetNSWith(t, testutil.NetNSOptions{IgnoreRemovalErr: true})
+	h, err := podnetns.Open(n.NS.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return testNetns{NetNS: n, File: h}
 }
 
 func wl(uid string) Workload {

@@ -7,6 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	connections prometheus.Gauge
 	accepted    prometheus.Counter
+	retries     prometheus.Counter
 	requests    *prometheus.CounterVec
 	ackSeconds  *prometheus.HistogramVec
 }
@@ -20,6 +21,10 @@ func newMetrics() *Metrics {
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ambientd_ztunnel_connections_accepted_total",
 			Help: "ztunnel connections accepted.",
+		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ambientd_ztunnel_accept_retries_total",
+			Help: "Temporary accept errors on the ztunnel socket (out of descriptors or memory), each retried after a backoff.",
 		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ambientd_ztunnel_requests_total",
@@ -37,6 +42,7 @@ func newMetrics() *Metrics {
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.connections.Describe(ch)
 	m.accepted.Describe(ch)
+	m.retries.Describe(ch)
 	m.requests.Describe(ch)
 	m.ackSeconds.Describe(ch)
 }
@@ -45,6 +51,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.connections.Collect(ch)
 	m.accepted.Collect(ch)
+	m.retries.Collect(ch)
 	m.requests.Collect(ch)
 	m.ackSeconds.Collect(ch)
 }

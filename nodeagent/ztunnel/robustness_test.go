@@ -7,14 +7,17 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
@@ -199,23 +202,33 @@ func TestAcceptRetriesWhenOutOfDescriptors(t *testing.T) {
 		release()
 		t.Fatal(err)
 	}
-	retried := make(chan struct{})
-	go func() {
-		deadline := time.Now().Add(testTimeout)
-		for !logged("accept on ztunnel socket failed; retrying") && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
+	var d dto.Metric
+	retries := func() float64 {
+		if err := s.metrics.retries.Write(&d); err != nil {
+			t.Error(err)
 		}
-		close(retried)
-	}()
+		return d.GetCounter().GetValue()
+	}
+	ok := testutil.Wait(testTimeout, func() bool {
+		select {
+		case <-run.done:
+			return true
+		default:
+			return retries() >= 1
+		}
+	})
 	select {
 	case <-run.done:
 		release()
 		t.Fatalf("Run gave up on a temporary accept error: %v", run.err)
-	case <-retried:
+	default:
 	}
 	release()
+	if !ok || retries() < 1 {
+		t.Fatal("no accept retry counted")
+	}
 	if !logged("accept on ztunnel socket failed; retrying") {
-		t.Fatal("no accept retry logged")
+		t.Error("accept retry not logged")
 	}
 
 	f := os.NewFile(uintptr(cfd), "client")
@@ -336,7 +349,7 @@ func TestShutdownLeavesAnotherServersSocket(t *testing.T) {
 	run := startRun(t, nu)
 	waitUntil(t, "new server's socket", func() bool {
 		fi, err := os.Lstat(path)
-		return err == nil && fileIDOf(fi) != oldID
+		return err == nil && unixsock.IDOf(fi) != oldID
 	})
 	newID := statID(t, path)
 
@@ -345,7 +358,7 @@ func TestShutdownLeavesAnotherServersSocket(t *testing.T) {
 	if err != nil {
 		t.Fatalf("old server removed the new server's socket: %v", err)
 	}
-	if fileIDOf(fi) != newID {
+	if unixsock.IDOf(fi) != newID {
 		t.Fatal("socket file changed")
 	}
 	c := rawPeer(t, path)
@@ -364,59 +377,50 @@ func TestShutdownLeavesAnotherServersSocket(t *testing.T) {
 	}
 }
 
-func statID(t *testing.T, path string) fileID {
+func statID(t *testing.T, path string) unixsock.FileID {
 	t.Helper()
 	fi, err := os.Lstat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fileIDOf(fi)
+	return unixsock.IDOf(fi)
 }
 
 // AckTimeout covers the whole round trip: time spent blocked in the send
 // counts, so an ack later than AckTimeout after the send began is a timeout.
 func TestAckTimeoutIncludesSend(t *testing.T) {
-	const timeout = 3 * time.Second // long enough that scheduling delays stay far inside its margins
-	dir, err := os.MkdirTemp("", "zds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	path := filepath.Join(dir, "ztunnel.sock")
-
-	// Size the first entry to fill the server's send buffer (same default
-	// size as ours) while it sits unread, so the second send blocks.
-	probe, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sndbuf, err := unix.GetsockoptInt(probe, unix.SOL_SOCKET, unix.SO_SNDBUF)
-	unix.Close(probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sndbuf > 4<<20 {
-		t.Fatalf("socket send buffer %d too large to fill for this test", sndbuf)
-	}
+	// An AckTimeout no test waits out: only a deadline counted from the
+	// start of the send can have passed when the ack is due.
+	const timeout = time.Hour
+	var offset atomic.Int64 // the server's clock runs this far ahead
 	src := &source{}
-	src.set(SnapshotEntry{Workload: wl(strings.Repeat("x", sndbuf-512))}, SnapshotEntry{Workload: wl("k2")})
-	s, _ := runServer(t, Config{SocketPath: path, AckTimeout: timeout}, src)
+	src.set(SnapshotEntry{Workload: wl("k2")})
+	path := socketPath(t)
+	s := NewServer(Config{SocketPath: path, AckTimeout: timeout}, src, testLogger(t))
+	s.now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	// k2's send "takes" the whole AckTimeout.
+	s.afterSend = func(op, uid string) {
+		if uid == "k2" {
+			offset.Add(int64(timeout))
+		}
+	}
+	startRun(t, s)
+	waitUntil(t, "server socket", func() bool { _, err := os.Stat(path); return err == nil })
 
 	c := rawPeer(t, path)
 	sendHello(t, c)
-	t0 := time.Now()
-	sendAck(t, c, "") // for the big Keep, which we leave unread for now
-	// The server sends the big Keep, takes the ack, and blocks sending k2.
-	time.Sleep(time.Until(t0.Add(timeout / 2)))
-	buf := make([]byte, 2*sndbuf)
-	if _, err := c.uc.Read(buf); err != nil { // frees the buffer: k2's send completes
-		t.Fatal(err)
-	}
 	if req := expectRequest(t, c, zp.OpKeep); zp.RequestUID(req) != "k2" {
 		t.Fatalf("keep %q", zp.RequestUID(req))
 	}
-	// More than AckTimeout after k2's send began, less after it ended.
-	time.Sleep(time.Until(t0.Add(timeout * 5 / 4)))
+	var d dto.Metric
+	timeouts := func() float64 {
+		if err := s.metrics.requests.WithLabelValues(zp.OpKeep, "timeout").Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetCounter().GetValue()
+	}
+	// Well within AckTimeout of the send's end, but not of its start.
+	waitUntil(t, "keep timed out", func() bool { return timeouts() == 1 })
 	_ = c.Send(zp.AckResponse(""), nil, time.Now().Add(testTimeout)) // may find the connection closed
 	req, _, err := c.ReadRequest(time.Now().Add(testTimeout))
 	switch {
@@ -426,13 +430,6 @@ func TestAckTimeoutIncludesSend(t *testing.T) {
 		t.Fatal("server neither dropped the connection nor went on")
 	case !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET):
 		t.Fatalf("read: %v", err)
-	}
-	var d dto.Metric
-	if err := s.metrics.requests.WithLabelValues(zp.OpKeep, "timeout").Write(&d); err != nil {
-		t.Fatal(err)
-	}
-	if d.GetCounter().GetValue() != 1 {
-		t.Fatalf("keep timeouts: %v", d.GetCounter().GetValue())
 	}
 }
 
@@ -516,7 +513,7 @@ func (r *refusalSource) got() map[string]error {
 // signal.
 func TestSnapshotRefusalsReported(t *testing.T) {
 	n := newNetns(t)
-	closed, err := os.Open(n.NS.Path())
+	closed, err := podnetns.Open(n.NS.Path())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,18 +13,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
+	zp "github.com/ambientd/ambientd/ztunnelproto"
 	"golang.org/x/time/rate"
 )
-
-// DefaultSocketPath is where ztunnel (and istio-cni) expect the agent.
-const DefaultSocketPath = "/var/run/ztunnel/ztunnel.sock"
 
 var (
 	// ErrNoZtunnel means no ztunnel is connected, so the request went nowhere.
@@ -49,11 +46,11 @@ type Workload struct {
 }
 
 // SnapshotEntry is one pod of the snapshot. A nil Netns sends Keep instead of
-// Add. The server never closes these files (the registry owns them); the
+// Add. The server never closes these handles (the registry owns them); the
 // kernel duplicates the descriptor for ztunnel.
 type SnapshotEntry struct {
 	Workload Workload
-	Netns    *os.File
+	Netns    *podnetns.Handle
 }
 
 // SnapshotSource lists the pods to send to a newly connected ztunnel.
@@ -72,7 +69,7 @@ type SnapshotRefusalObserver interface {
 
 // Config tunes the server; zero fields take the defaults in brackets.
 type Config struct {
-	SocketPath        string        // [DefaultSocketPath]
+	SocketPath        string        // [ztunnelproto.DefaultSocketPath]
 	AckTimeout        time.Duration // per request, from the start of its send to its ack [5s]
 	HelloTimeout      time.Duration // from accept to ztunnel's hello [5s]
 	KeepaliveInterval time.Duration // renewal period of the idle read [5s]
@@ -82,7 +79,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.SocketPath == "" {
-		c.SocketPath = DefaultSocketPath
+		c.SocketPath = zp.DefaultSocketPath
 	}
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = 5 * time.Second
@@ -116,6 +113,12 @@ type Server struct {
 	log     *slog.Logger
 	metrics *Metrics
 
+	// now is the clock of ack deadlines and afterSend, when set, runs after
+	// each request's send: tests use them to make a send "take" a given
+	// time without waiting for it.
+	now       func() time.Time
+	afterSend func(op, uid string)
+
 	mu     sync.Mutex
 	conns  []*zconn // oldest first; the last one gets the adds
 	subs   map[int]chan struct{}
@@ -134,6 +137,7 @@ func NewServer(cfg Config, src SnapshotSource, log *slog.Logger) *Server {
 		log:     log.With("component", "ztunnel-server"),
 		metrics: newMetrics(),
 		subs:    map[int]chan struct{}{},
+		now:     time.Now,
 	}
 }
 
@@ -151,9 +155,9 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // the server: it closes every connection, removes the socket and returns the
 // error.
 func (s *Server) Run(ctx context.Context) error {
-	l, id, err := listen(s.cfg.SocketPath)
+	l, sock, err := unixsock.Listen(s.cfg.SocketPath, "unixpacket", 0)
 	if err != nil {
-		return err
+		return fmt.Errorf("ztunnel socket: %w", err)
 	}
 	s.log.Info("listening for ztunnel", "socket", s.cfg.SocketPath)
 
@@ -176,6 +180,7 @@ func (s *Server) Run(ctx context.Context) error {
 				break
 			}
 			if temporaryAcceptError(err) {
+				s.metrics.retries.Inc()
 				backoff = min(max(2*backoff, minAcceptBackoff), maxAcceptBackoff)
 				s.log.Warn("accept on ztunnel socket failed; retrying", "socket", s.cfg.SocketPath, "err", err, "retry_in", backoff)
 				if !sleepCtx(ctx, backoff) {
@@ -191,7 +196,7 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Go(func() { s.serveConn(connCtx, uc) })
 	}
 	l.Close()
-	removeIfOurs(s.cfg.SocketPath, id, s.log)
+	sock.RemoveIfOurs(s.log)
 	if acceptErr != nil {
 		s.log.Error("ztunnel server stopping; closing every connection", "err", acceptErr)
 		closeConns()
@@ -229,74 +234,11 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// listen creates dir and socket, replacing a socket file left by a previous
-// agent. Anything else at that path is an error: never delete a user's file.
-// It returns the identity of the socket file it created, for removeIfOurs;
-// closing the listener does not unlink the file.
-func listen(path string) (*net.UnixListener, fileID, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fileID{}, fmt.Errorf("create ztunnel socket directory: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fileID{}, fmt.Errorf("ztunnel socket path %s exists and is not a socket (%v)", path, fi.Mode())
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fileID{}, fmt.Errorf("remove stale ztunnel socket: %w", err)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fileID{}, fmt.Errorf("stat ztunnel socket path: %w", err)
-	}
-	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
-	if err != nil {
-		return nil, fileID{}, fmt.Errorf("listen on ztunnel socket: %w", err)
-	}
-	l.SetUnlinkOnClose(false)
-	fi, err := os.Lstat(path)
-	if err != nil {
-		l.Close()
-		os.Remove(path)
-		return nil, fileID{}, fmt.Errorf("stat ztunnel socket: %w", err)
-	}
-	return l, fileIDOf(fi), nil
-}
-
-// fileID identifies one file across a remove and re-create at the same path.
-// The change time is part of it because tmpfs (/var/run) hands a freed inode
-// number straight to the next file.
-type fileID struct {
-	dev, ino uint64
-	ctime    syscall.Timespec
-}
-
-func fileIDOf(fi os.FileInfo) fileID {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return fileID{dev: uint64(st.Dev), ino: st.Ino, ctime: st.Ctim}
-	}
-	return fileID{}
-}
-
-// removeIfOurs removes the socket file at path only if it is still the one
-// listen created: an overlapping agent may already have replaced it.
-func removeIfOurs(path string, id fileID, log *slog.Logger) {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return
-	}
-	if fileIDOf(fi) != id {
-		log.Info("ztunnel socket path now belongs to another server; leaving it", "socket", path)
-		return
-	}
-	if err := os.Remove(path); err != nil {
-		log.Warn("remove ztunnel socket", "socket", path, "err", err)
-	}
-}
-
 // AddWorkload sends an Add with netns to the newest connection and waits for
 // its ack. If that connection is still sending its snapshot, the Add is queued
 // behind it. Errors: ErrNoZtunnel, *NackError, or one wrapping ErrConnBroken
 // (which includes an ack timeout), or ctx's error.
-func (s *Server) AddWorkload(ctx context.Context, w Workload, netns *os.File) error {
+func (s *Server) AddWorkload(ctx context.Context, w Workload, netns *podnetns.Handle) error {
 	if netns == nil {
 		return fmt.Errorf("add workload %s: no netns file", w.UID)
 	}

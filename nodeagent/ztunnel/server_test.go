@@ -15,6 +15,7 @@ import (
 
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 	"github.com/containernetworking/plugins/pkg/ns"
 )
@@ -48,14 +49,14 @@ func TestSnapshotOrderKeepAndNetns(t *testing.T) {
 	for _, tc := range []struct {
 		uid   string
 		inode uint64
-		n     *testutil.NetNS
+		n     testNetns
 	}{{"a", n1.Inode, n1}, {"c", n3.Inode, n3}} {
 		w, ok := st.Workload(tc.uid)
 		if !ok || w.NetnsInode != tc.inode || w.Name != "pod-"+tc.uid || w.Namespace != "ns" || w.ServiceAccount != "sa" {
 			t.Fatalf("workload %s: %+v (want netns inode %d)", tc.uid, w, tc.inode)
 		}
 		// The emulator really is inside that netns.
-		if line := dialIn(t, tc.n, "127.0.0.1:15006"); !strings.Contains(line, "uid="+tc.uid) {
+		if line := dialIn(t, tc.n.NetNS, "127.0.0.1:15006"); !strings.Contains(line, "uid="+tc.uid) {
 			t.Fatalf("dial 15006 in netns of %s: %q", tc.uid, line)
 		}
 	}
@@ -532,7 +533,7 @@ func TestClosedNetnsFile(t *testing.T) {
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, e, 1)
 	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
-	f, err := os.Open(n.NS.Path())
+	f, err := podnetns.Open(n.NS.Path())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -328,7 +328,7 @@ func TestAgentPendingUntilZtunnel(t *testing.T) {
 	createNamespace(t, ctx, nsName, true)
 	// A backoff far longer than the test: only the agent's reaction to the
 	// ztunnel snapshot can enable the pod in time.
-	startAgent(t, ctx, "--retry-base-delay=10m", "--retry-max-delay=10m")
+	a := startAgent(t, ctx, "--retry-base-delay=10m", "--retry-max-delay=10m")
 
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "early"})
 	obj := waitPodAnnotationObj(t, ctx, p, "pending")
@@ -350,10 +350,19 @@ func TestAgentPendingUntilZtunnel(t *testing.T) {
 		return false
 	})
 	enabled := waitPodAnnotationObj(t, ctx, p, "enabled")
-	took := time.Since(connectedAt)
-	t.Logf("pending → enabled %v after the emulator's snapshot (upper bound; includes polling)", took)
-	if took > time.Second+200*time.Millisecond {
-		t.Errorf("pod took %v to become enabled after ztunnel connected; want ≤ 1s", took)
+	t.Logf("pending → enabled within %v of the emulator's snapshot as seen by the test (includes polling)", time.Since(connectedAt))
+	// The agent's own measure, from the snapshot ack to the pod enabled. The
+	// bound is generous (a loaded machine must not fail it); the figure is
+	// what to look at.
+	n := metricValue(t, ctx, a, "ambientd_snapshot_ack_to_enabled_seconds_count", "")
+	sum := metricValue(t, ctx, a, "ambientd_snapshot_ack_to_enabled_seconds_sum", "")
+	if n < 1 {
+		t.Fatalf("agent measured no snapshot-ack → enabled move (count %v)", n)
+	}
+	took := time.Duration(sum / n * float64(time.Second))
+	t.Logf("pending → enabled %v after the snapshot ack (agent's measure, %v pods)", took, n)
+	if took > 5*time.Second {
+		t.Errorf("pod took %v after ztunnel's snapshot ack to become enabled; want well under 5s (the backoff is 10m: only the ack can enable it)", took)
 	}
 	// No pod update between pending and enabled other than the annotation.
 	if enabled.Generation != obj.Generation || !maps.Equal(enabled.Labels, obj.Labels) {

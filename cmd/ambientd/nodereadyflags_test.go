@@ -1,0 +1,77 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
+)
+
+func TestNodeReadyFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    nodeready.Config
+		wantErr string
+	}{
+		{name: "defaults", want: nodeready.Config{NodeName: "n1", ConditionType: nodeready.DefaultConditionType,
+			TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: 30 * time.Second, ResyncPeriod: 10 * time.Second}},
+		{name: "flags",
+			args: []string{"--untaint", "--taint-key=example.com/mesh", "--taint-when-unready", "--taint-grace-period=2s",
+				"--node-condition-type=example.com/Meshed", "--node-condition-resync=1s"},
+			want: nodeready.Config{NodeName: "n1", ConditionType: "example.com/Meshed", Untaint: true, TaintKey: "example.com/mesh",
+				TaintWhenUnready: true, TaintGracePeriod: 2 * time.Second, ResyncPeriod: time.Second}},
+		{name: "env",
+			env: map[string]string{"AMBIENTD_UNTAINT": "true", "AMBIENTD_TAINT_KEY": "example.com/mesh", "AMBIENTD_TAINT_WHEN_UNREADY": "true",
+				"AMBIENTD_TAINT_GRACE_PERIOD": "5s", "AMBIENTD_NODE_CONDITION_TYPE": "example.com/Meshed", "AMBIENTD_NODE_CONDITION_RESYNC": "3s"},
+			want: nodeready.Config{NodeName: "n1", ConditionType: "example.com/Meshed", Untaint: true, TaintKey: "example.com/mesh",
+				TaintWhenUnready: true, TaintGracePeriod: 5 * time.Second, ResyncPeriod: 3 * time.Second}},
+		{name: "flag wins over env", args: []string{"--untaint=false", "--taint-grace-period=1m"},
+			env:  map[string]string{"AMBIENTD_UNTAINT": "true", "AMBIENTD_TAINT_GRACE_PERIOD": "5s"},
+			want: nodeready.Config{NodeName: "n1", ConditionType: nodeready.DefaultConditionType, TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: time.Minute, ResyncPeriod: 10 * time.Second}},
+		{name: "bad env", env: map[string]string{"AMBIENTD_UNTAINT": "yes please"}, wantErr: "AMBIENTD_UNTAINT"},
+		{name: "bad taint key", args: []string{"--taint-key=not a key"}, wantErr: "--taint-key"},
+		{name: "bad resync", args: []string{"--node-condition-resync=1ms"}, wantErr: "--node-condition-resync"},
+		{name: "zero grace", args: []string{"--taint-grace-period=0s"}, wantErr: "--taint-grace-period"},
+		{name: "bad condition type", args: []string{"--node-condition-type=a/b/c"}, wantErr: "--node-condition-type"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			get := nodeReadyFlags(fs)
+			if err := fs.Parse(tt.args); err != nil {
+				t.Fatal(err)
+			}
+			got, err := get(func(k string) string { return tt.env[k] }, "n1")
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one mentioning %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Fatalf("config = %+v\n      want %+v", got, tt.want)
+			}
+		})
+	}
+	for _, node := range []string{"", "N_1"} {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		get := nodeReadyFlags(fs)
+		if _, err := get(func(string) string { return "" }, node); err == nil || !strings.Contains(err.Error(), "--node-name") {
+			t.Errorf("node name %q: error %v, want one naming --node-name", node, err)
+		}
+	}
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	nodeReadyFlags(fs)
+	if u := fs.Lookup("untaint").Usage; !strings.Contains(u, "(env AMBIENTD_UNTAINT)") {
+		t.Errorf("usage %q does not name the env var", u)
+	}
+}

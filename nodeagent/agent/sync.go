@@ -1,0 +1,463 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+)
+
+// cniInput is what only a CNI ADD knows about a pod: the pod as looked up
+// (maybe not in the informer cache yet), its netns path and its IPs.
+type cniInput struct {
+	pod       *corev1.Pod
+	netnsPath string
+	ips       []netip.Addr
+}
+
+// podSync is what one sync learned, for publishing the pod's status.
+type podSync struct {
+	pod    *corev1.Pod // nil when the pod is gone
+	inMesh bool
+}
+
+// sync is the one per-pod path: it drives pod uid to where it belongs and
+// publishes the status derived from its phase. The workqueue calls it with
+// in == nil; CNI ADD with what only it knows, and gets the sync's outcome.
+// It is idempotent; an error requeues the pod (workqueue) or fails the ADD.
+// It runs under the pod's lock, like every change of the pod's phase.
+func (a *Agent) sync(ctx context.Context, uid string, in *cniInput) (Outcome, error) {
+	unlock := a.locks.lock(uid)
+	defer unlock()
+	var s podSync
+	out, err := a.syncLocked(ctx, uid, in, &s)
+	after, _ := a.reg.Get(uid)
+	a.publish(s, after, a.takeMoved(uid))
+	return out, err
+}
+
+func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *podSync) (Outcome, error) {
+	entry, registered := a.reg.Get(uid)
+	var pod *corev1.Pod
+	if in != nil {
+		pod = in.pod
+	} else if pod = a.podByUID(uid); pod == nil {
+		if !registered {
+			return OutcomeUnknown, nil
+		}
+		// The cache says the pod is gone; make sure before dropping it
+		// (a CNI ADD may have enrolled a pod the cache has not seen yet).
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		p, err := a.client.CoreV1().Pods(entry.Namespace).Get(cctx, entry.Name, metav1.GetOptions{})
+		cancel()
+		switch {
+		case err == nil && string(p.UID) == uid:
+			pod = p
+		case err == nil || apierrors.IsNotFound(err):
+			return OutcomeUnknown, a.forget(ctx, entry, "deleted")
+		default:
+			a.metrics.failure("api")
+			return OutcomeUnknown, fmt.Errorf("check pod %s/%s: %w: %w", entry.Namespace, entry.Name, ErrAPIUnavailable, err)
+		}
+	}
+	s.pod = pod
+	log := a.podLog(pod.Namespace, pod.Name, uid)
+
+	d, err := a.decide(ctx, pod)
+	if err != nil {
+		a.metrics.failure("api")
+		return OutcomeUnknown, fmt.Errorf("decide about pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	s.inMesh = d.InMesh
+	if registered && entry.Phase == registry.Releasing {
+		// A release that did not finish (its Del or probe step failed).
+		// The pod's rules are gone (or the pod is), so finish it; a pod
+		// that belongs in the mesh again is then enrolled afresh below.
+		if err := a.release(ctx, log, uid, string(d.Reason), false); err != nil {
+			return OutcomeUnknown, err
+		}
+		entry, registered = registry.Entry{UID: uid}, false
+	}
+	if refused := a.takeRefusal(uid); refused && registered && entry.Phase == registry.Enabled {
+		// A (new) ztunnel refused the pod in its snapshot: it does not
+		// carry it, whatever we believed. Pending, and re-added below.
+		if entry, err = a.update(uid, func(e *registry.Entry) {
+			e.Phase, e.LastError = registry.Pending, "refused in a ztunnel snapshot"
+		}); err != nil {
+			return OutcomeUnknown, err
+		}
+	}
+	if !d.InMesh {
+		if registered {
+			log.Info("pod left the mesh", "reason", d.Reason)
+			return NotInMesh, a.removeFromMesh(ctx, log, pod, entry, string(d.Reason))
+		}
+		log.Debug("pod not in mesh", "reason", d.Reason)
+		return NotInMesh, nil
+	}
+
+	opts, optsErr := podmeta.PodOptions(a.cfg.DNSCapture, pod.Annotations)
+	if in != nil {
+		return a.enrollNew(ctx, log, pod, in, opts, optsErr, d.Reason)
+	}
+	if registered {
+		switch entry.Phase {
+		case registry.Unverified:
+			return a.verifyRestored(ctx, log, entry, opts, optsErr)
+		case registry.Enabled:
+			return Enrolled, nil // the status, if off, is healed by publish
+		default:
+			return a.retryPending(ctx, log, entry)
+		}
+	}
+
+	// A running pod that belongs in the mesh but was not enrolled through
+	// CNI (label added later, or enrolled before we knew): find its netns.
+	ips := podIPs(pod)
+	if len(ips) == 0 || pod.Status.Phase != corev1.PodRunning {
+		return OutcomeUnknown, nil // not started yet; its CNI ADD or a later update brings it
+	}
+	if optsErr != nil {
+		a.metrics.failure("bad_annotation")
+		log.Warn("cannot enroll pod", "error", optsErr)
+		return OutcomeUnknown, nil // retrying cannot help; the next pod update will
+	}
+	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: uid, IPs: ips})
+	if err != nil {
+		a.metrics.failure("netns_not_found")
+		log.Warn("cannot find the pod's network namespace", "error", err)
+		return OutcomeUnknown, fmt.Errorf("%w: %w", ErrNetnsUnusable, err)
+	}
+	log.Info("enrolling running pod", "reason", d.Reason, "netns", h.Path())
+	return a.enroll(ctx, log, pod, h, ips, opts)
+}
+
+// enrollNew is the CNI ADD part of sync for a pod in the mesh: it opens the
+// runtime's netns and enrolls the pod there. With FailPending, a pod ztunnel
+// did not take is released again through the same path as a removal.
+func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod, in *cniInput, opts iptables.PodOptions, optsErr error, reason policy.Reason) (Outcome, error) {
+	uid := string(pod.UID)
+	if optsErr != nil {
+		a.metrics.failure("bad_annotation")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: %w", pod.Namespace, pod.Name, ErrInvalidPod, optsErr)
+	}
+	h, err := podnetns.Open(in.netnsPath)
+	if err != nil {
+		a.metrics.failure("netns")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: netns %q: %w", pod.Namespace, pod.Name, ErrNetnsUnusable, in.netnsPath, err)
+	}
+	ips := in.ips
+	if len(ips) == 0 {
+		ips = podIPs(pod)
+	}
+	log.Info("enrolling new pod", "reason", reason, "netns", in.netnsPath, "ips", ips)
+	out, err := a.enroll(ctx, log, pod, h, ips, opts)
+	switch {
+	case err == nil || !errors.Is(err, ErrPending):
+		return out, err
+	case a.cfg.FailPending:
+		// Policy: a pod ztunnel has not taken over may not start. Undo it
+		// like a removal, rules first; ztunnel may hold the pod even so (an
+		// ack that timed out), so it is told to drop it too. A release that
+		// cannot finish stays Releasing and is retried.
+		cctx := context.WithoutCancel(ctx)
+		e, _ := a.reg.Get(uid)
+		if rerr := a.removeFromMesh(cctx, log, pod, e, "fail_pending"); rerr != nil {
+			a.queue.AddRateLimited(uid)
+		}
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w (--fail-pending is set)", pod.Namespace, pod.Name, err)
+	default:
+		// Rules are in place: traffic is captured and held by the redirect
+		// until ztunnel takes the pod, so the pod may start. Retry it.
+		a.queue.AddRateLimited(uid)
+		return Pending, nil
+	}
+}
+
+// enroll programs the pod's rules in the netns open as h (taking ownership of
+// h), registers it, and activates it with ztunnel. Rule failure: nothing is
+// left behind and an error wrapping ErrNotCaptured is returned. ztunnel
+// failure: the pod stays registered as pending and an error wrapping
+// ErrPending is returned.
+func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h *podnetns.Handle, ips []netip.Addr, opts iptables.PodOptions) (Outcome, error) {
+	start := time.Now()
+	err := a.rules.ApplyPod(ctx, h, opts)
+	a.metrics.step("rules", start)
+	if err != nil {
+		a.metrics.failure("rules")
+		// Apply is atomic per family, but one family may have landed.
+		if derr := a.rules.DeletePod(context.WithoutCancel(ctx), h); derr != nil {
+			log.Warn("cleanup after failed rule apply", "error", derr)
+		}
+		h.Close()
+		return OutcomeUnknown, fmt.Errorf("%w: program in-pod rules for %s/%s: %w", ErrNotCaptured, pod.Namespace, pod.Name, err)
+	}
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	e, err := a.update(string(pod.UID), func(e *registry.Entry) {
+		e.Name, e.Namespace, e.ServiceAccount = pod.Name, pod.Namespace, sa
+		e.IPs, e.Netns = ips, h
+		if e.Phase != registry.Enabled {
+			e.Phase = registry.Pending // an enabled pod stays so unless the re-add fails
+		}
+	})
+	if err != nil {
+		return OutcomeUnknown, err
+	}
+	return a.activate(ctx, log, e)
+}
+
+// activate tells ztunnel about a registered pod and, once acked, adds its
+// probe IPs and moves it to Enabled. On failure the pod is Pending and an
+// error wrapping ErrPending is returned.
+func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry) (Outcome, error) {
+	setPending := func(reason string, err error) (Outcome, error) {
+		a.metrics.failure(reason)
+		if _, uerr := a.update(e.UID, func(x *registry.Entry) {
+			x.Phase, x.LastError = registry.Pending, err.Error()
+		}); uerr != nil {
+			return OutcomeUnknown, uerr
+		}
+		log.Warn("pod pending", "reason", reason, "error", err)
+		return Pending, fmt.Errorf("%w: %w", ErrPending, err)
+	}
+	start := time.Now()
+	err := a.zt.AddWorkload(ctx, ztunnel.Workload{UID: e.UID, Name: e.Name, Namespace: e.Namespace, ServiceAccount: e.ServiceAccount}, e.Netns)
+	a.metrics.step("ztunnel_add", start)
+	if err != nil {
+		reason := "ztunnel"
+		var nack *ztunnel.NackError
+		switch {
+		case errors.Is(err, ztunnel.ErrNoZtunnel):
+			reason = "no_ztunnel"
+		case errors.As(err, &nack):
+			reason = "ztunnel_nack"
+		}
+		return setPending(reason, err)
+	}
+	start = time.Now()
+	err = a.rules.AddProbeIPs(ctx, e.UID, e.IPs)
+	a.metrics.step("probe", start)
+	if err != nil {
+		return setPending("probe_ips", err)
+	}
+	if _, err := a.update(e.UID, func(x *registry.Entry) { x.Phase, x.LastError = registry.Enabled, "" }); err != nil {
+		return OutcomeUnknown, err
+	}
+	if ack := a.lastAck.Load(); ack != 0 && e.Phase == registry.Pending {
+		a.metrics.ackToEnabled.Observe(time.Since(time.Unix(0, ack)).Seconds())
+	}
+	log.Info("pod enrolled", "ips", e.IPs)
+	return Enrolled, nil
+}
+
+// verifyRestored finishes a pod that rebuild restored as Unverified: it
+// applies the pod's rules, which may or may not be in place (re-applying
+// identical rules is a no-op), then activates it like a new enrollment. The
+// pod stays registered throughout, so ztunnel, which may already serve it,
+// is never told to drop it.
+func (a *Agent) verifyRestored(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions, optsErr error) (Outcome, error) {
+	if optsErr != nil {
+		a.metrics.failure("bad_annotation")
+		log.Warn("cannot verify the rules of a restored pod", "error", optsErr)
+		return OutcomeUnknown, nil // retrying cannot help; the next pod update will
+	}
+	e, err := a.ensureNetns(ctx, e) // rebuild restores these only with a netns; be safe
+	if err != nil {
+		return OutcomeUnknown, err
+	}
+	start := time.Now()
+	err = a.rules.ApplyPod(ctx, e.Netns, opts)
+	a.metrics.step("rules", start)
+	if err != nil {
+		a.metrics.failure("rules")
+		return OutcomeUnknown, fmt.Errorf("%w: program in-pod rules of restored pod %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
+	}
+	if e, err = a.update(e.UID, func(x *registry.Entry) { x.Phase = registry.Pending }); err != nil {
+		return OutcomeUnknown, err
+	}
+	log.Info("rules of restored unannotated pod applied")
+	return a.activate(ctx, log, e)
+}
+
+// retryPending re-activates a pending pod, finding its netns first if a
+// restart left it without one.
+func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, e registry.Entry) (Outcome, error) {
+	e, err := a.ensureNetns(ctx, e)
+	if err != nil {
+		return OutcomeUnknown, err
+	}
+	return a.activate(ctx, log, e)
+}
+
+// ensureNetns returns e with a netns handle, finding it with a /proc scan
+// when a restart left the pod without one.
+func (a *Agent) ensureNetns(ctx context.Context, e registry.Entry) (registry.Entry, error) {
+	if e.Netns != nil {
+		return e, nil
+	}
+	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs})
+	if err != nil {
+		a.metrics.failure("netns_not_found")
+		return e, fmt.Errorf("%w: %w", ErrNetnsUnusable, err)
+	}
+	return a.update(e.UID, func(x *registry.Entry) { x.Netns = h })
+}
+
+// removeFromMesh undoes everything enrollment did for a pod that still
+// exists (it left the mesh, or --fail-pending rolls it back). Every step is
+// idempotent; on error the pod stays registered and is retried.
+//
+// The rules go first and ztunnel is told only once they are gone: a pod
+// whose rules cannot be deleted (its netns not found, iptables failing)
+// still has its traffic captured, so it stays in ztunnel, in the registry
+// and annotated, and is retried, rather than being left captured with
+// nobody proxying it.
+func (a *Agent) removeFromMesh(ctx context.Context, log *slog.Logger, pod *corev1.Pod, e registry.Entry, reason string) error {
+	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		withNS, err := a.ensureNetns(ctx, e)
+		if err == nil {
+			err = a.rules.DeletePod(ctx, withNS.Netns)
+		}
+		if err != nil {
+			a.metrics.failure("removal")
+			log.Warn("cannot delete the pod's rules; it stays in the mesh and is retried", "reason", reason, "error", err)
+			return fmt.Errorf("remove pod %s/%s from the mesh: delete rules: %w", e.Namespace, e.Name, err)
+		}
+	}
+	if err := a.release(ctx, log, e.UID, reason, false); err != nil {
+		return err
+	}
+	log.Info("pod removed from the mesh", "reason", reason)
+	return nil
+}
+
+// forget drops a pod whose sandbox or object is gone. Rules are not touched:
+// the namespace is going away with the pod.
+func (a *Agent) forget(ctx context.Context, e registry.Entry, reason string) error {
+	log := a.podLog(e.Namespace, e.Name, e.UID)
+	if err := a.release(ctx, log, e.UID, reason, true); err != nil {
+		return err
+	}
+	log.Info("pod forgotten", "reason", reason)
+	return nil
+}
+
+// release tells every ztunnel to drop the pod and removes its probe entry;
+// only when both succeeded does the pod leave the registry, so a failure is
+// retried whole. From its first call the pod is Releasing: out of every later
+// snapshot, and a sync finishes the release before anything else. gone says
+// the pod object or sandbox is gone (nothing to annotate).
+func (a *Agent) release(ctx context.Context, log *slog.Logger, uid, reason string, gone bool) error {
+	e, err := a.update(uid, func(x *registry.Entry) {
+		x.Phase = registry.Releasing
+		x.Gone = x.Gone || gone
+	})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if err := a.zt.DelWorkload(ctx, uid); err != nil {
+		errs = append(errs, fmt.Errorf("ztunnel del: %w", err))
+	}
+	if err := a.rules.RemoveProbeIPs(ctx, uid, e.IPs); err != nil {
+		errs = append(errs, fmt.Errorf("remove probe IPs: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		a.metrics.failure("removal")
+		log.Warn("releasing pod failed, will retry", "reason", reason, "error", err)
+		return err
+	}
+	if _, err := a.update(uid, func(x *registry.Entry) { x.Phase = registry.Absent }); err != nil {
+		return err
+	}
+	a.metrics.removals.WithLabelValues(reason).Inc()
+	return nil
+}
+
+// HandleAdd is the CNI ADD: it looks the pod up and runs the pod's sync with
+// what only the runtime knows, so a new pod is captured before its
+// containers start. A pod whose rules cannot be programmed gets an error, so
+// the runtime retries the sandbox and the pod never runs uncaptured.
+func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err error) {
+	defer func() {
+		if err == nil {
+			a.metrics.cniAdds.WithLabelValues(out.String()).Inc()
+		} else {
+			a.metrics.cniAdds.WithLabelValues("error").Inc()
+		}
+	}()
+	start := time.Now()
+	pod, err := a.lookupPod(ctx, ev)
+	a.metrics.step("lookup", start)
+	if err != nil {
+		a.metrics.failure("pod_unknown")
+		return OutcomeUnknown, err
+	}
+	ips := make([]netip.Addr, 0, len(ev.IPs))
+	for _, p := range ev.IPs {
+		ips = append(ips, p.Addr().Unmap())
+	}
+	return a.sync(ctx, string(pod.UID), &cniInput{pod: pod, netnsPath: ev.NetnsPath, ips: ips})
+}
+
+// HandleDel is the CNI DEL: the sandbox is being torn down, so ztunnel is
+// told to drop the pod and the registry forgets it. Rules die with the
+// namespace. A pod we do not know is success.
+func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
+	uids := a.reg.FindByName(ev.Namespace, ev.Name)
+	switch {
+	case ev.UID != "":
+		uids = uids[:0]
+		if _, ok := a.reg.Get(ev.UID); ok {
+			uids = append(uids, ev.UID)
+		}
+	case len(uids) > 1:
+		// No uid from the runtime and several pods of that name (a
+		// StatefulSet pod recreated): only the one whose netns this is.
+		uids = a.uidsWithNetns(uids, ev.NetnsPath)
+		if len(uids) == 0 {
+			a.log.Warn("CNI DEL without pod uid matches several pods and none by netns; left to the informer",
+				"namespace", ev.Namespace, "name", ev.Name, "netns", ev.NetnsPath)
+		}
+	}
+	var errs []error
+	for _, uid := range uids {
+		unlock := a.locks.lock(uid)
+		if e, ok := a.reg.Get(uid); ok {
+			if err := a.forget(ctx, e, "sandbox_deleted"); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		a.takeMoved(uid) // gone: nothing to publish
+		unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// uidsWithNetns returns those of uids whose registered netns is the one at
+// path. A path that is gone matches none.
+func (a *Agent) uidsWithNetns(uids []string, path string) []string {
+	var out []string
+	for _, uid := range uids {
+		if e, ok := a.reg.Get(uid); ok && e.Netns != nil && e.Netns.SameAs(path) {
+			out = append(out, uid)
+		}
+	}
+	return out
+}

@@ -1,0 +1,451 @@
+package nodeready
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
+)
+
+// Config says what the controller maintains. NodeName is required; the
+// rest defaults as documented on each field.
+type Config struct {
+	// NodeName is the only Node the controller reads or writes.
+	NodeName string
+	// ConditionType is the node condition maintained (DefaultConditionType).
+	ConditionType string
+	// Untaint removes the taint TaintKey (any effect) while the condition
+	// is True.
+	Untaint bool
+	// TaintKey is the startup taint (DefaultTaintKey).
+	TaintKey string
+	// TaintWhenUnready adds TaintKey:NoSchedule back once the condition has
+	// been False for TaintGracePeriod, and removes it when True again.
+	TaintWhenUnready bool
+	// TaintGracePeriod (DefaultGracePeriod; 0 means the default).
+	TaintGracePeriod time.Duration
+	// ResyncPeriod is how often the inputs are re-evaluated without a
+	// Notify (DefaultResyncPeriod).
+	ResyncPeriod time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.ConditionType == "" {
+		c.ConditionType = DefaultConditionType
+	}
+	if c.TaintKey == "" {
+		c.TaintKey = DefaultTaintKey
+	}
+	if c.TaintGracePeriod == 0 {
+		c.TaintGracePeriod = DefaultGracePeriod
+	}
+	if c.ResyncPeriod == 0 {
+		c.ResyncPeriod = DefaultResyncPeriod
+	}
+	return c
+}
+
+// SettingError is a Config validation error; Field names the Config field
+// (so a caller can name its own flag for it).
+type SettingError struct {
+	Field string
+	Err   error
+}
+
+func (e *SettingError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *SettingError) Unwrap() error { return e.Err }
+
+// Validate checks c (after defaults); errors are *SettingError.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(field, format string, args ...any) error {
+		return &SettingError{Field: field, Err: fmt.Errorf(format, args...)}
+	}
+	if c.NodeName == "" {
+		return bad("NodeName", "node name is required")
+	}
+	if errs := validation.IsDNS1123Subdomain(c.NodeName); len(errs) > 0 {
+		return bad("NodeName", "node name %q: %v", c.NodeName, errs)
+	}
+	if errs := validation.IsQualifiedName(c.ConditionType); len(errs) > 0 {
+		return bad("ConditionType", "condition type %q: %v", c.ConditionType, errs)
+	}
+	if errs := validation.IsQualifiedName(c.TaintKey); len(errs) > 0 {
+		return bad("TaintKey", "taint key %q: %v", c.TaintKey, errs)
+	}
+	if c.TaintGracePeriod < 0 {
+		return bad("TaintGracePeriod", "taint grace period %v: must not be negative", c.TaintGracePeriod)
+	}
+	if c.ResyncPeriod < 100*time.Millisecond || c.ResyncPeriod > time.Hour {
+		return bad("ResyncPeriod", "resync period %v: want between 100ms and 1h", c.ResyncPeriod)
+	}
+	return nil
+}
+
+// Deps are the controller's collaborators.
+type Deps struct {
+	Client kubernetes.Interface // required
+	Inputs Inputs               // required, all three funcs
+	// Recorder records the Node's Events. Nil: Run starts its own
+	// broadcaster (rate-limited and aggregated by client-go's correlator)
+	// writing core/v1 Events, and shuts it down when Run returns.
+	Recorder record.EventRecorder
+	Log      *slog.Logger     // nil discards
+	Now      func() time.Time // nil: time.Now
+}
+
+// Status is the controller's view, for /readyz and `ambientd status`.
+type Status struct {
+	// Condition is Unknown until the first evaluation.
+	Condition corev1.ConditionStatus
+	Reason    string
+	Message   string
+	// Written is true once the node carries the current condition.
+	Written bool
+	// TaintPresent: the taint key is on the node as last seen.
+	TaintPresent bool
+	// LastError is the last reconcile error, empty after a success.
+	LastError string
+}
+
+// Err is nil when the node condition is True and written to the node,
+// else an error naming the reason: a ready-made /readyz check.
+func (s Status) Err() error {
+	switch {
+	case s.Condition == corev1.ConditionUnknown:
+		return errors.New("node readiness not evaluated yet")
+	case s.Condition != corev1.ConditionTrue:
+		return fmt.Errorf("node not ready for the mesh: %s: %s", s.Reason, s.Message)
+	case !s.Written:
+		return fmt.Errorf("node condition not written yet: %s", s.LastError)
+	}
+	return nil
+}
+
+// Controller maintains the condition and taint of one node.
+type Controller struct {
+	cfg    Config
+	client kubernetes.Interface
+	in     Inputs
+	log    *slog.Logger
+	now    func() time.Time
+	rec    record.EventRecorder
+
+	trigger chan struct{}
+	// wroteTransition is when this process last wrote a status change of
+	// the condition (only Run's goroutine uses it).
+	wroteTransition time.Time
+
+	mu     sync.Mutex
+	status Status
+}
+
+// New builds a controller for cfg.NodeName; that name cannot change later.
+func New(cfg Config, deps Deps) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("nodeready: %w", err)
+	}
+	if deps.Client == nil {
+		return nil, errors.New("nodeready: a Kubernetes client is required")
+	}
+	if deps.Inputs.PluginInstalled == nil || deps.Inputs.CachesSynced == nil || deps.Inputs.Ztunnel == nil {
+		return nil, errors.New("nodeready: inputs PluginInstalled, CachesSynced and Ztunnel are all required")
+	}
+	c := &Controller{
+		cfg:     cfg.withDefaults(),
+		client:  deps.Client,
+		in:      deps.Inputs,
+		log:     deps.Log,
+		now:     deps.Now,
+		rec:     deps.Recorder,
+		trigger: make(chan struct{}, 1),
+		status:  Status{Condition: corev1.ConditionUnknown},
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	c.log = c.log.With("component", "nodeready", "node", c.cfg.NodeName)
+	if c.now == nil {
+		c.now = time.Now
+	}
+	return c, nil
+}
+
+// Notify asks for a re-evaluation soon; call it whenever an input may have
+// changed. It never blocks.
+func (c *Controller) Notify() {
+	select {
+	case c.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Status returns the current view.
+func (c *Controller) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+// Run watches the node and reconciles on Notify, on node changes, on every
+// resync and when a re-taint grace period ends, until ctx ends. It returns
+// nil then and writes nothing on the way out: stopping the agent (an
+// upgrade) never changes the condition or the taint. Call it once.
+func (c *Controller) Run(ctx context.Context) error {
+	if c.rec == nil {
+		b := record.NewBroadcaster(record.WithContext(ctx))
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		defer b.Shutdown()
+		c.rec = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ambientd", Host: c.cfg.NodeName})
+	}
+	// A watch of this one Node: changes made by others (a taint put back,
+	// the condition edited) are seen without polling.
+	factory := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.cfg.NodeName).String()
+		}))
+	inf := factory.Core().V1().Nodes()
+	lister := inf.Lister()
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.Notify() },
+		UpdateFunc: func(_, _ any) { c.Notify() },
+	}); err != nil {
+		return fmt.Errorf("nodeready: node event handler: %w", err)
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return nil // ctx ended
+	}
+
+	resync := time.NewTicker(c.cfg.ResyncPeriod)
+	defer resync.Stop()
+	// wake fires for a retry after an error or when a re-taint grace ends.
+	wake := time.NewTimer(0)
+	defer wake.Stop()
+	<-wake.C
+	backoff := 200 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.trigger:
+		case <-resync.C:
+		case <-wake.C:
+		}
+		if ctx.Err() != nil {
+			return nil // a Notify raced with shutdown: write nothing
+		}
+		after, err := c.reconcile(ctx, lister)
+		c.setError(err)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			c.log.Warn("node readiness reconcile failed", "error", err, "retry", backoff)
+			after = backoff
+			backoff = min(backoff*2, c.cfg.ResyncPeriod)
+		} else {
+			backoff = 200 * time.Millisecond
+		}
+		if after > 0 {
+			wake.Reset(after)
+		}
+	}
+}
+
+func (c *Controller) setError(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.status.LastError = ""
+	if err != nil {
+		c.status.LastError = err.Error()
+	}
+}
+
+// node returns this node from the watch cache, or from the apiserver when
+// the cache does not have it (yet).
+func (c *Controller) node(ctx context.Context, lister corelisters.NodeLister) (*corev1.Node, error) {
+	if lister != nil {
+		if n, err := lister.Get(c.cfg.NodeName); err == nil {
+			return n, nil
+		}
+	}
+	n, err := c.client.CoreV1().Nodes().Get(ctx, c.cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get node %s: %w", c.cfg.NodeName, err)
+	}
+	return n, nil
+}
+
+// reconcile writes the condition if it changed, then the taint if it must
+// change. It returns when to look again for a pending re-taint (0: no
+// need).
+func (c *Controller) reconcile(ctx context.Context, lister corelisters.NodeLister) (time.Duration, error) {
+	r := Compute(c.in)
+	c.mu.Lock()
+	c.status.Condition, c.status.Reason, c.status.Message = r.Status(), r.Reason, r.Message
+	c.mu.Unlock()
+
+	n, err := c.node(ctx, lister)
+	if err != nil {
+		return 0, err
+	}
+	ctype := corev1.NodeConditionType(c.cfg.ConditionType)
+	cur := findCondition(n, ctype)
+	want, changed := desiredCondition(cur, ctype, r, c.now())
+	if changed {
+		// The watch cache may lag our own last write; decide a write on
+		// the live object so lastTransitionTime and Events stay exact.
+		if n, err = c.node(ctx, nil); err != nil {
+			return 0, err
+		}
+		cur = findCondition(n, ctype)
+		want, changed = desiredCondition(cur, ctype, r, c.now())
+	}
+	c.mu.Lock()
+	c.status.Written = !changed
+	c.mu.Unlock()
+	if changed {
+		if n, err = c.writeCondition(ctx, want); err != nil {
+			return 0, err
+		}
+		if cur == nil || cur.Status != want.Status {
+			c.wroteTransition = want.LastTransitionTime.Time
+			c.event(n, r)
+		}
+		c.log.Info("node condition written", "type", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
+		c.mu.Lock()
+		c.status.Written = true
+		c.mu.Unlock()
+	}
+	return c.reconcileTaint(ctx, n)
+}
+
+func (c *Controller) writeCondition(ctx context.Context, cond corev1.NodeCondition) (*corev1.Node, error) {
+	p, err := conditionPatch(cond)
+	if err != nil {
+		return nil, err
+	}
+	n, err := c.client.CoreV1().Nodes().Patch(ctx, c.cfg.NodeName, types.StrategicMergePatchType, p, metav1.PatchOptions{}, "status")
+	if err != nil {
+		return nil, fmt.Errorf("patch node %s condition %s: %w", c.cfg.NodeName, cond.Type, err)
+	}
+	return n, nil
+}
+
+func (c *Controller) event(n *corev1.Node, r Readiness) {
+	if r.Ready {
+		c.rec.Eventf(nodeRef(n), corev1.EventTypeNormal, EventAmbientReady, "%s is True: %s", c.cfg.ConditionType, r.Message)
+		return
+	}
+	c.rec.Eventf(nodeRef(n), corev1.EventTypeWarning, EventAmbientNotReady, "%s is False (%s): %s", c.cfg.ConditionType, r.Reason, r.Message)
+}
+
+// nodeRef is the Events' subject. A reference, not the Node, so the
+// recorder needs no lookup and the Event names the node's UID.
+func nodeRef(n *corev1.Node) *corev1.ObjectReference {
+	return &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}
+}
+
+// taintAction is what the taint needs on a node: none, remove or add.
+type taintAction int
+
+const (
+	taintKeep taintAction = iota
+	taintRemove
+	taintAdd
+)
+
+// decideTaint returns the taint action for node n given the current
+// condition, and (for a pending re-taint) when to look again.
+func (c *Controller) decideTaint(n *corev1.Node, now time.Time) (taintAction, time.Duration) {
+	cond := findCondition(n, corev1.NodeConditionType(c.cfg.ConditionType))
+	present := hasTaint(n.Spec.Taints, c.cfg.TaintKey)
+	manage := c.cfg.Untaint || c.cfg.TaintWhenUnready
+	switch {
+	case cond == nil:
+		return taintKeep, 0
+	case cond.Status == corev1.ConditionTrue && present && manage:
+		return taintRemove, 0
+	case cond.Status == corev1.ConditionFalse && !present && c.cfg.TaintWhenUnready:
+		due, wait := retaintDue(cond, falseSince(cond, c.wroteTransition), c.cfg.TaintGracePeriod, now)
+		if due {
+			return taintAdd, 0
+		}
+		return taintKeep, wait
+	}
+	return taintKeep, 0
+}
+
+// reconcileTaint applies decideTaint with a conditional patch, re-reading
+// the node and deciding again whenever the taints changed under us.
+func (c *Controller) reconcileTaint(ctx context.Context, n *corev1.Node) (time.Duration, error) {
+	var after time.Duration
+	var done taintAction
+	err := retry.OnError(retry.DefaultRetry, isPatchConflict, func() error {
+		act, wait := c.decideTaint(n, c.now())
+		after, done = wait, act
+		if act == taintKeep {
+			return nil
+		}
+		want := withoutTaint(n.Spec.Taints, c.cfg.TaintKey)
+		if act == taintAdd {
+			want = withTaint(n.Spec.Taints, c.cfg.TaintKey)
+		}
+		p, err := taintPatch(n.Spec.Taints, want)
+		if err != nil {
+			return err
+		}
+		got, err := c.client.CoreV1().Nodes().Patch(ctx, c.cfg.NodeName, types.JSONPatchType, p, metav1.PatchOptions{})
+		if err != nil {
+			if isPatchConflict(err) {
+				// Someone edited the taints: re-read and decide again.
+				if fresh, gerr := c.client.CoreV1().Nodes().Get(ctx, c.cfg.NodeName, metav1.GetOptions{}); gerr == nil {
+					n = fresh
+				}
+			}
+			return err
+		}
+		n = got
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("patch node %s taint %s: %w", c.cfg.NodeName, c.cfg.TaintKey, err)
+	}
+	switch done {
+	case taintRemove:
+		c.log.Info("startup taint removed", "taint", c.cfg.TaintKey)
+		c.rec.Eventf(nodeRef(n), corev1.EventTypeNormal, EventTaintRemoved, "Removed taint %s: %s is True", c.cfg.TaintKey, c.cfg.ConditionType)
+	case taintAdd:
+		c.log.Warn("taint added back", "taint", c.cfg.TaintKey, "grace", c.cfg.TaintGracePeriod)
+		c.rec.Eventf(nodeRef(n), corev1.EventTypeWarning, EventTaintAdded, "Added taint %s:NoSchedule: %s False for over %s", c.cfg.TaintKey, c.cfg.ConditionType, c.cfg.TaintGracePeriod)
+	}
+	c.mu.Lock()
+	c.status.TaintPresent = hasTaint(n.Spec.Taints, c.cfg.TaintKey)
+	c.mu.Unlock()
+	return after, nil
+}
+
+// isPatchConflict: a failed `test` op is answered 422 (Invalid) by the
+// apiserver, a resourceVersion race 409 (Conflict).
+func isPatchConflict(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsInvalid(err)
+}

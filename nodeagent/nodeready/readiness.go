@@ -1,0 +1,163 @@
+// Package nodeready publishes this node's ambient readiness as a node
+// condition and, optionally, removes (and re-adds) the node's startup taint
+// from that condition. It only ever writes the one Node whose name it was
+// constructed with. See docs/readiness.md.
+package nodeready
+
+import (
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Defaults.
+const (
+	// DefaultConditionType is the node condition the controller maintains.
+	// Node condition types are CamelCase by convention; the prefix keeps it
+	// apart from kubelet's and matches the pod condition's domain.
+	DefaultConditionType = "ambient.istio.io/NodeReady"
+	// DefaultTaintKey is the startup taint Istio's untaint controller uses.
+	DefaultTaintKey     = "cni.istio.io/not-ready"
+	DefaultGracePeriod  = 30 * time.Second
+	DefaultResyncPeriod = 10 * time.Second
+)
+
+// Condition reasons, in the order they are checked: the reason names the
+// first check that fails; the message lists every failing check.
+const (
+	ReasonReady               = "Ready"
+	ReasonPluginNotInstalled  = "PluginNotInstalled"
+	ReasonCachesNotSynced     = "CachesNotSynced"
+	ReasonZtunnelNotConnected = "ZtunnelNotConnected"
+	ReasonSnapshotNotAcked    = "SnapshotNotAcked"
+)
+
+// Event reasons recorded on the Node.
+const (
+	EventTaintRemoved    = "TaintRemoved"    // Normal: the startup taint was removed
+	EventTaintAdded      = "TaintAdded"      // Warning: the taint was added back (--taint-when-unready)
+	EventAmbientReady    = "AmbientReady"    // Normal: the condition turned True
+	EventAmbientNotReady = "AmbientNotReady" // Warning: the condition turned False (or was first set False)
+)
+
+// ZtunnelState is what the agent knows about its ztunnel connection.
+type ZtunnelState struct {
+	Connected     bool // a ztunnel is connected to the agent's socket
+	SnapshotAcked bool // that ztunnel acked the snapshot of the node's pods
+}
+
+// Inputs are the facts the condition is computed from. They are read on
+// every evaluation (on Notify and every resync), so they must be cheap and
+// safe for concurrent use. All are required.
+type Inputs struct {
+	// PluginInstalled returns nil when our plugin entry is in the CNI
+	// config the container runtime uses, else an error saying why not (it
+	// becomes part of the condition's message).
+	PluginInstalled func() error
+	// CachesSynced reports whether the agent's informer caches are synced.
+	CachesSynced func() bool
+	// Ztunnel reports the ztunnel connection.
+	Ztunnel func() ZtunnelState
+}
+
+// Readiness is a computed condition value.
+type Readiness struct {
+	Ready   bool
+	Reason  string
+	Message string
+}
+
+// Status returns the condition status for r.
+func (r Readiness) Status() corev1.ConditionStatus {
+	if r.Ready {
+		return corev1.ConditionTrue
+	}
+	return corev1.ConditionFalse
+}
+
+// Compute evaluates the inputs. It is pure apart from calling them.
+func Compute(in Inputs) Readiness {
+	var reasons, msgs []string
+	fail := func(reason, msg string) {
+		reasons = append(reasons, reason)
+		msgs = append(msgs, msg)
+	}
+	if err := in.PluginInstalled(); err != nil {
+		fail(ReasonPluginNotInstalled, "CNI plugin not installed: "+err.Error())
+	}
+	if !in.CachesSynced() {
+		fail(ReasonCachesNotSynced, "agent caches not synced")
+	}
+	switch zt := in.Ztunnel(); {
+	case !zt.Connected:
+		fail(ReasonZtunnelNotConnected, "no ztunnel connected")
+	case !zt.SnapshotAcked:
+		fail(ReasonSnapshotNotAcked, "ztunnel has not acked the node's snapshot")
+	}
+	if len(reasons) == 0 {
+		return Readiness{Ready: true, Reason: ReasonReady, Message: "CNI plugin installed, caches synced, ztunnel connected and snapshot acked"}
+	}
+	return Readiness{Reason: reasons[0], Message: strings.Join(msgs, "; ")}
+}
+
+// findCondition returns the node's condition of type t, or nil.
+func findCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == t {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// desiredCondition returns the condition to write for r, and whether it
+// differs from cur (nil: absent). lastTransitionTime moves only when the
+// status changes; a changed reason or message alone keeps it.
+func desiredCondition(cur *corev1.NodeCondition, t corev1.NodeConditionType, r Readiness, now time.Time) (corev1.NodeCondition, bool) {
+	want := corev1.NodeCondition{
+		Type:               t,
+		Status:             r.Status(),
+		Reason:             r.Reason,
+		Message:            r.Message,
+		LastHeartbeatTime:  metav1.NewTime(now),
+		LastTransitionTime: metav1.NewTime(now),
+	}
+	if cur == nil {
+		return want, true
+	}
+	if cur.Status == want.Status {
+		want.LastTransitionTime = cur.LastTransitionTime
+	}
+	changed := cur.Status != want.Status || cur.Reason != want.Reason || cur.Message != want.Message
+	return want, changed
+}
+
+// falseSince is when the condition last turned False: its
+// lastTransitionTime, which the API stores with second precision, refined
+// by the precise time this process wrote that transition (wrote: zero when
+// it did not, e.g. after an agent restart).
+func falseSince(cond *corev1.NodeCondition, wrote time.Time) time.Time {
+	ltt := cond.LastTransitionTime.Time
+	if !wrote.IsZero() && !wrote.Before(ltt) && wrote.Sub(ltt) < time.Second {
+		return wrote
+	}
+	return ltt
+}
+
+// retaintDue says whether a taint-when-unready node whose condition is cond
+// should get the taint back at now: only when cond is False and has been
+// since at least grace before now (since: see falseSince, so an agent
+// restart does not restart the clock). When False but not yet due, wait is
+// how long until it is.
+func retaintDue(cond *corev1.NodeCondition, since time.Time, grace time.Duration, now time.Time) (due bool, wait time.Duration) {
+	if cond == nil || cond.Status != corev1.ConditionFalse {
+		return false, 0
+	}
+	left := since.Add(grace).Sub(now)
+	if left <= 0 {
+		return true, 0
+	}
+	return false, left
+}
