@@ -138,6 +138,10 @@ func startCNIInstall(ctx context.Context, f installFlags, cfg cniinstall.Config,
 // Ready is the installer's readiness: our entry in the runtime's config.
 func (c *cniInstall) Ready() (bool, string) { return c.inst.Ready() }
 
+// Check is Ready as an error (nil = installed), the shape of
+// nodeready.Inputs.PluginInstalled.
+func (c *cniInstall) Check() error { return c.inst.Check() }
+
 // Finish stops the installer (which leaves everything installed), then
 // uninstalls only when the DaemonSet is gone, being deleted or no longer
 // selects this node; otherwise (upgrade, restart) everything stays.
