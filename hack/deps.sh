@@ -26,6 +26,7 @@ declare -A want=(
   [containerd]=containerd
   [ctr]=containerd
   [runc]=runc
+  [podman]=podman
 )
 
 missing=()

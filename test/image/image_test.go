@@ -71,7 +71,7 @@ func fileSHA(t *testing.T, path string) string {
 
 func TestImage(t *testing.T) {
 	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "containerd", "ctr", "runc", "apt-get", "dpkg-deb", "ldconfig")
+	testutil.RequireBinary(t, "containerd", "ctr", "runc", "podman", "apt-get", "dpkg-deb", "ldconfig")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -119,6 +119,23 @@ func TestImage(t *testing.T) {
 	}
 	if out, err := ctr(ns, "images", "rm", tag); err != nil {
 		t.Errorf("ctr images rm: %v\n%s", err, out)
+	}
+
+	// podman load accepts it too (its own storage under dir, vfs driver:
+	// no mounts to leave behind).
+	pm := filepath.Join(dir, "podman")
+	podman := func(args ...string) (string, error) {
+		base := []string{"--root", filepath.Join(pm, "root"), "--runroot", filepath.Join(pm, "run"), "--tmpdir", filepath.Join(pm, "tmp"),
+			"--storage-driver", "vfs", "--events-backend", "none", "--cgroup-manager", "cgroupfs"}
+		b, err := exec.CommandContext(ctx, "podman", append(base, args...)...).CombinedOutput()
+		return string(b), err
+	}
+	if out, err := podman("load", "-i", a); err != nil || !strings.Contains(out, "Loaded image: "+tag) {
+		t.Errorf("podman load: %v\n%s", err, out)
+	}
+	out, err = podman("image", "inspect", "--format", "{{.Id}} {{.Config.Entrypoint}}", tag)
+	if err != nil || !strings.Contains(out, "/usr/local/bin/ambientd") {
+		t.Errorf("podman image inspect: %v\n%s", err, out)
 	}
 }
 
