@@ -6,7 +6,7 @@ BIN       := bin
 PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 
-.PHONY: all build deps test e2e bench demo generate lint check clean
+.PHONY: all build deps test e2e bench demo generate lint check clean image image-test
 
 all: build
 
@@ -28,6 +28,16 @@ e2e: deps build
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+
+# The agent image as an OCI archive (bin/ambientd-image.tar), without Docker:
+# Debian packages + both binaries, assembled by hack/mkimage. Reproducible.
+image: deps
+	hack/image.sh
+
+# Builds the image twice (same digest), imports it into a throwaway
+# containerd and runs ambientd and both iptables variants from it.
+image-test: deps
+	$(GO) test -tags e2e -count=1 -timeout 30m -v ./test/image/
 
 # The main job: a local demo of real enrollment.
 demo: deps build

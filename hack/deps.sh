@@ -21,6 +21,12 @@ declare -A want=(
   [gcc]=gcc
   [flock]=util-linux
   [nsenter]=util-linux
+  # make image / image-test: Debian packages into a rootfs, a throwaway containerd
+  [dpkg-deb]=dpkg
+  [containerd]=containerd
+  [ctr]=containerd
+  [runc]=runc
+  [podman]=podman
 )
 
 missing=()

@@ -12,6 +12,7 @@ const usage = `usage: ambientd <command> [flags]
 
 commands:
   run      run the node agent (the default when the first argument is a flag)
+  uninstall remove the CNI plugin, its config entry and the host rules from this node
   rules    print the exact in-pod and host rules for given options, touching nothing
   version  print the version
 `
@@ -30,6 +31,8 @@ func main() {
 		os.Exit(runCmd(args))
 	case "rules":
 		os.Exit(rulesCmd(args))
+	case "uninstall":
+		os.Exit(uninstallCmd(args))
 	case "version":
 		fmt.Println(version)
 	case "help":

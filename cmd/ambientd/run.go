@@ -36,6 +36,7 @@ type runFlags struct {
 	podLookupTimeout, retryBase, retryMax           time.Duration
 	kubeQPS                                         float64
 	kubeBurst                                       int
+	install                                         installFlags
 }
 
 // envOf maps flag names to their environment variables.
@@ -86,7 +87,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(def.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
 	fs.BoolVar(&f.dnsCapture, "dns-capture", def.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
 	fs.BoolVar(&f.ipv6, "ipv6", false, "also program IPv6 rules")
-	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin and conflist (not implemented yet; must be false)")
+	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin into the host's bin dir and config, keep it there, report it in readiness (see docs/install.md)")
 	fs.BoolVar(&f.failPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
 	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", def.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
 	fs.DurationVar(&f.retryBase, "retry-base-delay", def.RetryBaseDelay, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
@@ -94,6 +95,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Float64Var(&f.kubeQPS, "kube-qps", defaultKubeQPS, "Kubernetes API requests per second the agent may make (client-go rate limit)")
 	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
+	f.install.register(fs)
 	for name, env := range envOf {
 		fl := fs.Lookup(name)
 		fl.Usage += " (env " + env + ")"
@@ -112,6 +114,9 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 				return f, fmt.Errorf("%s (for --%s): %w", env, name, err)
 			}
 		}
+	}
+	if err := applyEnv(fs, installEnvOf, getenv); err != nil {
+		return f, err
 	}
 	return f, f.validate()
 }
@@ -147,8 +152,8 @@ func (f runFlags) validate() error {
 			return fmt.Errorf("--exclude-namespaces: %q: %s", n, strings.Join(errs, "; "))
 		}
 	}
-	if f.installCNI {
-		return errors.New("--install-cni: installing the CNI plugin is not implemented yet; run with --install-cni=false")
+	if _, err := f.install.config(f.cniSocket, f.excluded()); f.installCNI && err != nil {
+		return err
 	}
 	if f.podLookupTimeout <= 0 || f.podLookupTimeout > 5*time.Minute {
 		return fmt.Errorf("--pod-lookup-timeout %v: want between 0 and 5m", f.podLookupTimeout)
@@ -242,6 +247,14 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	}, client, rules, log)
 	if err != nil {
 		return err
+	}
+	if f.installCNI {
+		cfg, _ := f.install.config(f.cniSocket, f.excluded()) // validated
+		ci, err := startCNIInstall(ctx, f.install, cfg, f.nodeName, client, rules, log.With("component", "cni-install"))
+		if err != nil {
+			return err
+		}
+		defer ci.Finish() // TODO(coordinator): ci.Ready / ci.Check into /readyz and nodeready.Inputs.PluginInstalled
 	}
 	log.Info("ambientd starting", "version", version, "node", f.nodeName, "ztunnel_socket", f.ztunnelSocket, "cni_socket", f.cniSocket, "iptables", rules.Mode())
 	return node.Run(ctx)
