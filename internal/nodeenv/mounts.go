@@ -1,0 +1,77 @@
+package nodeenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// prepareMountNamespace runs in the node netns's private mount namespace
+// (made by `ip netns exec`, slave of the machine's, so nothing propagates
+// back): it mounts the machine's cgroup hierarchies again under
+// /sys/fs/cgroup, where kubelet, containerd and runc look for them (`ip netns
+// exec` remounted /sys and so hid them), and a tmpfs over each of
+// tmpfsPaths.
+func prepareMountNamespace(mounts []cgroupMount) error {
+	if err := unix.Mount("cgroup-root", "/sys/fs/cgroup", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755"); err != nil {
+		return fmt.Errorf("mount tmpfs on /sys/fs/cgroup: %w", err)
+	}
+	for _, m := range mounts {
+		if !strings.HasPrefix(m.Dir, "/sys/fs/cgroup/") && m.Dir != "/sys/fs/cgroup" {
+			continue
+		}
+		if err := os.MkdirAll(m.Dir, 0o755); err != nil {
+			return fmt.Errorf("cgroup mount point: %w", err)
+		}
+		if err := unix.Mount("cgroup", m.Dir, m.FSType, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, m.Options); err != nil {
+			return fmt.Errorf("mount %s (%s) on %s: %w", m.FSType, m.Options, m.Dir, err)
+		}
+	}
+	for _, p := range tmpfsPaths {
+		if err := unix.Mount("ambientd-node", p, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=755"); err != nil {
+			return fmt.Errorf("mount tmpfs on %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// createCgroupRoot makes kubelet's cgroup root (rel, relative to each
+// hierarchy) in every hierarchy: kubelet refuses a cgroupRoot that does not
+// exist. A v1 cpuset cgroup starts with no CPUs and no memory nodes, so it
+// gets its parent's.
+func createCgroupRoot(mounts []cgroupMount, rel string) error {
+	for _, m := range mounts {
+		dir := filepath.Join(m.Dir, rel)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return fmt.Errorf("create cgroup %s: %w", dir, err)
+		}
+		if m.FSType != "cgroup" || !hasOption(m.Options, "cpuset") {
+			continue
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			b, err := os.ReadFile(filepath.Join(m.Dir, f))
+			if err != nil {
+				return fmt.Errorf("cgroup %s: %w", dir, err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+				return fmt.Errorf("cgroup %s: set %s: %w", dir, f, err)
+			}
+		}
+	}
+	return nil
+}
+
+func hasOption(opts, want string) bool {
+	for _, o := range strings.Split(opts, ",") {
+		if o == want {
+			return true
+		}
+	}
+	return false
+}
+
+var errNoCgroupRoot = errors.New("no cgroup root name: the node environment must be started through Program or Main")

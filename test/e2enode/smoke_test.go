@@ -1,0 +1,225 @@
+//go:build e2enode
+
+package e2enode
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/ambientd/ambientd/internal/nodeenv"
+)
+
+// The node registered itself through kubelet, is Ready, lost the not-ready
+// taint (kube-controller-manager runs), and reports the real runtime.
+func TestNodeRegistersReady(t *testing.T) {
+	logsOnFailure(t)
+	ctx := testContext(t, time.Minute)
+	n, err := node.Env.CP.Admin.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeenv.NodeReady(n); err != nil {
+		t.Fatalf("node %s: %v", node.Name, err)
+	}
+	if got := n.Status.NodeInfo.ContainerRuntimeVersion; !strings.HasPrefix(got, "containerd://") {
+		t.Errorf("container runtime %q, want containerd://...", got)
+	}
+	var internal string
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			internal = a.Address
+		}
+	}
+	if internal != node.IP.String() {
+		t.Errorf("InternalIP %q, want %s", internal, node.IP)
+	}
+	t.Logf("node %s: kubelet %s, %s, kernel %s; bring-up %s",
+		n.Name, n.Status.NodeInfo.KubeletVersion, n.Status.NodeInfo.ContainerRuntimeVersion, n.Status.NodeInfo.KernelVersion, node.BringUp.Round(time.Millisecond))
+}
+
+// A pod with an HTTP readiness probe gets an address from containerd's CNI
+// call (bridge + host-local in the node's conf dir), kubelet's probes reach
+// it from the node, it turns Ready and serves; deleting it leaves nothing
+// behind (netns, veth, lease, containers, shims, pod cgroup).
+func TestPodReadyThroughCNIAndDeletedClean(t *testing.T) {
+	logsOnFailure(t)
+	ctx := testContext(t, 3*time.Minute)
+	ns := namespace(t, ctx, "smoke-pod")
+	before, err := node.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	_, err = node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "app"},
+		Spec: corev1.PodSpec{
+			Containers:                    []corev1.Container{nodeenv.AppContainer()},
+			TerminationGracePeriodSeconds: ptr(int64(5)),
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := waitPod(ctx, ns, "app", podReady)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pod create -> Ready: %s", time.Since(start).Round(time.Millisecond))
+
+	ip, err := netip.ParseAddr(pod.Status.PodIP)
+	if err != nil || !node.PodSubnet.Contains(ip) {
+		t.Fatalf("pod IP %q not in the node's pod subnet %s", pod.Status.PodIP, node.PodSubnet)
+	}
+	if pod.Spec.NodeName != node.Name {
+		t.Errorf("scheduled to %q, want %s", pod.Spec.NodeName, node.Name)
+	}
+	during, err := node.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(during.Netns) != len(before.Netns)+1 || len(during.Leases) != len(before.Leases)+1 || len(during.Veths) != len(before.Veths)+1 {
+		t.Errorf("running pod: want one more netns, lease and bridge port than before\nbefore: %s\nnow:    %s", before, during)
+	}
+	if !contains(during.Leases, ip.String()) {
+		t.Errorf("host-local leases %v do not hold the pod IP %s", during.Leases, ip)
+	}
+
+	// The app answers from the node, and kubelet's probes came from the
+	// bridge gateway (the node's side of the pod network).
+	body := httpGet(t, ctx, "http://"+netip.AddrPortFrom(ip, nodeenv.AppPort).String()+"/")
+	if want := "hello from app"; strings.TrimSpace(body) != want {
+		t.Errorf("GET / = %q, want %q", body, want)
+	}
+	gw := node.PodSubnet.Addr().Next().String()
+	logs := containerLog(t, ns, "app", pod.UID, "app")
+	if !strings.Contains(logs, "probe /healthz from "+gw+":") {
+		t.Errorf("container log shows no probe from the gateway %s:\n%s", gw, logs)
+	}
+
+	if err := node.Env.CP.Admin.CoreV1().Pods(ns).Delete(ctx, "app", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "app", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Fatalf("pod never went away: %v", err)
+	}
+	var after nodeenv.State
+	if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		after, err = node.State(ctx)
+		return err == nil && after.Equal(before), nil
+	}); err != nil {
+		t.Fatalf("deleted pod left things behind (%v)\nbefore: %s\nafter:  %s", err, before, after)
+	}
+	t.Logf("pod delete -> node clean: %s", time.Since(start).Round(time.Millisecond))
+}
+
+// A DaemonSet's pod is created by the DaemonSet controller
+// (kube-controller-manager), bound by kube-scheduler, started by kubelet, and
+// turns Ready; the DaemonSet reports it.
+func TestDaemonSetPodScheduledAndReady(t *testing.T) {
+	logsOnFailure(t)
+	ctx := testContext(t, 3*time.Minute)
+	ns := namespace(t, ctx, "smoke-ds")
+	labels := map[string]string{"app": "smoke-ds"}
+	start := time.Now()
+	_, err := node.Env.CP.Admin.AppsV1().DaemonSets(ns).Create(ctx, &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "smoke"},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					Containers:                    []corev1.Container{nodeenv.AppContainer()},
+					TerminationGracePeriodSeconds: ptr(int64(5)),
+				},
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds *appsv1.DaemonSet
+	if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		ds, err = node.Env.CP.Admin.AppsV1().DaemonSets(ns).Get(ctx, "smoke", metav1.GetOptions{})
+		return err == nil && ds.Status.DesiredNumberScheduled == 1 && ds.Status.NumberReady == 1, nil
+	}); err != nil {
+		pods, _ := node.Env.CP.Admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		var desc []string
+		for i := range pods.Items {
+			desc = append(desc, pods.Items[i].Name+": "+describe(&pods.Items[i]))
+		}
+		t.Fatalf("DaemonSet never Ready: %v; status %+v; pods: %v", err, ds.Status, desc)
+	}
+	t.Logf("DaemonSet create -> 1/1 Ready: %s", time.Since(start).Round(time.Millisecond))
+	pods, err := node.Env.CP.Admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("DaemonSet pods: %v %v", pods, err)
+	}
+	p := pods.Items[0]
+	if p.Spec.NodeName != node.Name || !podReady(&p) || p.Spec.HostNetwork {
+		t.Errorf("DaemonSet pod %s: %s (want on %s, Ready, pod network)", p.Name, describe(&p), node.Name)
+	}
+}
+
+func httpGet(t *testing.T, ctx context.Context, url string) string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
+	}
+	return string(b)
+}
+
+// containerLog reads the container's log files kubelet keeps under its pod
+// logs dir (<ns>_<pod>_<uid>/<container>/N.log).
+func containerLog(t *testing.T, ns, pod string, uid types.UID, container string) string {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(node.PodLogsDir, ns+"_"+pod+"_"+string(uid), container, "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(data)
+	}
+	return b.String()
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func ptr[T any](v T) *T { return &v }
