@@ -146,13 +146,23 @@ func Program(opts Options, run func(ctx context.Context, n *Node) int) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// The mount namespace first: e2eenv's pod cgroups then use the same
+	// /sys/fs/cgroup as kubelet.
+	mounts, err := hostCgroupMounts("/proc/1/mountinfo")
+	if err == nil {
+		err = prepareMountNamespace(mounts)
+	}
+	if err != nil {
+		fmt.Fprintf(opts.Log, "nodeenv: %v\n", err)
+		return 1
+	}
 	env, err := e2eenv.Start(ctx, e2eenv.Options{NodeName: opts.NodeName, SkipNode: true, Log: opts.Log})
 	if err != nil {
 		fmt.Fprintf(opts.Log, "nodeenv: start control plane: %v\n", err)
 		return 1
 	}
 	code := 0
-	n, err := Start(ctx, env, opts)
+	n, err := start(ctx, env, mounts, opts)
 	if err != nil {
 		fmt.Fprintf(opts.Log, "nodeenv: start node: %v\n", err)
 		code = 1
@@ -275,15 +285,12 @@ func LocateBinaries(root string) (Binaries, error) {
 	return b, nil
 }
 
-// Start brings the node up on env's control plane, in the current (node)
-// network and mount namespace: mounts, node address, CNI, containerd and the
+// start brings the node up on env's control plane, in the node network and
+// mount namespace Program prepared: node address, CNI, containerd and the
 // images, kubelet, kube-controller-manager, kube-scheduler; it returns when
 // the Node is Ready and the not-ready taint is gone. On error it returns the
 // partly started node (Close it).
-func Start(ctx context.Context, env *e2eenv.Env, opts Options) (*Node, error) {
-	if err := opts.defaults(); err != nil {
-		return nil, err
-	}
+func start(ctx context.Context, env *e2eenv.Env, mounts []cgroupMount, opts Options) (*Node, error) {
 	cgroupRoot := os.Getenv(envCgroupRoot)
 	if cgroupRoot == "" {
 		return nil, errNoCgroupRoot
@@ -302,15 +309,9 @@ func Start(ctx context.Context, env *e2eenv.Env, opts Options) (*Node, error) {
 		IPAMDir:           filepath.Join(dir, "cni", "ipam"),
 		Bridge:            opts.Bridge, PodSubnet: opts.PodSubnet,
 		PodLogsDir: filepath.Join(dir, "pods"),
-		log:        opts.Log, kubeletPort: opts.KubeletPort, cgroupRoot: cgroupRoot,
+		log:        opts.Log, kubeletPort: opts.KubeletPort, cgroupRoot: cgroupRoot, cgroups: mounts,
 	}
 	n.NetnsDir = filepath.Join(n.ContainerdState, "io.containerd.grpc.v1.cri", "netns")
-	if n.cgroups, err = hostCgroupMounts("/proc/1/mountinfo"); err != nil {
-		return nil, err
-	}
-	if err := prepareMountNamespace(n.cgroups); err != nil {
-		return nil, err
-	}
 	start := time.Now()
 	if err := n.setupNetwork(ctx); err != nil {
 		return n, err
