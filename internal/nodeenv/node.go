@@ -336,13 +336,16 @@ func start(ctx context.Context, env *e2eenv.Env, mounts []cgroupMount, opts Opti
 	return n, nil
 }
 
-// setupNetwork gives the node netns its node address (a dummy interface:
-// kubelet wants a non-loopback node IP) and the CNI dirs: links to the
-// reference plugins and the bridge conflist.
+// setupNetwork gives the node netns its node address and the CNI dirs:
+// links to the reference plugins and the bridge conflist. kubelet wants a
+// non-loopback node IP on an interface; the address sits on one end of a veth
+// pair that stays inside the node netns (a dummy interface would do, but
+// kernels without the dummy module exist, this machine's among them).
 func (n *Node) setupNetwork(ctx context.Context) error {
 	for _, args := range [][]string{
-		{"link", "add", "node0", "type", "dummy"},
+		{"link", "add", "node0", "type", "veth", "peer", "name", "node0p"},
 		{"addr", "add", n.IP.String() + "/32", "dev", "node0"},
+		{"link", "set", "node0p", "up"},
 		{"link", "set", "node0", "up"},
 	} {
 		if out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput(); err != nil {
