@@ -37,20 +37,36 @@ type State struct {
 	Netns      []string // pod network namespaces (files in NetnsDir)
 	Veths      []string // ports of the bridge
 	Leases     []string // host-local's leased addresses
-	Containers []string // containerd containers in the CRI namespace (sandboxes included)
+	Tasks      []string // running containerd tasks in the CRI namespace (sandboxes included)
 	Shims      int      // containerd-shim processes of this node's containerd
 	PodCgroups []string // kubelet's pod cgroups (cpu hierarchy)
 }
 
 func (s State) String() string {
-	return fmt.Sprintf("netns %v, bridge ports %v, leases %v, containers %v, shims %d, pod cgroups %v",
-		s.Netns, s.Veths, s.Leases, s.Containers, s.Shims, s.PodCgroups)
+	return fmt.Sprintf("netns %v, bridge ports %v, leases %v, running tasks %v, shims %d, pod cgroups %v",
+		s.Netns, s.Veths, s.Leases, s.Tasks, s.Shims, s.PodCgroups)
 }
 
-// Equal reports whether s and o list the same things.
-func (s State) Equal(o State) bool {
-	return slices.Equal(s.Netns, o.Netns) && slices.Equal(s.Veths, o.Veths) && slices.Equal(s.Leases, o.Leases) &&
-		slices.Equal(s.Containers, o.Containers) && s.Shims == o.Shims && slices.Equal(s.PodCgroups, o.PodCgroups)
+// Diff names the kinds of things that differ between s and o (none when
+// they list the same things).
+func (s State) Diff(o State) []string {
+	var d []string
+	for _, c := range []struct {
+		name string
+		same bool
+	}{
+		{"netns", slices.Equal(s.Netns, o.Netns)},
+		{"bridge ports", slices.Equal(s.Veths, o.Veths)},
+		{"leases", slices.Equal(s.Leases, o.Leases)},
+		{"tasks", slices.Equal(s.Tasks, o.Tasks)},
+		{"shims", s.Shims == o.Shims},
+		{"pod cgroups", slices.Equal(s.PodCgroups, o.PodCgroups)},
+	} {
+		if !c.same {
+			d = append(d, c.name)
+		}
+	}
+	return d
 }
 
 // State reads the node's current State.
@@ -68,12 +84,18 @@ func (n *Node) State(ctx context.Context) (State, error) {
 	}); err != nil {
 		return s, err
 	}
-	out, err := exec.CommandContext(ctx, n.Bins.Ctr, "--address", n.ContainerdAddress, "--namespace", "k8s.io", "containers", "list", "--quiet").Output()
+	// Running tasks, not containers: kubelet removes the stopped containers
+	// of a deleted pod only in its garbage collection, once a minute.
+	out, err := exec.CommandContext(ctx, n.Bins.Ctr, "--address", n.ContainerdAddress, "--namespace", "k8s.io", "tasks", "list").Output()
 	if err != nil {
-		return s, fmt.Errorf("ctr containers list: %w", err)
+		return s, fmt.Errorf("ctr tasks list: %w", err)
 	}
-	s.Containers = strings.Fields(string(out))
-	slices.Sort(s.Containers)
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[2] == "RUNNING" {
+			s.Tasks = append(s.Tasks, f[0])
+		}
+	}
+	slices.Sort(s.Tasks)
 	s.Shims = len(shimPids(n.ContainerdAddress))
 	for _, m := range n.cgroups {
 		if m.FSType == "cgroup" && hasOption(m.Options, "cpu") {
