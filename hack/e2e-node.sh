@@ -25,6 +25,11 @@ build=$(( $(date +%s) - start ))
 sysctls="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward"
 # shellcheck disable=SC2086
 before=$(sysctl -n $sysctls | tr '\n' ' ')
+# Paths containerd, libcni and kubelet hard-code; nodeenv covers them with a
+# tmpfs in the node's mount namespace, so none may appear on the machine.
+hardcoded="/run/containerd /var/lib/cni /var/lib/kubelet /var/log/containers /var/log/pods /etc/cni /opt/cni /var/lib/containerd /usr/libexec/kubernetes"
+existing() { for p in $hardcoded; do [ -e "$p" ] && echo "$p"; done; true; }
+paths_before=$(existing)
 
 export AMBIENTD_E2E_RUN="e2enode-$$-$(date +%s)"
 args=(-tags e2enode -count=1 -v -timeout "${E2E_TIMEOUT:-30m}")
@@ -41,6 +46,10 @@ suite=$(( $(date +%s) - start - build ))
 hack/leftovers.sh "$AMBIENTD_E2E_RUN" || { echo "e2e-node: FAIL: the run left things behind (see above)" >&2; rc=1; }
 # shellcheck disable=SC2086
 after=$(sysctl -n $sysctls | tr '\n' ' ')
+if [ "$(existing)" != "$paths_before" ]; then
+  echo "e2e-node: FAIL: paths appeared on the machine: before: [$paths_before] after: [$(existing)]" >&2
+  rc=1
+fi
 if [ "$before" != "$after" ]; then
   echo "e2e-node: FAIL: sysctls ($sysctls) changed: before: $before after: $after" >&2
   rc=1

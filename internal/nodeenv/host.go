@@ -68,9 +68,10 @@ func restoreSysctls(saved map[string]string) ([]string, error) {
 
 // tmpfsPaths are hard-coded paths of containerd 1.6, libcni and kubelet that
 // get a tmpfs in the node's mount namespace: /run/containerd (shim sockets,
-// /run/containerd/s), /var/lib/cni (libcni's result cache), /var/log
-// (kubelet's /var/log/containers links; pod logs go to the work dir).
-var tmpfsPaths = []string{"/run/containerd", "/var/lib/cni", "/var/log"}
+// /run/containerd/s), /var/lib/cni (libcni's result cache), /var/lib/kubelet
+// (the device plugin socket dir is a constant, whatever --root-dir says),
+// /var/log (kubelet's /var/log/containers links; pod logs go to the work dir).
+var tmpfsPaths = []string{"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log"}
 
 // makeMountPoints creates the missing tmpfsPaths on the machine (empty
 // directories, mount points only) and returns the ones it created.

@@ -59,6 +59,8 @@ func kubeletArgs(configFile, kubeconfig, rootDir, nodeName, nodeIP string) []str
 		"--config=" + configFile,
 		"--kubeconfig=" + kubeconfig,
 		"--root-dir=" + rootDir,
+		// Not derived from --root-dir.
+		"--cert-dir=" + filepath.Join(rootDir, "pki"),
 		"--hostname-override=" + nodeName,
 		"--node-ip=" + nodeIP,
 		"--v=2",
