@@ -217,7 +217,7 @@ func outer(log io.Writer) int {
 		// Cleanup by name and pid, whatever the child did: a clean run
 		// removed its cgroups itself, so anything found is a leak.
 		if found, cerr := removeCgroupTree(mounts, cgroupRoot); len(found) > 0 || cerr != nil {
-			fmt.Fprintf(log, "nodeenv: LEAK: cgroups left behind (removed now): %v %v\n", found, cerr)
+			fmt.Fprintf(log, "nodeenv: LEAK: %d cgroups left behind under /%s in %d hierarchies (removed now: %v)\n", len(found), cgroupRoot, len(mounts), cerr)
 			code = max(code, 1)
 		}
 	}
