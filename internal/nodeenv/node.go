@@ -505,6 +505,7 @@ func NodeReady(node *corev1.Node) error {
 // network namespaces and rootfs mounts are under the work dir, which
 // e2eenv.Env.Close unmounts and removes. Safe on a partly started node.
 func (n *Node) Close() error {
+	n.logRSS()
 	var errs []error
 	for _, p := range []*e2eenv.Process{n.Scheduler, n.ControllerManager, n.Kubelet, n.Containerd} {
 		if p != nil {
@@ -518,6 +519,37 @@ func (n *Node) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// logRSS prints the resident memory of the node's processes and shims.
+func (n *Node) logRSS() {
+	var parts []string
+	for _, p := range []*e2eenv.Process{n.Containerd, n.Kubelet, n.ControllerManager, n.Scheduler} {
+		if p != nil && p.Running() {
+			parts = append(parts, fmt.Sprintf("%s %d", p.Name, rssMiB(p.Pid())))
+		}
+	}
+	shims := shimPids(n.ContainerdAddress)
+	total := 0
+	for _, pid := range shims {
+		total += rssMiB(pid)
+	}
+	fmt.Fprintf(n.log, "nodeenv: RSS MiB at close: %s, %d shims %d\n", strings.Join(parts, ", "), len(shims), total)
+}
+
+// rssMiB is a process's VmRSS in MiB (0 when unknown).
+func rssMiB(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.Atoi(f[1])
+			return kb / 1024
+		}
+	}
+	return 0
 }
 
 // waitFor polls check every interval until it returns nil, ctx ends, or p
