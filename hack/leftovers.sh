@@ -18,6 +18,16 @@ run=${1:?usage: $0 RUN_ID}
 unset AMBIENTD_E2E_RUN
 bad=0
 report() { echo "leftovers: $*" >&2; bad=1; }
+# Kills every process in the cgroup dir $1 and below, and removes the tree.
+remove_cgroup_tree() {
+  local p
+  for p in $(cat $(find "$1" -name cgroup.procs) 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    find "$1" -depth -type d -exec rmdir {} + 2>/dev/null
+    [ -d "$1" ] || break
+    sleep 0.2
+  done
+}
 
 for d in /proc/[0-9]*; do
   pid=${d#/proc/}
@@ -81,12 +91,7 @@ for m in $cgmnts; do
   for d in "$m"/ambientd-e2e-"$run"-*; do
     [ -d "$d" ] || continue
     report "cgroup $d left behind (removed now): $(find "$d" -mindepth 1 -type d -printf '%f ' 2>/dev/null)"
-    for p in $(cat $(find "$d" -name cgroup.procs) 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-      find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
-      [ -d "$d" ] || break
-      sleep 0.2
-    done
+    remove_cgroup_tree "$d"
   done
 done
 if [ -n "$tmpcg" ]; then umount "$tmpcg" && rmdir "$tmpcg"; fi
@@ -99,12 +104,7 @@ for m in $(awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i+1) == "cgro
     creator=${d##*/ambientd-e2e-node-}; creator=${creator%%-*}
     kill -0 "$creator" 2>/dev/null && continue
     report "kubelet cgroup $d left behind (removed now)"
-    for p in $(cat $(find "$d" -name cgroup.procs) 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-      find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
-      [ -d "$d" ] || break
-      sleep 0.2
-    done
+    remove_cgroup_tree "$d"
   done
 done
 

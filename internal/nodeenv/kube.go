@@ -72,23 +72,22 @@ func kubeletArgs(configFile, kubeconfig, rootDir, nodeName, nodeIP string) []str
 // election, serving /healthz on a loopback port, publishing the apiserver's
 // CA as kube-root-ca.crt (projected service account volumes need it).
 func controllerManagerArgs(kubeconfig, caFile, dir string, port int) []string {
-	return []string{
-		"--kubeconfig=" + kubeconfig,
-		"--authentication-kubeconfig=" + kubeconfig,
-		"--authorization-kubeconfig=" + kubeconfig,
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(port),
-		"--cert-dir=" + filepath.Join(dir, "certs"),
-		"--flex-volume-plugin-dir=" + filepath.Join(dir, "flexvolume"),
-		"--root-ca-file=" + caFile,
-		"--leader-elect=false",
+	return append(controlPlaneArgs(kubeconfig, dir, port),
+		"--flex-volume-plugin-dir="+filepath.Join(dir, "flexvolume"),
+		"--root-ca-file="+caFile,
 		"--use-service-account-credentials=false",
-		"--profiling=false",
-		"--v=1",
-	}
+	)
 }
 
 func schedulerArgs(kubeconfig, dir string, port int) []string {
+	return controlPlaneArgs(kubeconfig, dir, port)
+}
+
+// controlPlaneArgs are the flags kube-controller-manager and kube-scheduler
+// share: one kubeconfig for the API and for delegated authn/authz, /healthz
+// on a loopback port with a self-signed certificate in dir, no leader
+// election.
+func controlPlaneArgs(kubeconfig, dir string, port int) []string {
 	return []string{
 		"--kubeconfig=" + kubeconfig,
 		"--authentication-kubeconfig=" + kubeconfig,

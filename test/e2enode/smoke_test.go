@@ -68,10 +68,7 @@ func TestPodReadyThroughCNIAndDeletedClean(t *testing.T) {
 	start := time.Now()
 	_, err = node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "app"},
-		Spec: corev1.PodSpec{
-			Containers:                    []corev1.Container{nodeenv.AppContainer()},
-			TerminationGracePeriodSeconds: ptr(int64(5)),
-		},
+		Spec:       appPodSpec(),
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -159,10 +156,7 @@ func TestDaemonSetPodScheduledAndReady(t *testing.T) {
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					Containers:                    []corev1.Container{nodeenv.AppContainer()},
-					TerminationGracePeriodSeconds: ptr(int64(5)),
-				},
+				Spec:       appPodSpec(),
 			},
 		},
 	}, metav1.CreateOptions{})
@@ -226,4 +220,12 @@ func containerLog(t *testing.T, ns, pod string, uid types.UID, container string)
 	return b.String()
 }
 
-func ptr[T any](v T) *T { return &v }
+// appPodSpec runs the app image (pod network, HTTP readiness probe) and
+// stops within 5 seconds.
+func appPodSpec() corev1.PodSpec {
+	grace := int64(5)
+	return corev1.PodSpec{
+		Containers:                    []corev1.Container{nodeenv.AppContainer()},
+		TerminationGracePeriodSeconds: &grace,
+	}
+}
