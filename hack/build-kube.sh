@@ -4,8 +4,8 @@
 # .cache/kube/<version>/.
 #
 #   hack/build-kube.sh        kube-apiserver and etcd (the control plane: make e2e, make demo)
-#   hack/build-kube.sh node   the control plane plus kubelet, kube-controller-manager
-#                             and kube-scheduler (the real node: make e2e-node)
+#   hack/build-kube.sh node   the control plane plus kubelet, kube-controller-manager,
+#                             kube-scheduler and kubectl (the real node: make e2e-node)
 #
 # Builds only the binaries that are missing; the Go build cache makes a rebuild
 # in a fresh clone fast. Prints the output directory on stdout (last line).
@@ -16,7 +16,7 @@ root=$(pwd)
 want=(etcd kube-apiserver)
 case "${1:-}" in
   "") ;;
-  node) want+=(kubelet kube-controller-manager kube-scheduler) ;;
+  node) want+=(kubelet kube-controller-manager kube-scheduler kubectl) ;;
   *) echo "usage: $0 [node]" >&2; exit 2 ;;
 esac
 

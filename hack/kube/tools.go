@@ -2,11 +2,12 @@
 
 // Package kube pins the dependencies of the upstream main packages that
 // hack/build-kube.sh builds (kube-apiserver for the control plane; kubelet,
-// kube-controller-manager and kube-scheduler for the real node) in this
-// wrapper module's go.mod/go.sum. It is never compiled.
+// kube-controller-manager, kube-scheduler and kubectl for the real node) in
+// this wrapper module's go.mod/go.sum. It is never compiled.
 package kube
 
 import (
+	_ "k8s.io/kubectl/pkg/cmd"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"

@@ -81,8 +81,8 @@ func (o *Options) defaults() error {
 
 // Binaries are the node's programs beyond e2eenv's.
 type Binaries struct {
-	Kubelet, ControllerManager, Scheduler string // hack/build-kube.sh node
-	Containerd, Ctr, Runc, Shim           string // Debian packages containerd, runc
+	Kubelet, ControllerManager, Scheduler, Kubectl string // hack/build-kube.sh node
+	Containerd, Ctr, Runc, Shim                    string // Debian packages containerd, runc
 }
 
 // Node is a running real node: e2eenv's control plane plus containerd,
@@ -240,8 +240,8 @@ func outer(log io.Writer) int {
 	return code
 }
 
-// EnsureBinaries builds kubelet, kube-controller-manager and kube-scheduler
-// when missing (hack/build-kube.sh node, about 25 minutes cold on 2 cores)
+// EnsureBinaries builds kubelet, kube-controller-manager, kube-scheduler and
+// kubectl when missing (hack/build-kube.sh node, about 25 minutes cold on 2 cores)
 // and finds containerd, ctr, the runc shim and runc on PATH (hack/deps.sh
 // node installs them).
 func EnsureBinaries(ctx context.Context, root string, log io.Writer) (Binaries, error) {
@@ -267,7 +267,8 @@ func LocateBinaries(root string) (Binaries, error) {
 	b.Kubelet = filepath.Join(kube, "kubelet")
 	b.ControllerManager = filepath.Join(kube, "kube-controller-manager")
 	b.Scheduler = filepath.Join(kube, "kube-scheduler")
-	for _, p := range []string{b.Kubelet, b.ControllerManager, b.Scheduler} {
+	b.Kubectl = filepath.Join(kube, "kubectl")
+	for _, p := range []string{b.Kubelet, b.ControllerManager, b.Scheduler, b.Kubectl} {
 		if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
 			return b, fmt.Errorf("binary %s missing (run hack/build-kube.sh node)", p)
 		}
@@ -519,6 +520,17 @@ func (n *Node) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Kubectl runs kubectl with the admin kubeconfig and returns its combined
+// output; a failure's error includes the output.
+func (n *Node) Kubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, n.Bins.Kubectl, append([]string{"--kubeconfig=" + n.Env.CP.AdminKubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
 }
 
 // logRSS prints the resident memory of the node's processes and shims.

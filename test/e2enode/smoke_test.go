@@ -7,8 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -18,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/ambientd/ambientd/internal/nodeenv"
@@ -103,8 +100,13 @@ func TestPodReadyThroughCNIAndDeletedClean(t *testing.T) {
 	if want := "hello from app"; strings.TrimSpace(body) != want {
 		t.Errorf("GET / = %q, want %q", body, want)
 	}
+	// `kubectl logs` goes apiserver -> kubelet (the node's hostname) ->
+	// containerd's log file.
 	gw := node.PodSubnet.Addr().Next().String()
-	logs := containerLog(t, ns, "app", pod.UID, "app")
+	logs, err := node.Kubectl(ctx, "logs", "-n", ns, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(logs, "probe /healthz from "+gw+":") {
 		t.Errorf("container log shows no probe from the gateway %s:\n%s", gw, logs)
 	}
@@ -202,22 +204,6 @@ func httpGet(t *testing.T, ctx context.Context, url string) string {
 		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
 	}
 	return string(b)
-}
-
-// containerLog reads the container's log files kubelet keeps under its pod
-// logs dir (<ns>_<pod>_<uid>/<container>/N.log).
-func containerLog(t *testing.T, ns, pod string, uid types.UID, container string) string {
-	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(node.PodLogsDir, ns+"_"+pod+"_"+string(uid), container, "*.log"))
-	var b strings.Builder
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.Write(data)
-	}
-	return b.String()
 }
 
 // appPodSpec runs the app image (pod network, HTTP readiness probe) and
