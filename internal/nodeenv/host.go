@@ -2,11 +2,16 @@ package nodeenv
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ambientd/ambientd/internal/e2eenv"
 )
@@ -66,12 +71,68 @@ func restoreSysctls(saved map[string]string) ([]string, error) {
 	return changed, errors.Join(errs...)
 }
 
+// lockFile serializes real-node runs on one machine.
+const lockFile = "/run/lock/ambientd-e2e-node.lock"
+
+// lockMachine waits (until ctx ends) for the machine-wide real-node lock and
+// returns its release. The lock is a flock, so it goes away with a process
+// that dies holding it.
+func lockMachine(ctx context.Context, log io.Writer) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(lockFile), 0o755); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", lockFile, err)
+	}
+	f, err := os.OpenFile(lockFile, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", lockFile, err)
+	}
+	told := false
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", lockFile, err)
+		}
+		if !told {
+			fmt.Fprintf(log, "nodeenv: another real node runs on this machine; waiting for %s\n", lockFile)
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("waiting for %s: %w", lockFile, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
 // tmpfsPaths are hard-coded paths of containerd 1.6, libcni and kubelet that
 // get a tmpfs in the node's mount namespace: /run/containerd (shim sockets,
 // /run/containerd/s), /var/lib/cni (libcni's result cache), /var/lib/kubelet
 // (the device plugin socket dir is a constant, whatever --root-dir says),
 // /var/log (kubelet's /var/log/containers links; pod logs go to the work dir).
 var tmpfsPaths = []string{"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log"}
+
+// hardcodedPaths are paths on the machine that containerd, libcni or kubelet
+// would write by default; with the tmpfs mounts and the config of this
+// environment none of them may appear during a run.
+var hardcodedPaths = []string{
+	"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log/containers", "/var/log/pods",
+	"/etc/cni", "/opt/cni", "/var/lib/containerd", "/etc/containerd", "/usr/libexec/kubernetes", "/etc/kubernetes",
+}
+
+// existingPaths returns those of paths that exist.
+func existingPaths(paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		if _, err := os.Lstat(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 // makeMountPoints creates the missing tmpfsPaths on the machine (empty
 // directories, mount points only) and returns the ones it created.

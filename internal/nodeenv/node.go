@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -202,11 +204,21 @@ func outer(log io.Writer) int {
 		fmt.Fprintf(log, "nodeenv: cgroups: %v\n", err)
 		return 1
 	}
+	// One real node at a time on a machine: runs share the mount points and
+	// the sysctls (one run restoring them, or removing a mount point it
+	// created, under another's feet would break that one).
+	unlock, err := lockMachine(ctx, log)
+	if err != nil {
+		fmt.Fprintf(log, "nodeenv: %v\n", err)
+		return 1
+	}
+	defer unlock()
 	saved, err := saveSysctls(kubeletSysctls)
 	if err != nil {
 		fmt.Fprintf(log, "nodeenv: %v\n", err)
 		return 1
 	}
+	pathsBefore := existingPaths(hardcodedPaths)
 	created, err := makeMountPoints()
 	code := 1
 	if err == nil {
@@ -229,9 +241,19 @@ func outer(log io.Writer) int {
 		fmt.Fprintf(log, "nodeenv: %v\n", err)
 		code = max(code, 1)
 	}
+	if after := existingPaths(hardcodedPaths); !slices.Equal(after, pathsBefore) {
+		fmt.Fprintf(log, "nodeenv: LEAK: paths on the machine before the run %v, after %v\n", pathsBefore, after)
+		code = max(code, 1)
+	}
 	changed, err := restoreSysctls(saved)
 	if len(changed) > 0 {
 		fmt.Fprintf(log, "nodeenv: restored sysctls kubelet changed: %s\n", strings.Join(changed, ", "))
+	}
+	if err == nil {
+		var now map[string]string
+		if now, err = saveSysctls(kubeletSysctls); err == nil && !maps.Equal(now, saved) {
+			err = fmt.Errorf("sysctls %v after restoring, want %v", now, saved)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(log, "nodeenv: %v\n", err)
