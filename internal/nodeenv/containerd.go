@@ -15,8 +15,11 @@ import (
 // containerdConfig renders containerd 1.6's config (version 2) for the node:
 // all state under dir, the CRI with the workarounds this kind of machine
 // needs (see docs/realnode.md): no AppArmor, oom_score_adj clamped to what
-// the process may set, pod netns mounts under the state dir, runc with the
-// cgroupfs driver and its state under dir, our CNI dirs with one conflist.
+// the process may set, runc with the cgroupfs driver and its state under dir,
+// the given CNI dirs with one conflist. Pod netns go to containerd's default
+// /var/run/netns, a tmpfs of the node's mount namespace, where the
+// DaemonSet's hostPath finds them (netns_mounts_under_state_dir would hide
+// them from it).
 func containerdConfig(dir, address, runc, cniBinDir, cniConfDir string) string {
 	q := strconv.Quote
 	return `version = 2
@@ -37,7 +40,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = ` + q(PauseImage) + `
   disable_apparmor = true
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,19 +109,41 @@ func lockMachine(ctx context.Context, log io.Writer) (func(), error) {
 	}
 }
 
-// tmpfsPaths are hard-coded paths of containerd 1.6, libcni and kubelet that
-// get a tmpfs in the node's mount namespace: /run/containerd (shim sockets,
-// /run/containerd/s), /var/lib/cni (libcni's result cache), /var/lib/kubelet
-// (the device plugin socket dir is a constant, whatever --root-dir says),
-// /var/log (kubelet's /var/log/containers links; pod logs go to the work dir).
-var tmpfsPaths = []string{"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log"}
+// tmpfsPaths get a tmpfs (a shared mount, so mounts below propagate to
+// containers that mount them with HostToContainer) in the node's mount
+// namespace. They are the paths containerd 1.6, libcni and kubelet hard-code,
+// and the standard node paths ambientd's DaemonSet mounts (deploy/):
+//   - /run/containerd: shim sockets (/run/containerd/s);
+//   - /var/lib/cni: libcni's result cache;
+//   - /var/lib/kubelet: the device plugin socket dir is a constant, whatever
+//     --root-dir says;
+//   - /var/log: kubelet's /var/log/containers links (pod logs go to the work
+//     dir);
+//   - /run/netns: the pods' network namespaces (containerd's default place);
+//   - /run/ambientd, /run/ztunnel: the agent's and ztunnel's sockets (the
+//     DaemonSet's hostPaths /var/run/ambientd, /var/run/ztunnel).
+var tmpfsPaths = []string{"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log", "/run/netns", "/run/ambientd", "/run/ztunnel"}
 
-// hardcodedPaths are paths on the machine that containerd, libcni or kubelet
-// would write by default; with the tmpfs mounts and the config of this
-// environment none of them may appear during a run.
+// Standard CNI dirs: in the node's mount namespace the node's own CNI dirs
+// (under the work dir) are bind-mounted here, so containerd and the
+// DaemonSet's hostPaths use the usual paths.
+const (
+	StdCNIConfDir = "/etc/cni/net.d"
+	StdCNIBinDir  = "/opt/cni/bin"
+)
+
+// mountPoints are every path the node mounts over.
+func mountPoints() []string {
+	return append(slices.Clone(tmpfsPaths), StdCNIConfDir, StdCNIBinDir)
+}
+
+// hardcodedPaths are paths on the machine that containerd, libcni, kubelet or
+// the agent's DaemonSet would write by default; with the mounts and the config
+// of this environment none of them may appear during a run.
 var hardcodedPaths = []string{
 	"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log/containers", "/var/log/pods",
 	"/etc/cni", "/opt/cni", "/var/lib/containerd", "/etc/containerd", "/usr/libexec/kubernetes", "/etc/kubernetes",
+	"/run/ambientd", "/run/ztunnel",
 }
 
 // existingPaths returns those of paths that exist.
@@ -134,11 +157,11 @@ func existingPaths(paths []string) []string {
 	return out
 }
 
-// makeMountPoints creates the missing tmpfsPaths on the machine (empty
+// makeMountPoints creates the missing mountPoints on the machine (empty
 // directories, mount points only) and returns the ones it created.
 func makeMountPoints() ([]string, error) {
 	var created []string
-	for _, p := range tmpfsPaths {
+	for _, p := range mountPoints() {
 		if _, err := os.Stat(p); err == nil {
 			continue
 		}

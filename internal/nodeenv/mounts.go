@@ -14,7 +14,7 @@ import (
 // (made by `ip netns exec`, slave of the machine's, so nothing propagates
 // back): it mounts the machine's cgroup hierarchies again under
 // /sys/fs/cgroup, where kubelet, containerd and runc look for them (`ip netns
-// exec` remounted /sys and so hid them), and a tmpfs over each of
+// exec` remounted /sys and so hid them), and a shared tmpfs over each of
 // tmpfsPaths.
 func prepareMountNamespace(mounts []cgroupMount) error {
 	if err := unix.Mount("cgroup-root", "/sys/fs/cgroup", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755"); err != nil {
@@ -34,6 +34,23 @@ func prepareMountNamespace(mounts []cgroupMount) error {
 	for _, p := range tmpfsPaths {
 		if err := unix.Mount("ambientd-node", p, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=755"); err != nil {
 			return fmt.Errorf("mount tmpfs on %s: %w", p, err)
+		}
+		if err := unix.Mount("", p, "", unix.MS_SHARED, ""); err != nil {
+			return fmt.Errorf("make %s shared: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// bindStdCNIDirs bind-mounts the node's CNI dirs at the standard paths, as
+// shared mounts.
+func bindStdCNIDirs(confDir, binDir string) error {
+	for _, b := range []struct{ src, dst string }{{confDir, StdCNIConfDir}, {binDir, StdCNIBinDir}} {
+		if err := unix.Mount(b.src, b.dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind-mount %s on %s: %w", b.src, b.dst, err)
+		}
+		if err := unix.Mount("", b.dst, "", unix.MS_SHARED, ""); err != nil {
+			return fmt.Errorf("make %s shared: %w", b.dst, err)
 		}
 	}
 	return nil

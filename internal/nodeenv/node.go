@@ -100,10 +100,12 @@ type Node struct {
 	ContainerdAddress string
 	// ContainerdState is containerd's state dir.
 	ContainerdState string
-	// NetnsDir holds the pods' network namespaces (CNI_NETNS paths):
-	// netns_mounts_under_state_dir puts them under the CRI's state dir.
+	// NetnsDir holds the pods' network namespaces (CNI_NETNS paths): the
+	// standard /var/run/netns, a tmpfs in the node's mount namespace.
 	NetnsDir string
-	// CNIBinDir and CNIConfDir are the CRI's CNI dirs; IPAMDir is
+	// CNIBinDir and CNIConfDir are the node's CNI dirs under the work dir;
+	// in the node's mount namespace they are also at the standard
+	// StdCNIBinDir and StdCNIConfDir, which containerd uses. IPAMDir is
 	// host-local's lease dir.
 	CNIBinDir, CNIConfDir, IPAMDir string
 	Bridge                         string
@@ -334,7 +336,7 @@ func start(ctx context.Context, env *e2eenv.Env, mounts []cgroupMount, opts Opti
 		PodLogsDir: filepath.Join(dir, "pods"),
 		log:        opts.Log, kubeletPort: opts.KubeletPort, cgroupRoot: cgroupRoot, cgroups: mounts,
 	}
-	n.NetnsDir = filepath.Join(n.ContainerdState, "io.containerd.grpc.v1.cri", "netns")
+	n.NetnsDir = "/var/run/netns"
 	start := time.Now()
 	if err := n.setupNetwork(ctx); err != nil {
 		return n, err
@@ -389,7 +391,10 @@ func (n *Node) setupNetwork(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(n.CNIConfDir, "10-ambientd-node.conflist"), conf, 0o644)
+	if err := os.WriteFile(filepath.Join(n.CNIConfDir, "10-ambientd-node.conflist"), conf, 0o644); err != nil {
+		return err
+	}
+	return bindStdCNIDirs(n.CNIConfDir, n.CNIBinDir)
 }
 
 func (n *Node) startContainerd(ctx context.Context) error {
@@ -398,7 +403,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 		return err
 	}
 	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(containerdConfig(dir, n.ContainerdAddress, n.Bins.Runc, n.CNIBinDir, n.CNIConfDir)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(containerdConfig(dir, n.ContainerdAddress, n.Bins.Runc, StdCNIBinDir, StdCNIConfDir)), 0o644); err != nil {
 		return err
 	}
 	// The shim is found on PATH next to containerd (Debian: /usr/bin).

@@ -92,7 +92,7 @@ func TestContainerdConfig(t *testing.T) {
 	for _, s := range []string{
 		`root = "/d/root"`, `state = "/d/state"`, `address = "/d/c.sock"`,
 		`sandbox_image = "` + PauseImage + `"`, "disable_apparmor = true", "restrict_oom_score_adj = true",
-		"netns_mounts_under_state_dir = true", `snapshotter = "overlayfs"`, "SystemdCgroup = false",
+		`snapshotter = "overlayfs"`, "SystemdCgroup = false",
 		`Root = "/d/runc"`, `bin_dir = "/cni/bin"`, `conf_dir = "/cni/net.d"`, "max_conf_num = 1",
 	} {
 		if !strings.Contains(c, s) {
