@@ -15,8 +15,16 @@ import (
 // back): it mounts the machine's cgroup hierarchies again under
 // /sys/fs/cgroup, where kubelet, containerd and runc look for them (`ip netns
 // exec` remounted /sys and so hid them), and a shared tmpfs over each of
-// tmpfsPaths.
+// tmpfsPaths. The machine's mounts stay unaffected: `ip netns exec` made this
+// namespace's copies slaves (or private), never peers of the machine's.
 func prepareMountNamespace(mounts []cgroupMount) error {
+	// As on a systemd node, every mount is shared (within this namespace and
+	// the containers' copies): containerd refuses HostToContainer
+	// propagation from a path whose mount is neither shared nor slave, and
+	// `ip netns exec` leaves the tree private when the machine's / is.
+	if err := unix.Mount("", "/", "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make / rshared in the node's mount namespace: %w", err)
+	}
 	if err := unix.Mount("cgroup-root", "/sys/fs/cgroup", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755"); err != nil {
 		return fmt.Errorf("mount tmpfs on /sys/fs/cgroup: %w", err)
 	}

@@ -145,12 +145,25 @@ func TestPodReadyThroughCNIAndDeletedClean(t *testing.T) {
 
 // A DaemonSet's pod is created by the DaemonSet controller
 // (kube-controller-manager), bound by kube-scheduler, started by kubelet, and
-// turns Ready; the DaemonSet reports it.
+// turns Ready; the DaemonSet reports it. Its pod sees the node the way
+// ambientd's DaemonSet (deploy/) mounts it: the node's conflist in the
+// hostPath /etc/cni/net.d, and, through /var/run/netns with HostToContainer
+// propagation, the netns of a pod started after it.
 func TestDaemonSetPodScheduledAndReady(t *testing.T) {
 	logsOnFailure(t)
 	ctx := testContext(t, 3*time.Minute)
 	ns := namespace(t, ctx, "smoke-ds")
 	labels := map[string]string{"app": "smoke-ds"}
+	spec := appPodSpec()
+	toContainer := corev1.MountPropagationHostToContainer
+	spec.Containers[0].VolumeMounts = []corev1.VolumeMount{
+		{Name: "cni-conf", MountPath: "/host/etc/cni/net.d", ReadOnly: true},
+		{Name: "netns", MountPath: "/host/run/netns", MountPropagation: &toContainer},
+	}
+	spec.Volumes = []corev1.Volume{
+		{Name: "cni-conf", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc/cni/net.d"}}},
+		{Name: "netns", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/run/netns"}}},
+	}
 	start := time.Now()
 	_, err := node.Env.CP.Admin.AppsV1().DaemonSets(ns).Create(ctx, &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Name: "smoke"},
@@ -158,7 +171,7 @@ func TestDaemonSetPodScheduledAndReady(t *testing.T) {
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       appPodSpec(),
+				Spec:       spec,
 			},
 		},
 	}, metav1.CreateOptions{})
@@ -170,7 +183,7 @@ func TestDaemonSetPodScheduledAndReady(t *testing.T) {
 		ds, err = node.Env.CP.Admin.AppsV1().DaemonSets(ns).Get(ctx, "smoke", metav1.GetOptions{})
 		return err == nil && ds.Status.DesiredNumberScheduled == 1 && ds.Status.NumberReady == 1, nil
 	}); err != nil {
-		pods, _ := node.Env.CP.Admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		pods, _ := node.Env.CP.Admin.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 		var desc []string
 		for i := range pods.Items {
 			desc = append(desc, pods.Items[i].Name+": "+describe(&pods.Items[i]))
@@ -185,6 +198,39 @@ func TestDaemonSetPodScheduledAndReady(t *testing.T) {
 	p := pods.Items[0]
 	if p.Spec.NodeName != node.Name || !podReady(&p) || p.Spec.HostNetwork {
 		t.Errorf("DaemonSet pod %s: %s (want on %s, Ready, pod network)", p.Name, describe(&p), node.Name)
+	}
+
+	ls := func(dir string) string {
+		return httpGet(t, ctx, "http://"+netip.AddrPortFrom(netip.MustParseAddr(p.Status.PodIP), nodeenv.AppPort).String()+"/ls?dir="+dir)
+	}
+	if got := ls("/host/etc/cni/net.d"); !strings.Contains(got, "10-ambientd-node.conflist") {
+		t.Errorf("DaemonSet pod's /etc/cni/net.d lists %q, want the node's conflist", got)
+	}
+	before, err := node.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "later"}, Spec: appPodSpec()}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitPod(ctx, ns, "later", podReady); err != nil {
+		t.Fatal(err)
+	}
+	after, err := node.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var added []string
+	for _, n := range after.Netns {
+		if !slices.Contains(before.Netns, n) {
+			added = append(added, n)
+		}
+	}
+	if len(added) != 1 {
+		t.Fatalf("netns before %v, after %v: want one more", before.Netns, after.Netns)
+	}
+	if got := ls("/host/run/netns"); !strings.Contains(got, added[0]) {
+		t.Errorf("DaemonSet pod's /var/run/netns lists %q, want the later pod's %s (HostToContainer propagation)", got, added[0])
 	}
 }
 

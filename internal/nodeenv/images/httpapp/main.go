@@ -1,8 +1,9 @@
 // Command httpapp is the node environment's tiny application image: an HTTP
 // server whose /healthz serves readiness probes and whose / answers with the
-// pod's name. Every request is logged with its client address, so a test can
-// see where kubelet's probes come from (`kubectl logs`, or the container log
-// file).
+// pod's name, and whose /ls?dir=PATH lists a directory inside the container
+// (tests use it to look at hostPath volumes from a pod). Every request is
+// logged with its client address, so a test can see where kubelet's probes
+// come from (`kubectl logs`).
 //
 //	httpapp [-listen :8080]   (env HTTPAPP_LISTEN)
 package main
@@ -28,6 +29,17 @@ func main() {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		log.Printf("probe %s from %s", r.URL.Path, r.RemoteAddr)
 		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/ls", func(w http.ResponseWriter, r *http.Request) {
+		log.Printf("request %s from %s", r.URL, r.RemoteAddr)
+		entries, err := os.ReadDir(r.URL.Query().Get("dir"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		for _, e := range entries {
+			fmt.Fprintln(w, e.Name())
+		}
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		log.Printf("request %s from %s", r.URL.Path, r.RemoteAddr)
