@@ -11,7 +11,7 @@
 #   - the real node's (internal/nodeenv): containerd shims serving a containerd
 #     of this run, kubelet's cgroup root ambientd-e2e-node-<pid>-* (any
 #     hierarchy) whose creating process is gone, the node's bridge and
-#     dummy interface in the machine's network namespace
+#     node0 interface in the machine's network namespace
 set -uo pipefail
 run=${1:?usage: $0 RUN_ID}
 # Our own children must not match the search below.

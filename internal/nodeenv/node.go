@@ -41,7 +41,7 @@ type Options struct {
 	// resolves to a local address, so the apiserver reaches kubelet for
 	// `kubectl logs` the way it does on a real node).
 	NodeName string
-	// NodeIP is put on a dummy interface of the node netns and given to
+	// NodeIP is put on an interface (node0) of the node netns and given to
 	// kubelet as --node-ip (default 10.99.0.1).
 	NodeIP netip.Addr
 	// PodSubnet is host-local's range (default 10.244.0.0/24).
