@@ -137,13 +137,13 @@ func mountPoints() []string {
 	return append(slices.Clone(tmpfsPaths), StdCNIConfDir, StdCNIBinDir)
 }
 
-// hardcodedPaths are paths on the machine that containerd, libcni, kubelet or
-// the agent's DaemonSet would write by default; with the mounts and the config
-// of this environment none of them may appear during a run.
+// hardcodedPaths are default paths of containerd, kubelet and the control
+// plane components on the machine that no mount of the node covers; with the
+// configuration of this environment none of them may appear during a run.
+// (The mount points in mountPoints cannot receive anything from the node: in
+// its mount namespace they are covered.)
 var hardcodedPaths = []string{
-	"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log/containers", "/var/log/pods",
-	"/etc/cni", "/opt/cni", "/var/lib/containerd", "/etc/containerd", "/usr/libexec/kubernetes", "/etc/kubernetes",
-	"/run/ambientd", "/run/ztunnel",
+	"/var/lib/containerd", "/etc/containerd", "/usr/libexec/kubernetes", "/etc/kubernetes", "/var/run/kubernetes",
 }
 
 // existingPaths returns those of paths that exist.
@@ -184,15 +184,22 @@ func makeMountPoints() ([]string, error) {
 }
 
 // removeMountPoints removes the directories makeMountPoints created, deepest
-// first, if they are still empty.
-func removeMountPoints(created []string) error {
+// first. One that is not empty any more was filled on the machine by someone
+// else during the run (the node only ever wrote to it through its own mount,
+// in its namespace): it is left in place and named in the returned notes.
+func removeMountPoints(created []string) (notes []string, err error) {
 	var errs []error
 	for i := len(created) - 1; i >= 0; i-- {
-		if err := os.Remove(created[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+		err := os.Remove(created[i])
+		switch {
+		case err == nil, errors.Is(err, os.ErrNotExist):
+		case errors.Is(err, unix.ENOTEMPTY), errors.Is(err, unix.EEXIST):
+			notes = append(notes, created[i])
+		default:
 			errs = append(errs, fmt.Errorf("remove mount point %s: %w", created[i], err))
 		}
 	}
-	return errors.Join(errs...)
+	return notes, errors.Join(errs...)
 }
 
 // cgroupMount is one cgroup hierarchy mount of the machine.

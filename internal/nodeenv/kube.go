@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -18,8 +19,12 @@ type kubeletPaths struct {
 // does not report one), a cgroup root of our own, no iptables chains on the
 // node, anonymous AlwaysAllow serving (only the node netns can reach it),
 // image GC and eviction thresholds that never fire on our imported images.
-func kubeletConfig(p kubeletPaths, cgroupRoot string, port, healthzPort int) ([]byte, error) {
+func kubeletConfig(p kubeletPaths, cgroupRoot string, port, healthzPort int, taints []corev1.Taint) ([]byte, error) {
+	if taints == nil {
+		taints = []corev1.Taint{}
+	}
 	return yaml.Marshal(map[string]any{
+		"registerWithTaints":       taints,
 		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
 		"kind":                     "KubeletConfiguration",
 		"failCgroupV1":             false,

@@ -48,6 +48,10 @@ type Options struct {
 	PodSubnet netip.Prefix
 	// Bridge is the bridge plugin's bridge (default ambnode0).
 	Bridge string
+	// RegisterTaints are set by kubelet when it registers the Node
+	// (registerWithTaints), e.g. the agent's startup taint
+	// cni.istio.io/not-ready. Start waits for Ready, not for these to go.
+	RegisterTaints []corev1.Taint
 	// KubeletPort is kubelet's serving port (default 20250; any port works,
 	// the node netns is ours).
 	KubeletPort int
@@ -119,10 +123,11 @@ type Node struct {
 	// the not-ready taint.
 	BringUp time.Duration
 
-	log         io.Writer
-	kubeletPort int
-	cgroupRoot  string
-	cgroups     []cgroupMount
+	log            io.Writer
+	kubeletPort    int
+	registerTaints []corev1.Taint
+	cgroupRoot     string
+	cgroups        []cgroupMount
 }
 
 // Main is a TestMain for real-node test packages: Program running the
@@ -239,7 +244,11 @@ func outer(log io.Writer) int {
 		fmt.Fprintf(log, "nodeenv: %v\n", err)
 		code = max(code, 1)
 	}
-	if err := removeMountPoints(created); err != nil {
+	notes, err := removeMountPoints(created)
+	if len(notes) > 0 {
+		fmt.Fprintf(log, "nodeenv: mount points %v got files from another process on the machine during the run; left in place\n", notes)
+	}
+	if err != nil {
 		fmt.Fprintf(log, "nodeenv: %v\n", err)
 		code = max(code, 1)
 	}
@@ -334,7 +343,8 @@ func start(ctx context.Context, env *e2eenv.Env, mounts []cgroupMount, opts Opti
 		IPAMDir:           filepath.Join(dir, "cni", "ipam"),
 		Bridge:            opts.Bridge, PodSubnet: opts.PodSubnet,
 		PodLogsDir: filepath.Join(dir, "pods"),
-		log:        opts.Log, kubeletPort: opts.KubeletPort, cgroupRoot: cgroupRoot, cgroups: mounts,
+		log:        opts.Log, kubeletPort: opts.KubeletPort, registerTaints: opts.RegisterTaints,
+		cgroupRoot: cgroupRoot, cgroups: mounts,
 	}
 	n.NetnsDir = "/var/run/netns"
 	start := time.Now()
@@ -443,7 +453,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	cfg, err := kubeletConfig(kubeletPaths{
 		RootDir: root, PodLogsDir: n.PodLogsDir, VolumePluginDir: filepath.Join(dir, "volume-plugins"),
 		ResolvConf: resolv, RuntimeEndpoint: "unix://" + n.ContainerdAddress,
-	}, n.cgroupRoot, n.kubeletPort, healthz)
+	}, n.cgroupRoot, n.kubeletPort, healthz, n.registerTaints)
 	if err != nil {
 		return err
 	}
@@ -547,6 +557,13 @@ func (n *Node) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ImportImage loads a docker-archive or OCI tarball (e.g. the agent's image
+// from `make image`) into the node's containerd, for pods with
+// imagePullPolicy: Never.
+func (n *Node) ImportImage(ctx context.Context, tarball string) error {
+	return importImages(ctx, n.Bins.Ctr, n.ContainerdAddress, []string{tarball})
 }
 
 // Kubectl runs kubectl with the admin kubeconfig and returns its combined

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -68,7 +69,8 @@ func TestNodeConflistLoads(t *testing.T) {
 }
 
 func TestKubeletConfig(t *testing.T) {
-	b, err := kubeletConfig(kubeletPaths{RootDir: "/r", PodLogsDir: "/l", VolumePluginDir: "/v", ResolvConf: "/rc", RuntimeEndpoint: "unix:///c.sock"}, "cg-root", 20250, 12345)
+	taint := corev1.Taint{Key: "cni.istio.io/not-ready", Value: "true", Effect: corev1.TaintEffectNoSchedule}
+	b, err := kubeletConfig(kubeletPaths{RootDir: "/r", PodLogsDir: "/l", VolumePluginDir: "/v", ResolvConf: "/rc", RuntimeEndpoint: "unix:///c.sock"}, "cg-root", 20250, 12345, []corev1.Taint{taint})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +86,15 @@ func TestKubeletConfig(t *testing.T) {
 		if cfg[k] != want {
 			t.Errorf("%s = %v, want %v", k, cfg[k], want)
 		}
+	}
+	var typed struct {
+		RegisterWithTaints []corev1.Taint `json:"registerWithTaints"`
+	}
+	if err := yaml.Unmarshal(b, &typed); err != nil {
+		t.Fatal(err)
+	}
+	if len(typed.RegisterWithTaints) != 1 || typed.RegisterWithTaints[0].Key != taint.Key || typed.RegisterWithTaints[0].Effect != taint.Effect {
+		t.Errorf("registerWithTaints = %+v, want [%+v]", typed.RegisterWithTaints, taint)
 	}
 }
 

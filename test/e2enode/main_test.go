@@ -24,8 +24,12 @@ import (
 // node is shared by every test of the package; TestMain brings it up once.
 var node *nodeenv.Node
 
+// registerTaint is set by kubelet at registration; PreferNoSchedule, so the
+// suite's pods still schedule.
+var registerTaint = corev1.Taint{Key: "ambientd.test/registered-by-kubelet", Value: "yes", Effect: corev1.TaintEffectPreferNoSchedule}
+
 func TestMain(m *testing.M) {
-	nodeenv.Main(m, nodeenv.Options{}, func(n *nodeenv.Node) { node = n })
+	nodeenv.Main(m, nodeenv.Options{RegisterTaints: []corev1.Taint{registerTaint}}, func(n *nodeenv.Node) { node = n })
 }
 
 // testContext is bounded generously (the machine may be busy building) and

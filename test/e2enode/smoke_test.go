@@ -21,8 +21,9 @@ import (
 	"github.com/ambientd/ambientd/internal/nodeenv"
 )
 
-// The node registered itself through kubelet, is Ready, lost the not-ready
-// taint (kube-controller-manager runs), and reports the real runtime.
+// The node registered itself through kubelet (with the taint it was told to
+// register with), is Ready, lost the not-ready taint (kube-controller-manager
+// runs), and reports the real runtime.
 func TestNodeRegistersReady(t *testing.T) {
 	logsOnFailure(t)
 	ctx := testContext(t, time.Minute)
@@ -35,6 +36,13 @@ func TestNodeRegistersReady(t *testing.T) {
 	}
 	if got := n.Status.NodeInfo.ContainerRuntimeVersion; !strings.HasPrefix(got, "containerd://") {
 		t.Errorf("container runtime %q, want containerd://...", got)
+	}
+	registered := false
+	for _, tt := range n.Spec.Taints {
+		registered = registered || (tt.Key == registerTaint.Key && tt.Value == registerTaint.Value && tt.Effect == registerTaint.Effect)
+	}
+	if !registered {
+		t.Errorf("node taints %+v lack the registration taint %+v", n.Spec.Taints, registerTaint)
 	}
 	var internal string
 	for _, a := range n.Status.Addresses {
