@@ -6,7 +6,7 @@ BIN       := bin
 PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 
-.PHONY: all build deps test e2e bench demo generate lint check clean image image-test
+.PHONY: all build deps test e2e e2e-node bench demo generate lint check clean image image-test
 
 all: build
 
@@ -25,6 +25,12 @@ test: deps
 # End-to-end: real kube-apiserver + etcd, the real CNI chain, the agent.
 e2e: deps build
 	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e.sh
+
+# The real node: kubelet, containerd + runc, kube-controller-manager and
+# kube-scheduler on the e2e control plane (docs/realnode.md). Not in check yet.
+e2e-node: build
+	@hack/deps.sh node
+	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e-node.sh
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
@@ -51,6 +57,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./test/...
+	$(GO) vet -tags e2enode ./test/...
 	$(GO) tool staticcheck $(PKGS)
 
 # The README's test command: everything CI checks.
