@@ -61,7 +61,7 @@ lint:
 	$(GO) tool staticcheck $(PKGS)
 
 # The README's test command: everything CI checks.
-check: deps lint test e2e
+check: deps lint test e2e image-test
 
 clean:
 	rm -rf $(BIN)
