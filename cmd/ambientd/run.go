@@ -23,6 +23,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/ztunnelproto"
 )
 
@@ -32,10 +33,12 @@ type runFlags struct {
 	kubeconfig, nodeName, ztunnelSocket, cniSocket  string
 	healthAddr, metricsAddr, hostProc, iptablesMode string
 	excludeNamespaces, logLevel                     string
+	cniConfDir, podConditionType                    string
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
 	kubeQPS                                         float64
 	kubeBurst                                       int
+	nodeReady                                       nodeready.Config
 }
 
 // envOf maps flag names to their environment variables.
@@ -59,6 +62,8 @@ var envOf = map[string]string{
 	"log-level":          "AMBIENTD_LOG_LEVEL",
 	"kube-qps":           "AMBIENTD_KUBE_QPS",
 	"kube-burst":         "AMBIENTD_KUBE_BURST",
+	"cni-conf-dir":       "AMBIENTD_CNI_CONF_DIR",
+	"pod-condition-type": "AMBIENTD_POD_CONDITION_TYPE",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -94,6 +99,9 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Float64Var(&f.kubeQPS, "kube-qps", defaultKubeQPS, "Kubernetes API requests per second the agent may make (client-go rate limit)")
 	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
+	fs.StringVar(&f.cniConfDir, "cni-conf-dir", daemon.DefaultCNIConfDir, "the container runtime's CNI config dir: with --install-cni=false the plugin counts as installed when the config the runtime uses (lexically first valid file) lists it")
+	fs.StringVar(&f.podConditionType, "pod-condition-type", def.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
+	nodeReady := nodeReadyFlags(fs)
 	for name, env := range envOf {
 		fl := fs.Lookup(name)
 		fl.Usage += " (env " + env + ")"
@@ -113,6 +121,11 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 			}
 		}
 	}
+	nr, err := nodeReady(getenv, f.nodeName)
+	if err != nil {
+		return f, err
+	}
+	f.nodeReady = nr
 	return f, f.validate()
 }
 
@@ -123,7 +136,7 @@ func (f runFlags) validate() error {
 	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
 		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
 	}
-	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc} {
+	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc, "--cni-conf-dir": f.cniConfDir} {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("%s %q: must be an absolute path", flagName, p)
 		}
@@ -138,6 +151,9 @@ func (f runFlags) validate() error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fmt.Errorf("%s %q: want host:port: %w", flagName, a, err)
 		}
+	}
+	if errs := validation.IsQualifiedName(f.podConditionType); len(errs) > 0 {
+		return fmt.Errorf("--pod-condition-type %q: %s", f.podConditionType, strings.Join(errs, "; "))
 	}
 	if _, err := iptables.ParseMode(f.iptablesMode); err != nil {
 		return fmt.Errorf("--iptables: %w", err)
@@ -233,12 +249,15 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac.FailPending = f.failPending
 	ac.PodLookupTimeout = f.podLookupTimeout
 	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
+	ac.PodConditionType = f.podConditionType
 	node, err := daemon.New(daemon.Config{
 		Agent:         ac,
 		ZtunnelSocket: f.ztunnelSocket,
 		CNISocket:     f.cniSocket,
 		HealthAddr:    f.healthAddr,
 		MetricsAddr:   f.metricsAddr,
+		NodeReady:     f.nodeReady,
+		CNIConfDir:    f.cniConfDir,
 	}, client, rules, log)
 	if err != nil {
 		return err

@@ -30,7 +30,8 @@ type Agent struct {
 // DefaultAgentArgs are the flags StartAgent passes before cfg.Args: the agent
 // kubeconfig (service account token, deploy/rbac.yaml), this node, the
 // environment's sockets, loopback health/metrics ports, and no CNI install
-// (the environment owns the chain's conflist).
+// (the environment owns the chain's conflist, whose dir is the agent's
+// --cni-conf-dir).
 func (e *Env) DefaultAgentArgs(healthAddr, metricsAddr string) []string {
 	return []string{
 		"run",
@@ -42,6 +43,7 @@ func (e *Env) DefaultAgentArgs(healthAddr, metricsAddr string) []string {
 		"--metrics-addr=" + metricsAddr,
 		"--host-proc=/proc",
 		"--install-cni=false",
+		"--cni-conf-dir=" + filepath.Dir(e.Chain.ConflistPath),
 	}
 }
 
