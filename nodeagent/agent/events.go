@@ -80,16 +80,19 @@ func (a *Agent) eventFor(s podSync, after registry.Entry, moved bool, err error)
 	if errors.Is(err, context.Canceled) {
 		return // shutting down
 	}
-	ref := refOf(s.pod.Namespace, s.pod.Name, string(s.pod.UID))
+	uid := string(s.pod.UID)
 	switch {
 	case err != nil && s.removing:
-		a.recorder.Event(ref, corev1.EventTypeWarning, EventRemovalFailed,
+		a.podEvent(uid, corev1.EventTypeWarning, EventRemovalFailed,
 			"Taking the pod out of the ambient mesh failed; it stays in the mesh and is retried: "+err.Error())
 	case err != nil && s.inMesh && after.Phase == registry.Absent:
-		a.recorder.Event(ref, corev1.EventTypeWarning, EventEnrollmentFailed, "Enrolling the pod in the ambient mesh failed: "+err.Error())
+		// Not registered, maybe not in the informer cache yet (a CNI ADD
+		// looked it up directly): the sync's pod names it.
+		a.recorder.Event(refOf(s.pod.Namespace, s.pod.Name, uid), corev1.EventTypeWarning, EventEnrollmentFailed,
+			"Enrolling the pod in the ambient mesh failed: "+err.Error())
 	case moved && after.Phase == registry.Pending:
 		st, _ := statusFor(after, true)
-		a.recorder.Event(ref, corev1.EventTypeWarning, EventPending,
+		a.podEvent(uid, corev1.EventTypeWarning, EventPending,
 			fmt.Sprintf("Traffic captured, ztunnel has not taken the pod (%s): %s", st.Condition.Reason, st.Condition.Message))
 	}
 }
