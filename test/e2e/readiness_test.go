@@ -15,6 +15,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -412,4 +413,41 @@ func TestReadinessRBACRefusals(t *testing.T) {
 			t.Errorf("%s as the agent: %v, want Forbidden", what, err)
 		}
 	}
+}
+
+// TestReadinessPluginInConflist: with --install-cni=false, "plugin
+// installed" means our entry is in the conflist the runtime uses: taking
+// it out of the chain's conflist turns the node condition False with
+// PluginNotInstalled and fails /readyz; putting it back turns it True.
+func TestReadinessPluginInConflist(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	node := testEnv.NodeName
+	startEmulator(t, ctx, "ztunnel-plugin")
+	a := startAgent(t, ctx, "--node-condition-resync=200ms")
+	waitNode(t, ctx, node, "condition True", conditionIs(corev1.ConditionTrue, nodeready.ReasonReady))
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatalf("/readyz: %v", err)
+	}
+
+	t.Cleanup(func() {
+		if err := testEnv.Chain.SetAmbientPlugin(testEnv.AmbientPluginConf()); err != nil {
+			t.Errorf("restore the conflist: %v", err)
+		}
+	})
+	if err := testEnv.Chain.SetAmbientPlugin(nil); err != nil {
+		t.Fatal(err)
+	}
+	n := waitNode(t, ctx, node, "condition False/PluginNotInstalled", conditionIs(corev1.ConditionFalse, nodeready.ReasonPluginNotInstalled))
+	t.Logf("condition message: %s", nodeCondition(n).Message)
+	if !strings.Contains(nodeCondition(n).Message, filepath.Base(testEnv.Chain.ConflistPath)) {
+		t.Errorf("message %q does not name the conflist in use", nodeCondition(n).Message)
+	}
+	if err := a.WaitReady(testContext(t, 2*time.Second)); err == nil || !strings.Contains(err.Error(), "CNI plugin not installed") {
+		t.Errorf("/readyz with the plugin out of the conflist: %v, want a failure naming the plugin", err)
+	}
+
+	if err := testEnv.Chain.SetAmbientPlugin(testEnv.AmbientPluginConf()); err != nil {
+		t.Fatal(err)
+	}
+	waitNode(t, ctx, node, "condition True again", conditionIs(corev1.ConditionTrue, nodeready.ReasonReady))
 }
