@@ -147,7 +147,7 @@ type Agent struct {
 	status  *podstatus.Patcher
 	metrics *metrics
 
-	events   record.EventBroadcaster // nil in tests that set recorder
+	events   record.EventBroadcaster // pod Events, sent while Run runs
 	recorder record.EventRecorder
 
 	podFactory, nsFactory informers.SharedInformerFactory
@@ -282,12 +282,13 @@ func (a *Agent) enqueueNamespace(obj any) {
 // when ctx ends. The registry is closed when Run returns.
 func (a *Agent) Run(ctx context.Context, ready func()) error {
 	defer a.reg.Close()
+	stopEvents := a.runEvents() // stopped after the workers
+	defer stopEvents()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	a.runEvents(ctx)
 	a.podFactory.Start(ctx.Done())
 	a.nsFactory.Start(ctx.Done())
 	// Shutdown waits for the informers, which stop only once ctx is

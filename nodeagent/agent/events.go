@@ -36,15 +36,12 @@ func newEventRecorder(nodeName string) (record.EventBroadcaster, record.EventRec
 	return b, b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ambientd", Host: nodeName})
 }
 
-// runEvents sends recorded Events to the API until ctx ends. Events
-// recorded before (or after) are dropped: they describe no pod the API
-// would not hear about again.
-func (a *Agent) runEvents(ctx context.Context) {
-	if a.events == nil {
-		return
-	}
+// runEvents sends recorded Events to the API until stop is called (Run
+// defers it). Events recorded before or after are dropped: they describe no
+// pod the API would not hear about again.
+func (a *Agent) runEvents() (stop func()) {
 	a.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
-	context.AfterFunc(ctx, a.events.Shutdown)
+	return a.events.Shutdown
 }
 
 // podEvent records an Event on pod uid, found in the informer cache or the
