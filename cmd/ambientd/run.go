@@ -23,6 +23,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/ztunnelproto"
 )
 
@@ -32,11 +33,13 @@ type runFlags struct {
 	kubeconfig, nodeName, ztunnelSocket, cniSocket  string
 	healthAddr, metricsAddr, hostProc, iptablesMode string
 	excludeNamespaces, logLevel                     string
+	podConditionType                                string
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
 	kubeQPS                                         float64
 	kubeBurst                                       int
 	install                                         installFlags
+	nodeReady                                       nodeready.Config
 }
 
 // envOf maps flag names to their environment variables.
@@ -60,6 +63,7 @@ var envOf = map[string]string{
 	"log-level":          "AMBIENTD_LOG_LEVEL",
 	"kube-qps":           "AMBIENTD_KUBE_QPS",
 	"kube-burst":         "AMBIENTD_KUBE_BURST",
+	"pod-condition-type": "AMBIENTD_POD_CONDITION_TYPE",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -96,6 +100,8 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.Float64Var(&f.kubeQPS, "kube-qps", defaultKubeQPS, "Kubernetes API requests per second the agent may make (client-go rate limit)")
 	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
 	f.install.register(fs)
+	fs.StringVar(&f.podConditionType, "pod-condition-type", def.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
+	nodeReady := nodeReadyFlags(fs)
 	for name, env := range envOf {
 		fl := fs.Lookup(name)
 		fl.Usage += " (env " + env + ")"
@@ -118,6 +124,11 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	if err := applyEnv(fs, installEnvOf, getenv); err != nil {
 		return f, err
 	}
+	nr, err := nodeReady(getenv, f.nodeName)
+	if err != nil {
+		return f, err
+	}
+	f.nodeReady = nr
 	return f, f.validate()
 }
 
@@ -128,7 +139,7 @@ func (f runFlags) validate() error {
 	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
 		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
 	}
-	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc} {
+	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc, "--cni-conf-dir": f.install.confDir} {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("%s %q: must be an absolute path", flagName, p)
 		}
@@ -143,6 +154,9 @@ func (f runFlags) validate() error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fmt.Errorf("%s %q: want host:port: %w", flagName, a, err)
 		}
+	}
+	if errs := validation.IsQualifiedName(f.podConditionType); len(errs) > 0 {
+		return fmt.Errorf("--pod-condition-type %q: %s", f.podConditionType, strings.Join(errs, "; "))
 	}
 	if _, err := iptables.ParseMode(f.iptablesMode); err != nil {
 		return fmt.Errorf("--iptables: %w", err)
@@ -238,23 +252,32 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac.FailPending = f.failPending
 	ac.PodLookupTimeout = f.podLookupTimeout
 	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
-	node, err := daemon.New(daemon.Config{
-		Agent:         ac,
-		ZtunnelSocket: f.ztunnelSocket,
-		CNISocket:     f.cniSocket,
-		HealthAddr:    f.healthAddr,
-		MetricsAddr:   f.metricsAddr,
-	}, client, rules, log)
-	if err != nil {
-		return err
-	}
+	ac.PodConditionType = f.podConditionType
+	// With --install-cni the installer's own check (our entry last in the
+	// config the runtime uses) feeds /readyz and the node condition;
+	// without it the daemon reads the conf dir itself.
+	var pluginInstalled func() error
 	if f.installCNI {
 		cfg, _ := f.install.config(f.cniSocket, f.excluded()) // validated
 		ci, err := startCNIInstall(ctx, f.install, cfg, f.nodeName, client, rules, log.With("component", "cni-install"))
 		if err != nil {
 			return err
 		}
-		defer ci.Finish() // TODO(coordinator): ci.Ready / ci.Check into /readyz and nodeready.Inputs.PluginInstalled
+		defer ci.Finish()
+		pluginInstalled = ci.Check
+	}
+	node, err := daemon.New(daemon.Config{
+		Agent:           ac,
+		ZtunnelSocket:   f.ztunnelSocket,
+		CNISocket:       f.cniSocket,
+		HealthAddr:      f.healthAddr,
+		MetricsAddr:     f.metricsAddr,
+		NodeReady:       f.nodeReady,
+		CNIConfDir:      f.install.confDir,
+		PluginInstalled: pluginInstalled,
+	}, client, rules, log)
+	if err != nil {
+		return err
 	}
 	log.Info("ambientd starting", "version", version, "node", f.nodeName, "ztunnel_socket", f.ztunnelSocket, "cni_socket", f.cniSocket, "iptables", rules.Mode())
 	return node.Run(ctx)

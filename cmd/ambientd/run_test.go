@@ -61,6 +61,25 @@ func TestParseRunFlags(t *testing.T) {
 				t.Errorf("kube burst %d qps %v, want 200 and the default", f.kubeBurst, f.kubeQPS)
 			}
 		}},
+		{name: "node readiness wired", env: env("NODE_NAME", "n", "AMBIENTD_UNTAINT", "true"), args: []string{"--taint-when-unready", "--taint-grace-period=2s"},
+			check: func(t *testing.T, f runFlags) {
+				nr := f.nodeReady
+				if nr.NodeName != "n" || !nr.Untaint || !nr.TaintWhenUnready || nr.TaintGracePeriod != 2*time.Second {
+					t.Errorf("node readiness config %+v", nr)
+				}
+				if f.install.confDir != "/host/etc/cni/net.d" || f.podConditionType != "ambient.istio.io/enrolled" {
+					t.Errorf("cni conf dir %q, pod condition type %q: want the defaults", f.install.confDir, f.podConditionType)
+				}
+			}},
+		{name: "pod condition type from env", env: env("NODE_NAME", "n", "AMBIENTD_POD_CONDITION_TYPE", "example.com/meshed", "AMBIENTD_CNI_CONF_DIR", "/x/net.d"),
+			check: func(t *testing.T, f runFlags) {
+				if f.podConditionType != "example.com/meshed" || f.install.confDir != "/x/net.d" {
+					t.Errorf("pod condition type %q, cni conf dir %q", f.podConditionType, f.install.confDir)
+				}
+			}},
+		{name: "bad pod condition type", args: []string{"--node-name=n", "--pod-condition-type=a/b/c"}, env: env(), wantErr: "--pod-condition-type"},
+		{name: "relative cni conf dir", args: []string{"--node-name=n", "--cni-conf-dir=net.d"}, env: env(), wantErr: "--cni-conf-dir"},
+		{name: "bad taint grace", args: []string{"--node-name=n", "--taint-grace-period=0s"}, env: env(), wantErr: "--taint-grace-period"},
 		{name: "stray argument", args: []string{"--node-name=n", "extra"}, env: env(), wantErr: "unexpected"},
 		{name: "exclude list", args: []string{"--node-name=n", "--exclude-namespaces= a, b ,,"}, env: env(), check: func(t *testing.T, f runFlags) {
 			if got := strings.Join(f.excluded(), ","); got != "a,b" {

@@ -30,7 +30,8 @@ type Agent struct {
 // DefaultAgentArgs are the flags StartAgent passes before cfg.Args: the agent
 // kubeconfig (service account token, deploy/rbac.yaml), this node, the
 // environment's sockets, loopback health/metrics ports, no CNI install
-// (the environment owns the chain's conflist) and the iptables-nft backend.
+// (the environment owns the chain's conflist, whose dir is the agent's
+// --cni-conf-dir) and the iptables-nft backend.
 func (e *Env) DefaultAgentArgs(healthAddr, metricsAddr string) []string {
 	return []string{
 		"run",
@@ -42,6 +43,7 @@ func (e *Env) DefaultAgentArgs(healthAddr, metricsAddr string) []string {
 		"--metrics-addr=" + metricsAddr,
 		"--host-proc=/proc",
 		"--install-cni=false",
+		"--cni-conf-dir=" + filepath.Dir(e.Chain.ConflistPath),
 		// The e2e assertions read iptables-save; the native nftables
 		// backend (what auto picks on a clean node) has its own tests in
 		// iptables/. A later flag in cfg.Args overrides this.

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,10 +26,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/ambientd/ambientd/iptables"
@@ -83,7 +86,13 @@ type Config struct {
 	RetryBaseDelay, RetryMaxDelay time.Duration
 	// Workers sync pods concurrently.
 	Workers int
+	// PodConditionType is the pod condition the agent maintains on the
+	// pods it enrolls (in the same write as the annotation).
+	PodConditionType string
 }
+
+// DefaultPodConditionType is the pod condition a readiness gate names.
+const DefaultPodConditionType = "ambient.istio.io/enrolled"
 
 // DefaultConfig returns the defaults (the flags of `ambientd run` show them).
 func DefaultConfig() Config {
@@ -96,6 +105,7 @@ func DefaultConfig() Config {
 		RetryBaseDelay:   200 * time.Millisecond,
 		RetryMaxDelay:    30 * time.Second,
 		Workers:          4,
+		PodConditionType: DefaultPodConditionType,
 	}
 }
 
@@ -119,6 +129,9 @@ func (c Config) withDefaults() Config {
 	if c.Workers <= 0 {
 		c.Workers = d.Workers
 	}
+	if c.PodConditionType == "" {
+		c.PodConditionType = d.PodConditionType
+	}
 	return c
 }
 
@@ -133,6 +146,9 @@ type Agent struct {
 	finder  *podnetns.Finder
 	status  *podstatus.Patcher
 	metrics *metrics
+
+	events   record.EventBroadcaster // pod Events, sent while Run runs
+	recorder record.EventRecorder
 
 	podFactory, nsFactory informers.SharedInformerFactory
 	podInformer           cache.SharedIndexInformer
@@ -180,9 +196,14 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
 	}
+	if errs := validation.IsQualifiedName(cfg.PodConditionType); len(errs) > 0 {
+		return nil, fmt.Errorf("agent: pod condition type %q: %s", cfg.PodConditionType, strings.Join(errs, "; "))
+	}
+	a.events, a.recorder = newEventRecorder(cfg.NodeName)
 	a.metrics = newMetrics(reg)
 	a.status = podstatus.New(client, log.With("component", "podstatus"), podstatus.Options{
-		OnResult: func(r podstatus.Result) { a.metrics.annotations.WithLabelValues(string(r)).Inc() },
+		ConditionType: cfg.PodConditionType,
+		OnResult:      func(r podstatus.Result) { a.metrics.annotations.WithLabelValues(string(r)).Inc() },
 	})
 
 	// Pods of this node only: the field selector keeps the cache small on
@@ -261,6 +282,8 @@ func (a *Agent) enqueueNamespace(obj any) {
 // when ctx ends. The registry is closed when Run returns.
 func (a *Agent) Run(ctx context.Context, ready func()) error {
 	defer a.reg.Close()
+	stopEvents := a.runEvents() // stopped after the workers
+	defer stopEvents()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)

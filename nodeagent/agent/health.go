@@ -48,3 +48,7 @@ func (a *Agent) Ready() error {
 // Metrics returns the agent's metrics registry; the daemon serves it and
 // registers the servers' collectors in it.
 func (a *Agent) Metrics() *prometheus.Registry { return a.metrics.reg }
+
+// CachesSynced reports whether the agent's informer caches have synced (an
+// input of the node condition).
+func (a *Agent) CachesSynced() bool { return a.synced.Load() }

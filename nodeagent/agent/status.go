@@ -2,6 +2,7 @@ package agent
 
 import (
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -26,28 +27,91 @@ func (a *Agent) update(uid string, fn func(*registry.Entry)) (registry.Entry, er
 // forgets it.
 func (a *Agent) takeMoved(uid string) bool { return a.moved.take(uid) }
 
+// Pod condition reasons (docs/readiness.md). The condition is True only
+// when ztunnel carries the pod (Enrolled) or the agent took the pod out of
+// the mesh on purpose (NotInMesh: a pod gated on the condition that leaves
+// the mesh must not stay NotReady for ever); False otherwise.
+const (
+	ReasonEnrolled  = "Enrolled"  // True: ztunnel acked the pod, probe IPs set
+	ReasonNotInMesh = "NotInMesh" // True: removed from the mesh (label/namespace/policy)
+	// False: rules in place, ztunnel has not acked the pod yet (an ack
+	// timeout, a restart that has not verified the pod yet).
+	ReasonPending            = "Pending"
+	ReasonZtunnelUnavailable = "ZtunnelUnavailable" // False: no ztunnel connected
+	ReasonZtunnelRejected    = "ZtunnelRejected"    // False: ztunnel refused the pod (nack, snapshot refusal)
+	ReasonRulesFailed        = "RulesFailed"        // False: the node's probe rules for the pod failed
+	// False: the pod belongs in the mesh but the agent let go of it
+	// (--fail-pending rolled it back; its Events say why).
+	ReasonNotEnrolled = "NotEnrolled"
+)
+
+// pendingReason maps activate's failure kinds (its metric labels) to
+// condition reasons.
+func pendingReason(kind string) string {
+	switch kind {
+	case "no_ztunnel":
+		return ReasonZtunnelUnavailable
+	case "ztunnel_nack":
+		return ReasonZtunnelRejected
+	case "probe_ips":
+		return ReasonRulesFailed
+	}
+	return ReasonPending
+}
+
 // statusFor derives what a pod in entry e's phase shows the cluster; ok is
 // false when the phase has no say (Unverified and Releasing keep whatever the
 // pod shows; a pod that is gone has nothing to show). This is the one place
-// the status is derived: a new status field (e.g. the pod condition
-// ambient.istio.io/enrolled, with e.LastError as its message) is derived here
-// and added to podstatus.Status.
-func statusFor(e registry.Entry) (st podstatus.Status, ok bool) {
+// the status is derived: the annotation and the pod condition (with
+// e.LastError as its message) together. inMesh is the policy's verdict on
+// the pod, which only matters for a pod the agent does not hold.
+func statusFor(e registry.Entry, inMesh bool) (st podstatus.Status, ok bool) {
 	switch e.Phase {
 	case registry.Enabled:
-		return podstatus.Status{Redirection: podmeta.RedirectionEnabled}, true
+		return podstatus.Status{Redirection: podmeta.RedirectionEnabled, Condition: podstatus.Condition{
+			Status: corev1.ConditionTrue, Reason: ReasonEnrolled, Message: "ztunnel carries the pod's traffic",
+		}}, true
 	case registry.Pending:
-		return podstatus.Status{Redirection: podmeta.RedirectionPending}, true
+		c := podstatus.Condition{Status: corev1.ConditionFalse, Reason: e.Reason, Message: e.LastError}
+		if c.Reason == "" {
+			c.Reason = ReasonPending
+		}
+		if c.Message == "" {
+			c.Message = "traffic captured, waiting for ztunnel to take the pod"
+		}
+		return podstatus.Status{Redirection: podmeta.RedirectionPending, Condition: c}, true
 	case registry.Absent:
-		return podstatus.Status{}, !e.Gone
+		if inMesh {
+			return podstatus.Status{Condition: podstatus.Condition{
+				Status: corev1.ConditionFalse, Reason: ReasonNotEnrolled, Message: "the pod belongs in the ambient mesh but is not enrolled; see its Events",
+			}}, !e.Gone
+		}
+		return podstatus.Status{Condition: podstatus.Condition{
+			Status: corev1.ConditionTrue, Reason: ReasonNotInMesh, Message: "the pod is not in the ambient mesh",
+		}}, !e.Gone
 	}
 	return podstatus.Status{}, false
 }
 
-// shows returns what pod shows now, in statusFor's terms.
-func shows(pod *corev1.Pod) (podstatus.Status, bool) {
-	v, ok := pod.Annotations[podmeta.AnnotationRedirection]
-	return podstatus.Status{Redirection: v}, ok
+// shows returns what pod shows now, in statusFor's terms: has is true when
+// the pod carries the annotation or the condition.
+func (a *Agent) shows(pod *corev1.Pod) (st podstatus.Status, has bool) {
+	v, hasAnn := pod.Annotations[podmeta.AnnotationRedirection]
+	st.Redirection = v
+	c := podCondition(pod, a.cfg.PodConditionType)
+	if c != nil {
+		st.Condition = podstatus.Condition{Status: c.Status, Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time}
+	}
+	return st, hasAnn || c != nil
+}
+
+func podCondition(pod *corev1.Pod, t string) *corev1.PodCondition {
+	for i := range pod.Status.Conditions {
+		if string(pod.Status.Conditions[i].Type) == t {
+			return &pod.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 // publish queues the status write a sync calls for: after a phase move
@@ -55,25 +119,34 @@ func shows(pod *corev1.Pod) (podstatus.Status, bool) {
 // phase says (a write lost during an API outage, a hand edit, a ztunnel that
 // refused the pod). A pod the agent does not hold is only cleaned when it is
 // out of the mesh and not finished (a terminal pod's network is gone).
-func (a *Agent) publish(s podSync, after registry.Entry, moved bool) {
+//
+// It is also where the pod's Events come from (the sync's error err says
+// what failed), so the Events follow the same phase moves as the status.
+func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) {
 	pod := s.pod
 	if pod == nil {
 		return
 	}
-	want, ok := statusFor(after)
+	a.eventFor(s, after, moved, err)
+	want, ok := statusFor(after, s.inMesh)
 	if !ok {
 		return
 	}
-	cur, has := shows(pod)
+	cur, has := a.shows(pod)
 	switch {
 	case moved:
 	case after.Phase == registry.Absent:
 		terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-		if s.inMesh || terminal || !has {
+		if s.inMesh || terminal || !has || cur.Equal(want) {
 			return
 		}
-	case has && cur == want:
+	case has && cur.Equal(want):
 		return
+	}
+	// lastTransitionTime moves only when the condition's status does.
+	want.Condition.Since = time.Now()
+	if cur.Condition.Status == want.Condition.Status && !cur.Condition.Since.IsZero() {
+		want.Condition.Since = cur.Condition.Since
 	}
 	a.status.Set(pod.Namespace, pod.Name, string(pod.UID), want)
 }

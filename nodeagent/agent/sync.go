@@ -32,6 +32,9 @@ type cniInput struct {
 type podSync struct {
 	pod    *corev1.Pod // nil when the pod is gone
 	inMesh bool
+	// removing: the sync tried to take the pod out of the mesh (an error
+	// then means the removal failed).
+	removing bool
 }
 
 // sync is the one per-pod path: it drives pod uid to where it belongs and
@@ -45,7 +48,7 @@ func (a *Agent) sync(ctx context.Context, uid string, in *cniInput) (Outcome, er
 	var s podSync
 	out, err := a.syncLocked(ctx, uid, in, &s)
 	after, _ := a.reg.Get(uid)
-	a.publish(s, after, a.takeMoved(uid))
+	a.publish(s, after, a.takeMoved(uid), err)
 	return out, err
 }
 
@@ -86,22 +89,24 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		// A release that did not finish (its Del or probe step failed).
 		// The pod's rules are gone (or the pod is), so finish it; a pod
 		// that belongs in the mesh again is then enrolled afresh below.
+		s.removing = true
 		if err := a.release(ctx, log, uid, string(d.Reason), false); err != nil {
 			return OutcomeUnknown, err
 		}
-		entry, registered = registry.Entry{UID: uid}, false
+		entry, registered, s.removing = registry.Entry{UID: uid}, false, false
 	}
 	if refused := a.takeRefusal(uid); refused && registered && entry.Phase == registry.Enabled {
 		// A (new) ztunnel refused the pod in its snapshot: it does not
 		// carry it, whatever we believed. Pending, and re-added below.
 		if entry, err = a.update(uid, func(e *registry.Entry) {
-			e.Phase, e.LastError = registry.Pending, "refused in a ztunnel snapshot"
+			e.Phase, e.LastError, e.Reason = registry.Pending, "refused in a ztunnel snapshot", ReasonZtunnelRejected
 		}); err != nil {
 			return OutcomeUnknown, err
 		}
 	}
 	if !d.InMesh {
 		if registered {
+			s.removing = true
 			log.Info("pod left the mesh", "reason", d.Reason)
 			return NotInMesh, a.removeFromMesh(ctx, log, pod, entry, string(d.Reason))
 		}
@@ -229,7 +234,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	setPending := func(reason string, err error) (Outcome, error) {
 		a.metrics.failure(reason)
 		if _, uerr := a.update(e.UID, func(x *registry.Entry) {
-			x.Phase, x.LastError = registry.Pending, err.Error()
+			x.Phase, x.LastError, x.Reason = registry.Pending, err.Error(), pendingReason(reason)
 		}); uerr != nil {
 			return OutcomeUnknown, uerr
 		}
@@ -256,7 +261,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	if err != nil {
 		return setPending("probe_ips", err)
 	}
-	if _, err := a.update(e.UID, func(x *registry.Entry) { x.Phase, x.LastError = registry.Enabled, "" }); err != nil {
+	if _, err := a.update(e.UID, func(x *registry.Entry) { x.Phase, x.LastError, x.Reason = registry.Enabled, "", "" }); err != nil {
 		return OutcomeUnknown, err
 	}
 	if ack := a.lastAck.Load(); ack != 0 && e.Phase == registry.Pending {

@@ -12,3 +12,7 @@ const DefaultSocketPath = "/var/run/ambientd/cni.sock"
 // HealthService is the grpc.health.v1 service name under which the agent
 // reports whether it accepts CNI events.
 const HealthService = "ambientd.cni.v1.CNIEvents"
+
+// PluginType is the plugin's "type" in a CNI config (its binary's name); the
+// agent looks for it in the runtime's CNI config.
+const PluginType = "ambientd-cni"

@@ -8,13 +8,16 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
 )
@@ -26,6 +29,15 @@ type Config struct {
 	ZtunnelSocket, CNISocket string
 	// HealthAddr serves /healthz and /readyz; MetricsAddr serves /metrics.
 	HealthAddr, MetricsAddr string
+	// NodeReady configures the node condition and the taint controller
+	// (its NodeName defaults to Agent.NodeName).
+	NodeReady nodeready.Config
+	// PluginInstalled is the node condition's "CNI plugin installed" check
+	// (nil: PluginInConfDir of CNIConfDir for cniapi.PluginType).
+	PluginInstalled func() error
+	// CNIConfDir is the container runtime's CNI config dir
+	// (DefaultCNIConfDir when empty).
+	CNIConfDir string
 }
 
 // Node is the whole node agent process: the agent core, its two socket
@@ -36,6 +48,9 @@ type Node struct {
 	agent *agent.Agent
 	zt    *ztunnel.Server
 	cni   *cniserver.Server
+	ready *nodeready.Controller
+	// pluginInstalled is shared by the node condition and /readyz.
+	pluginInstalled func() error
 }
 
 // snapshotSource forwards the ztunnel server's snapshot calls to the agent,
@@ -61,7 +76,56 @@ func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.L
 		return nil, fmt.Errorf("register ztunnel metrics: %w", err)
 	}
 	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
-	return &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs}, nil
+	n := &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs, pluginInstalled: cfg.PluginInstalled}
+	if n.pluginInstalled == nil {
+		dir := cfg.CNIConfDir
+		if dir == "" {
+			dir = DefaultCNIConfDir
+		}
+		n.pluginInstalled = func() error { return PluginInConfDir(dir, cniapi.PluginType) }
+	}
+	nrCfg := cfg.NodeReady
+	if nrCfg.NodeName == "" {
+		nrCfg.NodeName = cfg.Agent.NodeName
+	}
+	n.ready, err = nodeready.New(nrCfg, nodeready.Deps{
+		Client: client,
+		Log:    log,
+		Inputs: nodeready.Inputs{
+			PluginInstalled: n.pluginInstalled,
+			CachesSynced:    a.CachesSynced,
+			Ztunnel: func() nodeready.ZtunnelState {
+				st := zs.Status()
+				return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
+			},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// runNodeReady runs the node readiness controller, re-evaluated at once
+// whenever a ztunnel connects, goes or acks its snapshot.
+func (n *Node) runNodeReady(ctx context.Context) error {
+	changed, unsubscribe := n.zt.SubscribeStatus()
+	defer unsubscribe()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+				n.ready.Notify()
+			}
+		}
+	})
+	return n.ready.Run(ctx)
 }
 
 // components lists the parts of the process in start order (see Run): the
@@ -77,7 +141,10 @@ func (n *Node) components() []Component {
 	}
 	return append(cs,
 		Func("status writer", n.agent.RunStatusWriter),
-		Staged("agent", n.agent.Run),
+		Func("node readiness", n.runNodeReady),
+		Staged("agent", func(ctx context.Context, ready func()) error {
+			return n.agent.Run(ctx, func() { ready(); n.ready.Notify() }) // caches synced
+		}),
 		Func("ztunnel server", n.zt.Run),
 		Func("CNI server", n.cni.Run),
 	)
@@ -88,11 +155,16 @@ func (n *Node) Run(ctx context.Context) error {
 	return Run(ctx, n.log.With("component", "daemon"), n.components()...)
 }
 
-// Ready is /readyz: the agent's checks and the CNI socket.
+// Ready is /readyz: the node condition's inputs (the agent's checks:
+// caches, ztunnel connected, snapshot acked; the CNI plugin installed) and
+// the CNI socket.
 func (n *Node) Ready() error {
 	var failed []string
 	if err := n.agent.Ready(); err != nil {
 		failed = append(failed, err.Error())
+	}
+	if err := n.pluginInstalled(); err != nil {
+		failed = append(failed, "CNI plugin not installed: "+err.Error())
 	}
 	if !n.cni.Serving() {
 		failed = append(failed, "CNI socket not serving")

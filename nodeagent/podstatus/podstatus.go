@@ -1,8 +1,11 @@
-// Package podstatus writes what a pod shows about its enrollment (today the
-// ambient.istio.io/redirection annotation; a Status field each). Writes
-// are merge patches on the pods/status subresource (what the agent's RBAC
-// allows), queued and retried with capped backoff until they land, so a slow or
-// unreachable API server never blocks enrollment. Only the newest wanted value
+// Package podstatus writes what a pod shows about its enrollment: the
+// ambient.istio.io/redirection annotation and the pod condition
+// ambient.istio.io/enrolled (a Status field each). Both go in ONE strategic
+// merge patch of the pods/status subresource (what the agent's RBAC allows;
+// the condition is merged by its type, so kubelet's conditions are
+// untouched), with the pod's uid as a precondition. Writes are queued and
+// retried with capped backoff until they land, so a slow or unreachable API
+// server never blocks enrollment. Only the newest wanted value
 // of a pod is written; a pod that is gone (or replaced by a new pod of the same
 // name) is dropped.
 package podstatus
@@ -15,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,11 +29,31 @@ import (
 )
 
 // Status is what one pod should show. The agent derives it from the pod's
-// phase in one place; adding a field (e.g. a pod condition) means adding it
-// here, to that derivation and to the patch body below.
+// phase in one place; adding a field means adding it here, to that
+// derivation and to the patch body below.
 type Status struct {
 	// Redirection is the ambient.istio.io/redirection value; "" removes it.
 	Redirection string
+	// Condition is the pod condition (of Options.ConditionType); a zero
+	// Condition leaves the pod's condition as it is.
+	Condition Condition
+}
+
+// Condition is the value of the agent's pod condition.
+type Condition struct {
+	Status  corev1.ConditionStatus // "" = no say
+	Reason  string
+	Message string
+	// Since is the lastTransitionTime to write: when Status last changed.
+	// Equal ignores it.
+	Since time.Time
+}
+
+// Equal reports whether s and o show the same, ignoring Condition.Since
+// (a time read back from the API has second precision).
+func (s Status) Equal(o Status) bool {
+	a, b := s.Condition, o.Condition
+	return s.Redirection == o.Redirection && a.Status == b.Status && a.Reason == b.Reason && a.Message == b.Message
 }
 
 // Key names one pod: a pod recreated under the same name (a StatefulSet pod)
@@ -57,6 +81,9 @@ const (
 type Options struct {
 	BaseDelay, MaxDelay time.Duration // retry backoff, default 100ms .. 5s
 	Timeout             time.Duration // per request, default 10s
+	// ConditionType is the pod condition Status.Condition is written as;
+	// empty writes no condition at all.
+	ConditionType string
 	// OnResult, when set, is called after each attempt (metrics hook).
 	OnResult func(r Result)
 }
@@ -183,25 +210,53 @@ func (p *Patcher) next(ctx context.Context) bool {
 	return true
 }
 
-// patch sends the merge patch. metadata.uid in the patch is a precondition: if
-// the pod was recreated under the same name, the API server rejects the write.
-func (p *Patcher) patch(ctx context.Context, k Key, w want) error {
+// patchBody is the one write of a pod's status: the annotation and the
+// condition together, so nobody ever sees one without the other.
+// metadata.uid is a precondition: if the pod was recreated under the same
+// name, the API server rejects the write. status.conditions is merged by
+// type (the list's patch merge key), so other conditions stay as they are.
+func patchBody(uid, conditionType string, st Status) ([]byte, error) {
 	var val any
-	if w.status.Redirection != "" {
-		val = w.status.Redirection
+	if st.Redirection != "" {
+		val = st.Redirection
 	}
-	body, err := json.Marshal(map[string]any{
+	body := map[string]any{
 		"metadata": map[string]any{
-			"uid":         w.uid,
+			"uid":         uid,
 			"annotations": map[string]any{podmeta.AnnotationRedirection: val},
 		},
-	})
+	}
+	if c := st.Condition; conditionType != "" && c.Status != "" {
+		since := c.Since
+		if since.IsZero() {
+			since = time.Now()
+		}
+		body["status"] = map[string]any{
+			"conditions": []any{map[string]any{
+				"type":               conditionType,
+				"status":             c.Status,
+				"reason":             c.Reason,
+				"message":            c.Message,
+				"lastTransitionTime": metav1.NewTime(since),
+			}},
+		}
+	}
+	b, err := json.Marshal(body)
 	if err != nil {
-		return fmt.Errorf("podstatus: encode patch: %w", err)
+		return nil, fmt.Errorf("podstatus: encode patch: %w", err)
+	}
+	return b, nil
+}
+
+// patch sends the strategic merge patch of patchBody.
+func (p *Patcher) patch(ctx context.Context, k Key, w want) error {
+	body, err := patchBody(w.uid, p.opts.ConditionType, w.status)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
-	_, err = p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
+	_, err = p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
 		return fmt.Errorf("podstatus: patch %s %+v: %w", k, w.status, err)
 	}

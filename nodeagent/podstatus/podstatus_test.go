@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,5 +136,55 @@ func TestSetForOldPodDoesNotReplaceNewPodsWrite(t *testing.T) {
 	}
 	if v, ok := p.queued("ns", "web-0", "u-new"); ok {
 		t.Errorf("write still queued after landing: %q", v)
+	}
+}
+
+// TestConditionInSameWrite: the annotation and the condition land in one
+// pods/status patch, merged by condition type (kubelet's Ready stays).
+func TestConditionInSameWrite(t *testing.T) {
+	p := pod("c", "3", nil)
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	c := fake.NewClientset(p)
+	var patches atomic.Int32
+	c.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		patches.Add(1)
+		if pt := a.(k8stesting.PatchAction).GetPatchType(); pt != types.StrategicMergePatchType {
+			t.Errorf("patch type %s, want strategic merge", pt)
+		}
+		return false, nil, nil
+	})
+	const ct = "ambient.istio.io/enrolled"
+	pt := New(c, slog.New(slog.DiscardHandler), Options{BaseDelay: time.Millisecond, ConditionType: ct})
+	start(t, pt)
+	since := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	pt.Set("ns", "c", "u-3", Status{Redirection: "pending", Condition: Condition{Status: corev1.ConditionFalse, Reason: "Pending", Message: "waiting", Since: since}})
+	waitFor(t, "write landed", func() bool { return pt.Pending() == 0 })
+	got, err := c.CoreV1().Pods("ns").Get(context.Background(), "c", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := patches.Load(); n != 1 {
+		t.Errorf("%d patches, want 1", n)
+	}
+	var ours, ready *corev1.PodCondition
+	for i, cond := range got.Status.Conditions {
+		switch cond.Type {
+		case ct:
+			ours = &got.Status.Conditions[i]
+		case corev1.PodReady:
+			ready = &got.Status.Conditions[i]
+		}
+	}
+	if got.Annotations[podmeta.AnnotationRedirection] != "pending" || ours == nil || ours.Status != corev1.ConditionFalse ||
+		ours.Reason != "Pending" || ours.Message != "waiting" || !ours.LastTransitionTime.Time.Equal(since) {
+		t.Errorf("annotations %v, condition %+v: want pending and False/Pending since %v", got.Annotations, ours, since)
+	}
+	if ready == nil || ready.Status != corev1.ConditionTrue {
+		t.Errorf("kubelet's Ready condition lost: %+v", got.Status.Conditions)
+	}
+	// Without a condition type nothing but the annotation is written.
+	body, err := patchBody("u", "", Status{Redirection: "enabled", Condition: Condition{Status: corev1.ConditionTrue}})
+	if err != nil || strings.Contains(string(body), "conditions") {
+		t.Errorf("patch without condition type: %s, %v", body, err)
 	}
 }

@@ -34,6 +34,9 @@ type Entry struct {
 	// LastError says why the pod is not (yet) enabled; empty when it is.
 	// It is what a pod condition's message will carry.
 	LastError string
+	// Reason classifies LastError in one word (the pod condition's
+	// reason, e.g. ZtunnelUnavailable); empty when it is not classified.
+	Reason string
 	// Gone marks a pod whose object or sandbox is gone: when it leaves
 	// the registry there is nothing left to annotate.
 	Gone bool

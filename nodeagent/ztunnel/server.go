@@ -119,11 +119,13 @@ type Server struct {
 	now       func() time.Time
 	afterSend func(op, uid string)
 
-	mu     sync.Mutex
-	conns  []*zconn // oldest first; the last one gets the adds
-	subs   map[int]chan struct{}
-	nextID uint64
-	subID  int
+	mu    sync.Mutex
+	conns []*zconn // oldest first; the last one gets the adds
+	subs  map[int]chan struct{}
+	// statusSubs are signalled on every change of Status.
+	statusSubs map[int]chan struct{}
+	nextID     uint64
+	subID      int
 }
 
 // NewServer returns a server that takes snapshots from src.
@@ -132,12 +134,13 @@ func NewServer(cfg Config, src SnapshotSource, log *slog.Logger) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Server{
-		cfg:     cfg.withDefaults(),
-		src:     src,
-		log:     log.With("component", "ztunnel-server"),
-		metrics: newMetrics(),
-		subs:    map[int]chan struct{}{},
-		now:     time.Now,
+		cfg:        cfg.withDefaults(),
+		src:        src,
+		log:        log.With("component", "ztunnel-server"),
+		metrics:    newMetrics(),
+		subs:       map[int]chan struct{}{},
+		statusSubs: map[int]chan struct{}{},
+		now:        time.Now,
 	}
 }
 
@@ -288,17 +291,28 @@ func (s *Server) DelWorkload(ctx context.Context, uid string) error {
 // a ztunnel acks its SnapshotSent (signals coalesce if not drained), and a
 // function that unsubscribes.
 func (s *Server) SubscribeSnapshotAcked() (<-chan struct{}, func()) {
+	return s.subscribe(s.subs)
+}
+
+// SubscribeStatus is like SubscribeSnapshotAcked, signalled on every change
+// Status may show: a ztunnel connected (hello received) or gone, a snapshot
+// acked. The node readiness condition follows it.
+func (s *Server) SubscribeStatus() (<-chan struct{}, func()) {
+	return s.subscribe(s.statusSubs)
+}
+
+func (s *Server) subscribe(m map[int]chan struct{}) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
 	id := s.subID
 	s.subID++
-	s.subs[id] = ch
+	m[id] = ch
 	s.mu.Unlock()
 	var once sync.Once
 	return ch, func() {
 		once.Do(func() {
 			s.mu.Lock()
-			delete(s.subs, id)
+			delete(m, id)
 			s.mu.Unlock()
 		})
 	}
@@ -345,6 +359,7 @@ func (s *Server) register(c *zconn) {
 	s.conns = append(s.conns, c)
 	// Set under mu, so concurrent register/unregister cannot leave a stale count.
 	s.metrics.connections.Set(float64(len(s.conns)))
+	signal(s.statusSubs)
 	s.mu.Unlock()
 }
 
@@ -357,13 +372,20 @@ func (s *Server) unregister(c *zconn) {
 		}
 	}
 	s.metrics.connections.Set(float64(len(s.conns)))
+	signal(s.statusSubs)
 	s.mu.Unlock()
 }
 
 func (s *Server) notifySnapshotAcked() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, ch := range s.subs {
+	signal(s.subs)
+	signal(s.statusSubs)
+}
+
+// signal wakes every subscriber in m without blocking (callers hold s.mu).
+func signal(m map[int]chan struct{}) {
+	for _, ch := range m {
 		select {
 		case ch <- struct{}{}:
 		default: // a signal is already pending

@@ -552,3 +552,30 @@ func TestClosedNetnsFile(t *testing.T) {
 		t.Fatalf("requests: %+v", st.RequestsOn(1))
 	}
 }
+
+// TestSubscribeStatus: a status subscriber hears of a connect (hello), the
+// snapshot ack and the disconnect, each as it happens — the node condition
+// is re-evaluated on these.
+func TestSubscribeStatus(t *testing.T) {
+	src := &source{}
+	s, _ := runServer(t, Config{}, src)
+	changed, unsub := s.SubscribeStatus()
+	defer unsub()
+	wait := func(what string, cond func(Status) bool) {
+		t.Helper()
+		select {
+		case <-changed:
+		case <-time.After(testTimeout):
+			t.Fatalf("no status signal for %s", what)
+		}
+		waitUntil(t, what, func() bool { return cond(s.Status()) })
+	}
+	c := rawPeer(t, s.cfg.SocketPath)
+	sendHello(t, c)
+	wait("connect", func(st Status) bool { return st.Connections == 1 })
+	expectRequest(t, c, "snapshot_sent")
+	sendAck(t, c, "")
+	wait("snapshot ack", func(st Status) bool { return st.SnapshotAcked })
+	c.Close()
+	wait("disconnect", func(st Status) bool { return st.Connections == 0 })
+}

@@ -1,0 +1,53 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPluginInConfDir(t *testing.T) {
+	const bridge = `{"type":"bridge","bridge":"b0"}`
+	list := func(name string, types ...string) string {
+		var ps []string
+		for _, ty := range types {
+			ps = append(ps, `{"type":"`+ty+`"}`)
+		}
+		return `{"cniVersion":"1.0.0","name":"` + name + `","plugins":[` + strings.Join(ps, ",") + `]}`
+	}
+	tests := []struct {
+		name    string
+		files   map[string]string
+		wantErr string // "" = installed
+	}{
+		{name: "ours last in the first conflist", files: map[string]string{"10-net.conflist": list("net", "bridge", "ambientd-cni")}},
+		{name: "ours only in a later file", files: map[string]string{
+			"10-net.conflist": list("net", "bridge"), "20-net.conflist": list("net", "bridge", "ambientd-cni")}, wantErr: "10-net.conflist"},
+		{name: "invalid first file skipped", files: map[string]string{
+			"05-broken.conflist": "{not json", "10-net.conflist": list("net", "bridge", "ambientd-cni")}},
+		{name: "single .conf in use", files: map[string]string{"00-a.conf": bridge, "10-net.conflist": list("net", "ambientd-cni")}, wantErr: "00-a.conf"},
+		{name: "other extensions ignored", files: map[string]string{"00-a.conflist.bak": list("x", "bridge"), "10-net.conflist": list("net", "ambientd-cni")}},
+		{name: "empty dir", files: map[string]string{}, wantErr: "no valid CNI config"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for n, c := range tt.files {
+				if err := os.WriteFile(filepath.Join(dir, n), []byte(c), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := PluginInConfDir(dir, "ambientd-cni")
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("err = %v, want installed", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("err = %v, want one naming %q", err, tt.wantErr)
+			}
+		})
+	}
+	if err := PluginInConfDir(filepath.Join(t.TempDir(), "missing"), "ambientd-cni"); err == nil {
+		t.Error("missing dir: no error")
+	}
+}
