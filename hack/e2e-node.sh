@@ -23,6 +23,9 @@ fi
 start=$(date +%s)
 hack/build-kube.sh node >/dev/null
 make --no-print-directory build >/dev/null
+# The agent's image, which the suite imports into the node's containerd and
+# runs as deploy/'s DaemonSet.
+hack/image.sh >/dev/null
 build=$(( $(date +%s) - start ))
 
 export AMBIENTD_E2E_RUN="e2enode-$$-$(date +%s)"

@@ -28,8 +28,13 @@ var node *nodeenv.Node
 // suite's pods still schedule.
 var registerTaint = corev1.Taint{Key: "ambientd.test/registered-by-kubelet", Value: "yes", Effect: corev1.TaintEffectPreferNoSchedule}
 
+// startupTaint is the agent's startup taint, set by kubelet at registration
+// as on a node where istio-cni (or ambientd) runs: only the agent, once it
+// can mesh pods, removes it. Pods that do not tolerate it wait unscheduled.
+var startupTaint = corev1.Taint{Key: "cni.istio.io/not-ready", Effect: corev1.TaintEffectNoSchedule}
+
 func TestMain(m *testing.M) {
-	nodeenv.Main(m, nodeenv.Options{RegisterTaints: []corev1.Taint{registerTaint}}, func(n *nodeenv.Node) { node = n })
+	nodeenv.Main(m, nodeenv.Options{RegisterTaints: []corev1.Taint{registerTaint, startupTaint}}, func(n *nodeenv.Node) { node = n })
 }
 
 // testContext is bounded generously (the machine may be busy building) and

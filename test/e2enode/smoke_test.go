@@ -261,11 +261,13 @@ func httpGet(t *testing.T, ctx context.Context, url string) string {
 }
 
 // appPodSpec runs the app image (pod network, HTTP readiness probe) and
-// stops within 5 seconds.
+// stops within 5 seconds. It tolerates the agent's startup taint, so the
+// smoke tests run whether or not an agent removed it.
 func appPodSpec() corev1.PodSpec {
 	grace := int64(5)
 	return corev1.PodSpec{
 		Containers:                    []corev1.Container{nodeenv.AppContainer()},
 		TerminationGracePeriodSeconds: &grace,
+		Tolerations:                   []corev1.Toleration{{Key: startupTaint.Key, Operator: corev1.TolerationOpExists, Effect: startupTaint.Effect}},
 	}
 }
