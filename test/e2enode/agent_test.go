@@ -27,8 +27,8 @@ import (
 	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/internal/nodeenv"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
-	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 )
 
 const (
