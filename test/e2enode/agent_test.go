@@ -14,7 +14,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -191,6 +193,8 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"DaemonSetReadyOnlyAfterZtunnel", r.daemonSetReadyOnlyAfterZtunnel},
 		{"AmbientPodEnrolledCapturedReady", r.ambientPodEnrolledCapturedReady},
 		{"GatedPodNotReadyWithoutZtunnel", r.gatedPodNotReadyWithoutZtunnel},
+		{"StartupCost", r.startupCost},
+		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) {
@@ -645,4 +649,170 @@ func plainClient(t *testing.T, ctx context.Context) string {
 		t.Fatal(err)
 	}
 	return newNetns(t, before, after)
+}
+
+// startupCost measures pod create -> Ready on this node for a pod outside
+// the mesh and for an ambient pod with the readiness gate (same image and
+// probe), one after the other. It prints numbers; it asserts only that both
+// become Ready.
+func (r *agentRun) startupCost(t *testing.T, ctx context.Context) {
+	plain := namespace(t, ctx, "cost-plain")
+	ambient := ambientNamespace(t, ctx, "cost-ambient")
+	for i := range 3 {
+		for _, c := range []struct {
+			ns  string
+			pod *corev1.Pod
+		}{
+			{plain, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app"}, Spec: appPodSpec()}},
+			{ambient, gatedPod("app")},
+		} {
+			start := time.Now()
+			if _, err := node.Env.CP.Admin.CoreV1().Pods(c.ns).Create(ctx, c.pod, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := waitPod(ctx, c.ns, "app", podReady); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("run %d: %s pod create -> Ready: %s", i+1, c.ns, time.Since(start).Round(time.Millisecond))
+			deletePodAndWait(t, ctx, c.ns, "app")
+		}
+	}
+}
+
+func deletePodAndWait(t *testing.T, ctx context.Context, ns, name string) {
+	t.Helper()
+	if err := node.Env.CP.Admin.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(ctx, "pod "+ns+"/"+name+" gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		_, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sandboxRecreatedStaysEnrolled: the pod's sandbox dies (its pause process
+// is killed); kubelet stops it (CNI DEL with its netns), starts a new one
+// (ADD with a new netns) and, in its garbage collection about a minute
+// later, removes the dead one, for which containerd 1.6 runs CNI DEL again
+// with an empty CNI_NETNS and the old sandbox's id but the same pod uid.
+// The pod must end enrolled with the new netns, and stay so after that late
+// DEL: no Del to ztunnel after the last Add.
+func (r *agentRun) sandboxRecreatedStaysEnrolled(t *testing.T, ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	ns := ambientNamespace(t, ctx, "ambient-retry")
+	before, err := node.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, gatedPod("web"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := string(created.UID)
+	if _, err := waitPod(ctx, ns, "web", podReady); err != nil {
+		t.Fatal(err)
+	}
+	after, err := node.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldNetns := newNetns(t, before, after)
+	oldInode := inode(t, oldNetns)
+	pause := processIn(t, oldInode, "pause")
+	if err := unixKill(pause); err != nil {
+		t.Fatal(err)
+	}
+	// A new sandbox: a new netns, enrolled, the pod Ready again.
+	var newInode uint64
+	st := r.waitEmu(t, ctx, "Add with a new netns", func(s ztunnelemu.State) bool {
+		w, ok := s.Workload(uid)
+		newInode = w.NetnsInode
+		return ok && w.NetnsInode != oldInode
+	})
+	if _, err := waitPod(ctx, ns, "web", podReady); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sandbox recreated: netns inode %d -> %d; requests for the pod: %s", oldInode, newInode, opsFor(st, uid))
+	// kubelet's garbage collection removes the dead sandbox (and its
+	// container): the pod's containers in containerd drop to two.
+	start := time.Now()
+	if err := poll(ctx, "kubelet removes the dead sandbox", time.Second, func(ctx context.Context) (bool, error) {
+		n, err := podContainers(ctx, uid)
+		return n == 2, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dead sandbox removed by kubelet after %s", time.Since(start).Round(time.Second))
+	// Let the agent handle whatever that removal sent (the CNI DEL is
+	// synchronous in containerd, so it was answered before the container
+	// went), then look.
+	st = ztunnelemu.State{}
+	if err := r.em.State(ctx, &st); err != nil {
+		t.Fatal(err)
+	}
+	w, ok := st.Workload(uid)
+	if !ok || w.NetnsInode != newInode {
+		t.Errorf("after kubelet removed the dead sandbox, ztunnel has the pod: %v (%+v), want it with netns inode %d; requests: %s", ok, w, newInode, opsFor(st, uid))
+	}
+	ops := opsFor(st, uid)
+	if last := ops[len(ops)-1]; last != "add" {
+		t.Errorf("requests for the pod end with %q, want the Add of the new sandbox: %s", last, ops)
+	}
+	p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "web", metav1.GetOptions{})
+	if err != nil || !podReady(p) || p.Annotations[podmeta.AnnotationRedirection] != "enabled" {
+		t.Errorf("pod after the late DEL: %s, annotation %q (%v)", describe(p), p.Annotations[podmeta.AnnotationRedirection], err)
+	}
+}
+
+// opsFor lists the ops (add, del, keep) ztunnel received for uid.
+func opsFor(st ztunnelemu.State, uid string) []string {
+	var ops []string
+	for _, q := range st.Requests {
+		if q.UID == uid {
+			ops = append(ops, q.Op)
+		}
+	}
+	return ops
+}
+
+// processIn finds the process named comm whose network namespace has the
+// inode ino.
+func processIn(t *testing.T, ino uint64, comm string) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		c, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(c)) != comm {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == ino {
+			return pid
+		}
+	}
+	t.Fatalf("no %s process in netns inode %d", comm, ino)
+	return 0
+}
+
+func unixKill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
+
+// podContainers counts containerd's containers (sandboxes included) of the
+// pod with uid.
+func podContainers(ctx context.Context, uid string) (int, error) {
+	out, err := exec.CommandContext(ctx, node.Bins.Ctr, "--address", node.ContainerdAddress, "--namespace", "k8s.io",
+		"containers", "ls", "-q", fmt.Sprintf(`labels."io.kubernetes.pod.uid"==%s`, uid)).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("ctr containers ls: %w: %s", err, out)
+	}
+	return len(strings.Fields(string(out))), nil
 }
