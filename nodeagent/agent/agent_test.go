@@ -816,6 +816,55 @@ func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
 	}
 }
 
+// A CNI DEL with the pod's uid drops the pod only when it is about the
+// sandbox the pod is enrolled with. containerd 1.6 repeats DEL with an empty
+// netns when kubelet removes a dead sandbox, which comes while a recreated
+// sandbox runs; that one must not drop the live pod.
+func TestCNIDelWithUIDOnlyForTheEnrolledSandbox(t *testing.T) {
+	current := testutil.NewNetNS(t)
+	other := testutil.NewNetNS(t)
+	gone := filepath.Join(t.TempDir(), "gone")
+	cases := []struct {
+		name      string
+		enrolled  string // path the enrollment's netns was opened by
+		removeIt  bool   // that path disappears before the DEL
+		delNetns  string
+		wantState string
+	}{
+		{"DEL of the enrolled netns", current.NS.Path(), false, current.NS.Path(), "absent"},
+		{"DEL naming another sandbox's netns", current.NS.Path(), false, other.NS.Path(), "enabled"},
+		{"repeated DEL, empty netns, enrolled netns still there", current.NS.Path(), false, "", "enabled"},
+		{"repeated DEL, empty netns, enrolled netns gone", gone, true, "", "absent"},
+		{"DEL naming a netns that is gone", current.NS.Path(), false, "/nonexistent/netns", "absent"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, namespace("app", true))
+			if c.enrolled == gone {
+				if err := os.Symlink(current.NS.Path(), gone); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f, err := podnetns.Open(c.enrolled)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.removeIt {
+				if err := os.Remove(c.enrolled); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.put(registry.Entry{UID: "uid-a", Name: "web", Namespace: "app", Netns: f, Phase: registry.Enabled})
+			if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "web", UID: "uid-a", NetnsPath: c.delNetns}); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.state("uid-a"); got != c.wantState {
+				t.Errorf("after DEL with netns %q: pod %s, want %s", c.delNetns, got, c.wantState)
+			}
+		})
+	}
+}
+
 // fakeSandbox adds to the fake host proc a "sandbox process" of pod uid whose
 // cgroup names the uid (as kubelet's systemd driver does) and whose netns is
 // this test's, which holds 127.0.0.1.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -429,8 +430,11 @@ func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
 	switch {
 	case ev.UID != "":
 		uids = uids[:0]
-		if _, ok := a.reg.Get(ev.UID); ok {
+		if e, ok := a.reg.Get(ev.UID); ok && !otherSandbox(e, ev.NetnsPath) {
 			uids = append(uids, ev.UID)
+		} else if ok {
+			a.log.Info("CNI DEL for another sandbox of the pod; its enrollment stays",
+				"namespace", ev.Namespace, "name", ev.Name, "uid", ev.UID, "netns", ev.NetnsPath, "enrolled_netns", e.Netns.Path())
 		}
 	case len(uids) > 1:
 		// No uid from the runtime and several pods of that name (a
@@ -453,6 +457,25 @@ func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
 		unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// otherSandbox reports whether a CNI DEL naming pod e's uid is about a
+// sandbox other than the one e is enrolled with, so it must not drop e: a
+// DEL naming another netns, or one with an empty netns while e's netns is
+// still where the runtime put it. containerd 1.6 repeats DEL with an empty
+// CNI_NETNS when kubelet removes a dead sandbox, which for a pod whose
+// sandbox was recreated comes while the new one runs (seen on a real node:
+// it dropped the live pod from ztunnel, then the informer re-added it).
+func otherSandbox(e registry.Entry, netnsPath string) bool {
+	if e.Netns == nil {
+		return false
+	}
+	if netnsPath != "" {
+		// A path that is gone cannot tell: the DEL is taken as ours.
+		_, err := os.Stat(netnsPath)
+		return err == nil && !e.Netns.SameAs(netnsPath)
+	}
+	return e.Netns.SameAs(e.Netns.Path())
 }
 
 // uidsWithNetns returns those of uids whose registered netns is the one at

@@ -26,6 +26,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	criv1 "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/internal/nodeenv"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
@@ -736,19 +740,15 @@ func (r *agentRun) sandboxRecreatedStaysEnrolled(t *testing.T, ctx context.Conte
 		t.Fatal(err)
 	}
 	t.Logf("sandbox recreated: netns inode %d -> %d; requests for the pod: %s", oldInode, newInode, opsFor(st, uid))
-	// kubelet's garbage collection removes the dead sandbox (and its
-	// container): the pod's containers in containerd drop to two.
-	start := time.Now()
-	if err := poll(ctx, "kubelet removes the dead sandbox", time.Second, func(ctx context.Context) (bool, error) {
-		n, err := podContainers(ctx, uid)
-		return n == 2, err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("dead sandbox removed by kubelet after %s", time.Since(start).Round(time.Second))
-	// Let the agent handle whatever that removal sent (the CNI DEL is
-	// synchronous in containerd, so it was answered before the container
-	// went), then look.
+	// kubelet's garbage collection removes a dead sandbox with
+	// RemovePodSandbox once it holds no containers (with the default dead
+	// container retention that is when the pod goes); make that same CRI call
+	// now. containerd 1.6 then runs CNI DEL for the old sandbox again, with
+	// an empty CNI_NETNS and the pod's uid.
+	opsBefore := opsFor(st, uid)
+	removeDeadSandboxes(t, ctx, uid)
+	// The CNI DEL ran synchronously inside RemovePodSandbox, so the agent
+	// answered it already.
 	st = ztunnelemu.State{}
 	if err := r.em.State(ctx, &st); err != nil {
 		t.Fatal(err)
@@ -757,9 +757,10 @@ func (r *agentRun) sandboxRecreatedStaysEnrolled(t *testing.T, ctx context.Conte
 	if !ok || w.NetnsInode != newInode {
 		t.Errorf("after kubelet removed the dead sandbox, ztunnel has the pod: %v (%+v), want it with netns inode %d; requests: %s", ok, w, newInode, opsFor(st, uid))
 	}
-	ops := opsFor(st, uid)
-	if last := ops[len(ops)-1]; last != "add" {
-		t.Errorf("requests for the pod end with %q, want the Add of the new sandbox: %s", last, ops)
+	// The agent answers a DEL after it told ztunnel, so a Del it sent for
+	// this one is recorded by now.
+	if ops := opsFor(st, uid); len(ops) != len(opsBefore) {
+		t.Errorf("the dead sandbox's late DEL reached ztunnel: requests for the pod went from %v to %v (a live pod dropped and re-added)", opsBefore, ops)
 	}
 	p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "web", metav1.GetOptions{})
 	if err != nil || !podReady(p) || p.Annotations[podmeta.AnnotationRedirection] != "enabled" {
@@ -806,13 +807,31 @@ func processIn(t *testing.T, ino uint64, comm string) int {
 
 func unixKill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
 
-// podContainers counts containerd's containers (sandboxes included) of the
-// pod with uid.
-func podContainers(ctx context.Context, uid string) (int, error) {
-	out, err := exec.CommandContext(ctx, node.Bins.Ctr, "--address", node.ContainerdAddress, "--namespace", "k8s.io",
-		"containers", "ls", "-q", fmt.Sprintf(`labels."io.kubernetes.pod.uid"==%s`, uid)).CombinedOutput()
+// removeDeadSandboxes removes the pod's not-ready sandboxes through
+// containerd's CRI, as kubelet's garbage collection does, and returns when
+// containerd answered.
+func removeDeadSandboxes(t *testing.T, ctx context.Context, uid string) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+node.ContainerdAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return 0, fmt.Errorf("ctr containers ls: %w: %s", err, out)
+		t.Fatal(err)
 	}
-	return len(strings.Fields(string(out))), nil
+	defer conn.Close()
+	rt := criv1.NewRuntimeServiceClient(conn)
+	resp, err := rt.ListPodSandbox(ctx, &criv1.ListPodSandboxRequest{Filter: &criv1.PodSandboxFilter{
+		State:         &criv1.PodSandboxStateValue{State: criv1.PodSandboxState_SANDBOX_NOTREADY},
+		LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid},
+	}})
+	if err != nil {
+		t.Fatalf("CRI ListPodSandbox: %v", err)
+	}
+	if len(resp.Items) != 1 {
+		t.Fatalf("pod %s has %d dead sandboxes, want 1: %v", uid, len(resp.Items), resp.Items)
+	}
+	for _, sb := range resp.Items {
+		if _, err := rt.RemovePodSandbox(ctx, &criv1.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			t.Fatalf("CRI RemovePodSandbox %s: %v", sb.Id, err)
+		}
+		t.Logf("removed dead sandbox %s through the CRI", sb.Id)
+	}
 }
