@@ -199,6 +199,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"GatedPodNotReadyWithoutZtunnel", r.gatedPodNotReadyWithoutZtunnel},
 		{"StartupCost", r.startupCost},
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
+		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) {
@@ -834,4 +835,91 @@ func removeDeadSandboxes(t *testing.T, ctx context.Context, uid string) {
 		}
 		t.Logf("removed dead sandbox %s through the CRI", sb.Id)
 	}
+}
+
+// rollingUpdateKeepsCapture: the DaemonSet is updated to another image tag
+// (the same image, retagged in containerd); kubelet replaces the agent's
+// pod. An enrolled pod never gets a Del and stays Ready; a pod created right
+// after the update started ends enrolled and Ready.
+func (r *agentRun) rollingUpdateKeepsCapture(t *testing.T, ctx context.Context) {
+	ns := ambientNamespace(t, ctx, "ambient-update")
+	created, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, gatedPod("before"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := string(created.UID)
+	if _, err := waitPod(ctx, ns, "before", podReady); err != nil {
+		t.Fatal(err)
+	}
+	old, err := agentPod(ctx)
+	if err != nil || old == nil {
+		t.Fatalf("agent pod: %v", err)
+	}
+	const newTag = "dev-update"
+	out, err := exec.CommandContext(ctx, node.Bins.Ctr, "--address", node.ContainerdAddress, "--namespace", "k8s.io",
+		"images", "tag", "--force", agentImage+":"+agentTag, agentImage+":"+newTag).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ctr images tag: %v: %s", err, out)
+	}
+	start := time.Now()
+	if _, err := node.Kubectl(ctx, "apply", "-k", overlay(t, newTag)); err != nil {
+		t.Fatal(err)
+	}
+	during, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, gatedPod("during"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(ctx, "DaemonSet rolled to "+newTag, 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		p, err := agentPod(ctx)
+		if err != nil || p == nil || p.UID == old.UID {
+			return false, err
+		}
+		return p.Spec.Containers[0].Image == agentImage+":"+newTag && podReady(p), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("apply new tag -> new agent pod Ready: %s", time.Since(start).Round(time.Millisecond))
+	if _, err := waitPod(ctx, ns, "during", podReady); err != nil {
+		t.Fatal(err)
+	}
+	st := r.waitEmu(t, ctx, "both pods held by ztunnel", func(s ztunnelemu.State) bool {
+		_, a := s.Workload(uid)
+		_, b := s.Workload(string(during.UID))
+		return a && b
+	})
+	if ops := opsFor(st, uid); slices.Contains(ops, "del") {
+		t.Errorf("the enrolled pod got a Del during the update: %v", ops)
+	}
+	// Still captured: its outbound connection lands on 15001.
+	w, _ := st.Workload(uid)
+	dialFrom(t, ctx, netnsByInode(t, w.NetnsInode), netip.AddrPortFrom(node.IP, 9).String())
+	r.waitEmu(t, ctx, "outbound connection of the enrolled pod after the update", func(s ztunnelemu.State) bool {
+		return slices.ContainsFunc(s.Accepted, func(a ztunnelemu.AcceptRecord) bool { return a.UID == uid && a.Port == 15001 })
+	})
+	p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "before", metav1.GetOptions{})
+	if err != nil || !podReady(p) || p.Annotations[podmeta.AnnotationRedirection] != "enabled" {
+		t.Errorf("enrolled pod after the update: %s (%v)", describe(p), err)
+	}
+	if !strings.Contains(conflist(t), `"ambientd-cni"`) {
+		t.Errorf("plugin gone from the conflist after the update:\n%s", conflist(t))
+	}
+}
+
+// netnsByInode returns the path under the node's netns dir of the network
+// namespace with inode ino.
+func netnsByInode(t *testing.T, ino uint64) string {
+	t.Helper()
+	entries, err := os.ReadDir(node.NetnsDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		p := filepath.Join(node.NetnsDir, e.Name())
+		var st syscall.Stat_t
+		if syscall.Stat(p, &st) == nil && st.Ino == ino {
+			return p
+		}
+	}
+	t.Fatalf("no netns with inode %d in %s", ino, node.NetnsDir)
+	return ""
 }
