@@ -188,6 +188,25 @@ type agentRun struct {
 func TestAgentOnRealNode(t *testing.T) {
 	logsOnFailure(t)
 	ctx := testContext(t, 10*time.Minute)
+	before, err := node.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Last: the steps' namespaces are deleted asynchronously; the node is
+	// back to its state before (no pod netns, lease, task, shim or cgroup
+	// left) before the next test looks at it.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		var now nodeenv.State
+		if err := poll(ctx, "node back to its state before the agent tests", 500*time.Millisecond, func(ctx context.Context) (bool, error) {
+			var err error
+			now, err = node.State(ctx)
+			return err == nil && len(now.Diff(before)) == 0, err
+		}); err != nil {
+			t.Errorf("%v\nbefore: %s\nnow:    %s", err, before, now)
+		}
+	})
 	r := &agentRun{}
 	t.Cleanup(func() { r.remove(t) })
 	steps := []struct {
@@ -639,21 +658,31 @@ func dialFrom(t *testing.T, ctx context.Context, netnsPath, dst string) {
 func plainClient(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	ns := namespace(t, ctx, "plain-client")
+	_, netns := startPod(t, ctx, ns, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "client"}, Spec: appPodSpec()})
+	return netns
+}
+
+// startPod creates pod in ns, waits until it is Ready and returns it with
+// the path of the network namespace containerd made for it (pods are
+// started one at a time: the one new netns).
+func startPod(t *testing.T, ctx context.Context, ns string, pod *corev1.Pod) (*corev1.Pod, string) {
+	t.Helper()
 	before, err := node.State(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "client"}, Spec: appPodSpec()}, metav1.CreateOptions{}); err != nil {
+	if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := waitPod(ctx, ns, "client", podReady); err != nil {
+	p, err := waitPod(ctx, ns, pod.Name, podReady)
+	if err != nil {
 		t.Fatal(err)
 	}
 	after, err := node.State(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newNetns(t, before, after)
+	return p, newNetns(t, before, after)
 }
 
 // startupCost measures pod create -> Ready on this node for a pod outside
@@ -708,23 +737,8 @@ func (r *agentRun) sandboxRecreatedStaysEnrolled(t *testing.T, ctx context.Conte
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	ns := ambientNamespace(t, ctx, "ambient-retry")
-	before, err := node.State(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	created, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, gatedPod("web"), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	created, oldNetns := startPod(t, ctx, ns, gatedPod("web"))
 	uid := string(created.UID)
-	if _, err := waitPod(ctx, ns, "web", podReady); err != nil {
-		t.Fatal(err)
-	}
-	after, err := node.State(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldNetns := newNetns(t, before, after)
 	oldInode := inode(t, oldNetns)
 	pause := processIn(t, oldInode, "pause")
 	if err := unixKill(pause); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -214,31 +215,9 @@ func TestDaemonSetPodScheduledAndReady(t *testing.T) {
 	if got := ls("/host/etc/cni/net.d"); !strings.Contains(got, "10-ambientd-node.conflist") {
 		t.Errorf("DaemonSet pod's /etc/cni/net.d lists %q, want the node's conflist", got)
 	}
-	before, err := node.State(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "later"}, Spec: appPodSpec()}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := waitPod(ctx, ns, "later", podReady); err != nil {
-		t.Fatal(err)
-	}
-	after, err := node.State(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var added []string
-	for _, n := range after.Netns {
-		if !slices.Contains(before.Netns, n) {
-			added = append(added, n)
-		}
-	}
-	if len(added) != 1 {
-		t.Fatalf("netns before %v, after %v: want one more", before.Netns, after.Netns)
-	}
-	if got := ls("/host/run/netns"); !strings.Contains(got, added[0]) {
-		t.Errorf("DaemonSet pod's /var/run/netns lists %q, want the later pod's %s (HostToContainer propagation)", got, added[0])
+	_, later := startPod(t, ctx, ns, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "later"}, Spec: appPodSpec()})
+	if got := ls("/host/run/netns"); !strings.Contains(got, filepath.Base(later)) {
+		t.Errorf("DaemonSet pod's /var/run/netns lists %q, want the later pod's %s (HostToContainer propagation)", got, filepath.Base(later))
 	}
 }
 
