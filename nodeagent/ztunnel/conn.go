@@ -61,6 +61,20 @@ type zconn struct {
 	in            chan readResult // from the reader
 	done          chan struct{}   // closed when the owner has stopped taking requests
 	snapshotAcked atomic.Bool
+	// held are the pods this ztunnel acked an Add or Keep for and was not
+	// told to drop since: what must move elsewhere when it goes away.
+	// Only the owner goroutine touches it until done is closed.
+	held map[string]struct{}
+}
+
+// track records what an acked request did to the pods this ztunnel holds.
+func (c *zconn) track(r *request) {
+	switch r.op {
+	case zp.OpAdd, zp.OpKeep:
+		c.held[r.uid] = struct{}{}
+	case zp.OpDel:
+		delete(c.held, r.uid)
+	}
 }
 
 // do hands r to the connection's owner and waits for the answer.
@@ -104,6 +118,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		reqs: make(chan *request),
 		in:   make(chan readResult),
 		done: make(chan struct{}),
+		held: map[string]struct{}{},
 	}
 	// Registered before the snapshot is taken: from here on new Adds are
 	// queued on this connection, so no pod can fall between snapshot and
@@ -122,7 +137,8 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		close(zc.done)
 		c.Close() // unblocks the reader
 		<-readerDone
-		log.Info("ztunnel connection closed")
+		log.Info("ztunnel connection closed", "held", len(zc.held))
+		s.handOver(ctx, log, zc.held)
 	}()
 
 	if !zc.sendSnapshot(ctx, log) {
@@ -135,6 +151,9 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		select {
 		case r := <-zc.reqs:
 			err, fatal := zc.roundTrip(ctx, r)
+			if err == nil {
+				zc.track(r)
+			}
 			r.res <- err
 			if fatal {
 				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "err", err)
@@ -184,6 +203,7 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 			}
 			continue
 		}
+		c.track(r)
 		if r.op == zp.OpAdd {
 			adds++
 		} else {
