@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,8 +55,11 @@ type Ztunnel interface {
 type Rules interface {
 	ApplyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) error
 	DeletePod(ctx context.Context, podNS ns.NetNS) error
+	VerifyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) (iptables.Drift, error)
 	AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
 	RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
+	PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) error
+	EnsureHostRules(ctx context.Context) error
 }
 
 // Config configures an Agent. DefaultConfig holds the defaults; New takes a
@@ -83,6 +87,15 @@ type Config struct {
 	RetryBaseDelay, RetryMaxDelay time.Duration
 	// Workers sync pods concurrently.
 	Workers int
+	// VerifyInterval is the period of the drift pass (jittered); 0 = off.
+	VerifyInterval time.Duration
+	// IPv6 says the rule manager captures IPv6: when false, a pod with an
+	// IPv6 address is refused (its IPv6 traffic would bypass ztunnel).
+	IPv6 bool
+	// RunDir holds the pod state file (netns path and inode per pod,
+	// recorded at CNI ADD; tmpfs, so gone after a reboot like the
+	// namespaces). Empty: no state file.
+	RunDir string
 }
 
 // DefaultConfig returns the defaults (the flags of `ambientd run` show them).
@@ -96,6 +109,9 @@ func DefaultConfig() Config {
 		RetryBaseDelay:   200 * time.Millisecond,
 		RetryMaxDelay:    30 * time.Second,
 		Workers:          4,
+		VerifyInterval:   60 * time.Second,
+		IPv6:             true,
+		RunDir:           "/var/run/ambientd",
 	}
 }
 
@@ -131,6 +147,7 @@ type Agent struct {
 	rules   Rules
 	reg     *registry.Registry
 	finder  *podnetns.Finder
+	state   *podnetns.State // nil without a RunDir
 	status  *podstatus.Patcher
 	metrics *metrics
 
@@ -179,6 +196,13 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
+	}
+	if cfg.RunDir != "" {
+		st, err := podnetns.OpenState(filepath.Join(cfg.RunDir, "pods.json"))
+		if err != nil {
+			log.Warn("pod state file unusable; restarts fall back to the /proc scan", "error", err)
+		}
+		a.state = st
 	}
 	a.metrics = newMetrics(reg)
 	a.status = podstatus.New(client, log.With("component", "podstatus"), podstatus.Options{

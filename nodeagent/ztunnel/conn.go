@@ -105,7 +105,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 	// Shutdown must not wait out a hello or ack timeout.
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	log := s.log.With("peer_pid", peerPID(uc))
+	log := s.log.With(peerAttrs(uc)...)
 	hello, err := c.ReadHello(time.Now().Add(s.cfg.HelloTimeout))
 	if err != nil {
 		log.Warn("dropping ztunnel connection: no valid hello", "err", err)
@@ -301,11 +301,12 @@ func (c *zconn) read() {
 	}
 }
 
-// peerPID names the connecting process in logs (SO_PEERCRED); 0 if unknown.
-func peerPID(uc *net.UnixConn) int32 {
+// peerAttrs names the connecting process in logs (SO_PEERCRED: pid, uid,
+// gid), so an unexpected peer on the socket is visible.
+func peerAttrs(uc *net.UnixConn) []any {
 	cred, err := unixsock.PeerCred(uc)
 	if err != nil {
-		return 0
+		return []any{"peer_cred_error", err.Error()}
 	}
-	return cred.Pid
+	return []any{"peer_pid", cred.Pid, "peer_uid", cred.Uid, "peer_gid", cred.Gid}
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -70,6 +71,7 @@ type SnapshotRefusalObserver interface {
 // Config tunes the server; zero fields take the defaults in brackets.
 type Config struct {
 	SocketPath        string        // [ztunnelproto.DefaultSocketPath]
+	SocketMode        os.FileMode   // permission bits of the socket file [0600]
 	AckTimeout        time.Duration // per request, from the start of its send to its ack [5s]
 	HelloTimeout      time.Duration // from accept to ztunnel's hello [5s]
 	KeepaliveInterval time.Duration // renewal period of the idle read [5s]
@@ -80,6 +82,9 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.SocketPath == "" {
 		c.SocketPath = zp.DefaultSocketPath
+	}
+	if c.SocketMode == 0 {
+		c.SocketMode = 0o600
 	}
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = 5 * time.Second
@@ -155,11 +160,11 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // the server: it closes every connection, removes the socket and returns the
 // error.
 func (s *Server) Run(ctx context.Context) error {
-	l, sock, err := unixsock.Listen(s.cfg.SocketPath, "unixpacket", 0)
+	l, sock, err := unixsock.Listen(s.cfg.SocketPath, "unixpacket", s.cfg.SocketMode)
 	if err != nil {
 		return fmt.Errorf("ztunnel socket: %w", err)
 	}
-	s.log.Info("listening for ztunnel", "socket", s.cfg.SocketPath)
+	s.log.Info("listening for ztunnel", "socket", s.cfg.SocketPath, "mode", s.cfg.SocketMode.String())
 
 	// Connections live until ctx is done or accepting fails for good.
 	connCtx, closeConns := context.WithCancel(ctx)

@@ -53,6 +53,27 @@ func wipeRules(t *testing.T, p *e2eenv.Pod) {
 	}
 }
 
+// startAgentEnv is startAgent with extra environment (settings through
+// their env vars, which an older binary ignores instead of refusing).
+func startAgentEnv(t *testing.T, ctx context.Context, env ...string) *e2eenv.Agent {
+	t.Helper()
+	a, err := testEnv.StartAgent(ctx, e2eenv.AgentConfig{Env: env})
+	if err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	a.LogOnFailure(t)
+	t.Cleanup(func() {
+		if err := a.Stop(10 * time.Second); err != nil {
+			t.Errorf("stop agent: %v", err)
+		}
+	})
+	if err := a.WaitLive(ctx); err != nil {
+		t.Fatalf("agent not live: %v\n%s", err, a.LogTail(50))
+	}
+	waitCNIServing(t, ctx)
+	return a
+}
+
 // acceptedFrom counts the connections the emulator accepted from pod uid.
 func acceptedFrom(st ztunnelemu.State, uid string) int {
 	n := 0
@@ -143,7 +164,7 @@ func TestDriftRepairedWhileRunning(t *testing.T) {
 	nsName := uniqueNS("drift")
 	createNamespace(t, ctx, nsName, true)
 	em := startEmulator(t, ctx, "ztunnel-drift")
-	a := startAgent(t, ctx, "--verify-interval=1s")
+	a := startAgentEnv(t, ctx, "AMBIENTD_VERIFY_INTERVAL=1s")
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "drifty"})
 	waitAnnotation(t, ctx, p, "enabled")
 	want := podRules(t, p)
@@ -309,7 +330,7 @@ func TestHostSideAfterRestartAndDrift(t *testing.T) {
 	nsName := uniqueNS("hostside")
 	createNamespace(t, ctx, nsName, true)
 	startEmulator(t, ctx, "ztunnel-hostside")
-	a := startAgent(t, ctx, "--verify-interval=1s")
+	a := startAgentEnv(t, ctx, "AMBIENTD_VERIFY_INTERVAL=1s")
 	gone := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "gone"})
 	stays := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "stays"})
 	waitAnnotation(t, ctx, gone, "enabled")
@@ -379,7 +400,7 @@ func TestRestartNetnsNotFoundThenFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	old.LogOnFailure(t)
-	a := startAgent(t, ctx, "--retry-max-delay=2s")
+	a := startAgentEnv(t, ctx, "AMBIENTD_RETRY_MAX_DELAY=2s")
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "hidden"})
 	waitAnnotation(t, ctx, p, "enabled")
 
