@@ -384,25 +384,32 @@ type keyedMutex struct {
 }
 
 type keyedEntry struct {
-	mu   sync.Mutex
+	held chan struct{} // capacity 1: full while locked
 	refs int
 }
 
+// lock waits for key's lock as long as it takes (background work).
 func (k *keyedMutex) lock(key string) func() {
+	unlock, _ := k.lockCtx(context.Background(), key)
+	return unlock
+}
+
+// lockCtx waits for key's lock until ctx ends: a CNI ADD or DEL stuck
+// behind a slow sync of the same pod gives up within its own deadline
+// instead of past it.
+func (k *keyedMutex) lockCtx(ctx context.Context, key string) (func(), error) {
 	k.mu.Lock()
 	if k.m == nil {
 		k.m = make(map[string]*keyedEntry)
 	}
 	e := k.m[key]
 	if e == nil {
-		e = &keyedEntry{}
+		e = &keyedEntry{held: make(chan struct{}, 1)}
 		k.m[key] = e
 	}
 	e.refs++
 	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
+	drop := func() {
 		k.mu.Lock()
 		e.refs--
 		if e.refs == 0 {
@@ -410,6 +417,16 @@ func (k *keyedMutex) lock(key string) func() {
 		}
 		k.mu.Unlock()
 	}
+	select {
+	case e.held <- struct{}{}:
+	case <-ctx.Done():
+		drop()
+		return func() {}, fmt.Errorf("waiting for the lock of pod %s: %w", key, ctx.Err())
+	}
+	return func() {
+		<-e.held
+		drop()
+	}, nil
 }
 
 // broadcast wakes every waiter once per fire (a closed channel, replaced).

@@ -41,7 +41,10 @@ type podSync struct {
 // It is idempotent; an error requeues the pod (workqueue) or fails the ADD.
 // It runs under the pod's lock, like every change of the pod's phase.
 func (a *Agent) sync(ctx context.Context, uid string, in *cniInput) (Outcome, error) {
-	unlock := a.locks.lock(uid)
+	unlock, err := a.locks.lockCtx(ctx, uid)
+	if err != nil {
+		return OutcomeUnknown, err
+	}
 	defer unlock()
 	var s podSync
 	out, err := a.syncLocked(ctx, uid, in, &s)
@@ -469,7 +472,11 @@ func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
 	}
 	var errs []error
 	for _, uid := range uids {
-		unlock := a.locks.lock(uid)
+		unlock, err := a.locks.lockCtx(ctx, uid)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		if e, ok := a.reg.Get(uid); ok && a.otherNetns(e, ev.NetnsPath) {
 			// A late DEL of an earlier sandbox of this pod (the runtime
 			// recreated it): the live one must not lose its enrollment.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -139,5 +140,26 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 	}
 	if h.state("uid-a") != "absent" {
 		t.Errorf("DEL with a vanished netns: state %s, want absent", h.state("uid-a"))
+	}
+}
+
+// A lock wait gives up when the caller's context ends; the lock is still
+// usable afterwards.
+func TestPodLockHonoursDeadline(t *testing.T) {
+	var k keyedMutex
+	unlock := k.lock("uid-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := k.lockCtx(ctx, "uid-a"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("lockCtx on a held lock = %v, want the deadline", err)
+	}
+	unlock()
+	u2, err := k.lockCtx(context.Background(), "uid-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u2()
+	if len(k.m) != 0 {
+		t.Errorf("lock entries left: %d", len(k.m))
 	}
 }
