@@ -10,6 +10,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/iptables"
 )
 
 // wipeRules flushes and deletes every chain of the nat, mangle and raw
@@ -288,19 +290,19 @@ func probeSetHas(t *testing.T, ip netip.Addr) bool {
 }
 
 // probeSource connects from the node (as kubelet probes do) to a listener
-// in the pod and returns the source address the pod saw.
-func probeSource(t *testing.T, ctx context.Context, p *e2eenv.Pod) netip.Addr {
-	t.Helper()
+// in the pod and returns the source address the pod saw; an error when the
+// pod's own listener got nothing (the connection was captured to ztunnel:
+// no probe SNAT).
+func probeSource(ctx context.Context, p *e2eenv.Pod) (netip.Addr, error) {
 	l, err := p.Listen("tcp4", ":9099")
 	if err != nil {
-		t.Fatal(err)
+		return netip.Addr{}, err
 	}
 	defer l.Close()
 	got := make(chan netip.Addr, 1)
 	go func() {
 		c, err := l.Accept()
 		if err != nil {
-			got <- netip.Addr{}
 			return
 		}
 		got <- netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
@@ -309,16 +311,15 @@ func probeSource(t *testing.T, ctx context.Context, p *e2eenv.Pod) netip.Addr {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(p.IP(), 9099).String())
 	if err != nil {
-		t.Fatalf("probe-like dial to pod %s: %v", p.Name, err)
+		return netip.Addr{}, fmt.Errorf("probe-like dial to pod %s: %w", p.Name, err)
 	}
 	defer c.Close()
 	select {
 	case a := <-got:
-		return a
-	case <-time.After(5 * time.Second):
-		t.Fatalf("pod %s's listener got no probe-like connection (captured to ztunnel instead?)", p.Name)
+		return a, nil
+	case <-time.After(2 * time.Second):
+		return netip.Addr{}, fmt.Errorf("pod %s's listener got no probe-like connection (captured to ztunnel instead)", p.Name)
 	}
-	return netip.Addr{}
 }
 
 // TestHostSideAfterRestartAndDrift (Must show 5): a pod deleted while the
@@ -370,20 +371,53 @@ func TestHostSideAfterRestartAndDrift(t *testing.T) {
 	}
 	waitFor(t, ctx, "the host jump re-asserted", func() bool { return natPostrouting(t) == want })
 
-	// An earlier terminal rule (another tool inserting at the top) must not
-	// pre-empt the probe SNAT.
-	for _, tool := range []string{"iptables-legacy", "iptables-nft"} {
-		if strings.Contains(want, tool+": ") {
-			if b, err := exec.Command(tool, "-w", "-t", "nat", "-I", "POSTROUTING", "1", "-p", "tcp", "-j", "ACCEPT").CombinedOutput(); err != nil {
-				t.Fatalf("insert terminal rule: %v: %s", err, b)
-			}
-			t.Cleanup(func() { exec.Command(tool, "-w", "-t", "nat", "-D", "POSTROUTING", "-p", "tcp", "-j", "ACCEPT").Run() })
-		}
+}
+
+// TestProbeSNATBeforeEarlierTerminalRule (Must show 5, last part): a node
+// where another tool inserted a terminal rule at the top of nat POSTROUTING
+// still SNATs probes once the agent (re)asserts its host rules: its jump
+// must come first.
+func TestProbeSNATBeforeEarlierTerminalRule(t *testing.T) {
+	ctx := testContext(t, 3*time.Minute)
+	nsName := uniqueNS("terminal")
+	createNamespace(t, ctx, nsName, true)
+	startEmulator(t, ctx, "ztunnel-terminal")
+	a := startAgentEnv(t, ctx, "AMBIENTD_VERIFY_INTERVAL=1s")
+	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "probed"})
+	waitAnnotation(t, ctx, p, "enabled")
+	if src, err := probeSource(ctx, p); err != nil || src != iptables.ProbeSNATv4 {
+		t.Fatalf("before: probe source %v, %v; want %v", src, err, iptables.ProbeSNATv4)
 	}
-	var src netip.Addr
+	for _, tool := range []string{"iptables-legacy", "iptables-nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			continue
+		}
+		if b, err := exec.Command(tool, "-w", "-t", "nat", "-I", "POSTROUTING", "1", "-p", "tcp", "-j", "ACCEPT").CombinedOutput(); err != nil {
+			t.Fatalf("insert terminal rule: %v: %s", err, b)
+		}
+		t.Cleanup(func() { exec.Command(tool, "-w", "-t", "nat", "-D", "POSTROUTING", "-p", "tcp", "-j", "ACCEPT").Run() })
+	}
+	// Across a restart too (the node as another tool left it).
+	if err := a.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitCNIServing(t, ctx)
+	var last error
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last probe attempt: %v", last)
+		}
+	})
 	waitFor(t, ctx, "probe SNAT despite an earlier terminal POSTROUTING rule", func() bool {
-		src = probeSource(t, ctx, stays)
-		return src == netip.MustParseAddr("169.254.7.127")
+		src, err := probeSource(ctx, p)
+		if err == nil && src != iptables.ProbeSNATv4 {
+			err = fmt.Errorf("probe source %s, want %s", src, iptables.ProbeSNATv4)
+		}
+		last = err
+		return err == nil
 	})
 }
 
