@@ -157,16 +157,22 @@ func (a *Agent) VerifyPass(ctx context.Context) {
 	start := time.Now()
 	defer func() { a.metrics.verifyPass.Observe(time.Since(start).Seconds()) }()
 	a.repairHost(ctx)
+	a.verifyEnrolled(ctx, a.podOptions)
+	a.pruneProbes(ctx)
+}
+
+// verifyEnrolled verifies the enabled and pending pods one at a time (the
+// drift pass is background work: gentle on the node beats fast).
+func (a *Agent) verifyEnrolled(ctx context.Context, optsOf func(uid string) (iptables.PodOptions, bool)) {
 	uids := append(a.reg.UIDs(registry.Enabled), a.reg.UIDs(registry.Pending)...)
 	for _, uid := range uids {
 		if ctx.Err() != nil {
 			return
 		}
-		if opts, ok := a.podOptions(uid); ok {
+		if opts, ok := optsOf(uid); ok {
 			a.verifyPod(ctx, uid, opts)
 		}
 	}
-	a.pruneProbes(ctx)
 }
 
 // repairHost re-asserts the node's host rules (probe SNAT and its jump).
