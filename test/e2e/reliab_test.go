@@ -59,21 +59,7 @@ func wipeRules(t *testing.T, p *e2eenv.Pod) {
 // their env vars, which an older binary ignores instead of refusing).
 func startAgentEnv(t *testing.T, ctx context.Context, env ...string) *e2eenv.Agent {
 	t.Helper()
-	a, err := testEnv.StartAgent(ctx, e2eenv.AgentConfig{Env: env})
-	if err != nil {
-		t.Fatalf("start agent: %v", err)
-	}
-	a.LogOnFailure(t)
-	t.Cleanup(func() {
-		if err := a.Stop(10 * time.Second); err != nil {
-			t.Errorf("stop agent: %v", err)
-		}
-	})
-	if err := a.WaitLive(ctx); err != nil {
-		t.Fatalf("agent not live: %v\n%s", err, a.LogTail(50))
-	}
-	waitCNIServing(t, ctx)
-	return a
+	return startAgentWith(t, ctx, e2eenv.AgentConfig{Env: env})
 }
 
 // acceptedFrom counts the connections the emulator accepted from pod uid.
