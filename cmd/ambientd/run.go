@@ -242,6 +242,9 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
+	// TODO(coordinator): with the nft branch merged, persist the backend
+	// choice in the run dir (tmpfs: survives restarts, not reboots):
+	// StateDir: f.runDir.
 	rulesCfg := iptables.Config{IPv6: f.ipv6, DNSCapture: f.dnsCapture, Mode: iptables.Mode(f.iptablesMode)}
 	rules, err := iptables.NewManager(ctx, rulesCfg, log.With("component", "iptables"))
 	if err != nil {

@@ -55,6 +55,11 @@ func wipeRules(t *testing.T, p *e2eenv.Pod) {
 	}
 }
 
+// xtablesBackend pins the iptables-nft backend for the tests that read,
+// wipe or edit rules with the iptables tools and ipset (a native nftables
+// backend keeps its rules and probe set elsewhere).
+const xtablesBackend = "AMBIENTD_IPTABLES=nft"
+
 // startAgentEnv is startAgent with extra environment (settings through
 // their env vars, which an older binary ignores instead of refusing).
 func startAgentEnv(t *testing.T, ctx context.Context, env ...string) *e2eenv.Agent {
@@ -111,7 +116,7 @@ func TestRestartRepairsWipedRules(t *testing.T) {
 	nsName := uniqueNS("rverify")
 	createNamespace(t, ctx, nsName, true)
 	em := startEmulator(t, ctx, "ztunnel-rverify")
-	a := startAgent(t, ctx)
+	a := startAgentEnv(t, ctx, xtablesBackend)
 	wiped := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "wiped"})
 	intact := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "intact"})
 	waitAnnotation(t, ctx, wiped, "enabled")
@@ -152,7 +157,7 @@ func TestDriftRepairedWhileRunning(t *testing.T) {
 	nsName := uniqueNS("drift")
 	createNamespace(t, ctx, nsName, true)
 	em := startEmulator(t, ctx, "ztunnel-drift")
-	a := startAgentEnv(t, ctx, "AMBIENTD_VERIFY_INTERVAL=1s")
+	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "drifty"})
 	waitAnnotation(t, ctx, p, "enabled")
 	want := podRules(t, p)
@@ -317,7 +322,7 @@ func TestHostSideAfterRestartAndDrift(t *testing.T) {
 	nsName := uniqueNS("hostside")
 	createNamespace(t, ctx, nsName, true)
 	startEmulator(t, ctx, "ztunnel-hostside")
-	a := startAgentEnv(t, ctx, "AMBIENTD_VERIFY_INTERVAL=1s")
+	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
 	gone := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "gone"})
 	stays := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "stays"})
 	waitAnnotation(t, ctx, gone, "enabled")
@@ -368,7 +373,7 @@ func TestProbeSNATBeforeEarlierTerminalRule(t *testing.T) {
 	nsName := uniqueNS("terminal")
 	createNamespace(t, ctx, nsName, true)
 	startEmulator(t, ctx, "ztunnel-terminal")
-	a := startAgentEnv(t, ctx, "AMBIENTD_VERIFY_INTERVAL=1s")
+	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "probed"})
 	waitAnnotation(t, ctx, p, "enabled")
 	if src, err := probeSource(ctx, p); err != nil || src != iptables.ProbeSNATv4 {
