@@ -1,6 +1,7 @@
 package ztunnel
 
 import (
+	"os"
 	"testing"
 
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
@@ -57,5 +58,23 @@ func TestHandoverToRemainingConnection(t *testing.T) {
 		}
 	case <-ctxT(t).Done():
 		t.Fatal("pod without netns not reported")
+	}
+}
+
+// The socket is created owner-only by default, and with the configured mode.
+func TestSocketMode(t *testing.T) {
+	for _, mode := range []os.FileMode{0, 0o660} {
+		s, _ := runServer(t, Config{SocketMode: mode}, &source{})
+		fi, err := os.Stat(s.cfg.SocketPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := mode
+		if want == 0 {
+			want = 0o600
+		}
+		if got := fi.Mode().Perm(); got != want {
+			t.Errorf("SocketMode %o: socket mode %o, want %o", mode, got, want)
+		}
 	}
 }

@@ -532,3 +532,59 @@ func TestRestartLoad(t *testing.T) {
 	t.Logf("restart with %d enrolled pods: process start → snapshot acked %v (rules of every pod verified, %v writes)",
 		pods, took.Round(time.Millisecond), metricValue(t, ctx, a, "ambientd_pod_rule_writes_total", ""))
 }
+
+// TestRestartFindsNetnsFromStateFile: a runtime that keeps no process in the
+// sandbox netns (here: the sandbox process is gone) — the restarted agent
+// finds the pod's netns through the state file its CNI ADD wrote, so the
+// first snapshot carries an Add with that netns and the pod stays enabled.
+func TestRestartFindsNetnsFromStateFile(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("statefile")
+	createNamespace(t, ctx, nsName, true)
+	em := startEmulator(t, ctx, "ztunnel-statefile")
+	a := startAgent(t, ctx)
+	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "noproc"})
+	waitAnnotation(t, ctx, p, "enabled")
+	if err := a.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := testEnv.StopSandbox(p); err != nil {
+		t.Fatal(err)
+	}
+	st, c := startAndAwaitSnapshot(t, ctx, a, em)
+	if got, want := addInodes(st, c)[p.UID], netnsInode(t, p); got != want {
+		t.Fatalf("first snapshot after restart: Add netns inode %d for the pod, want %d (Keep or missing: state file not used)", got, want)
+	}
+	if v, _ := annotationOf(t, ctx, p); v != "enabled" {
+		t.Errorf("annotation %q, want enabled", v)
+	}
+	requireCaptured(t, ctx, em, p, outsideAddr())
+}
+
+// TestIPv6OffRefusesDualStackPod: with --ipv6=false a dual-stack pod is not
+// run with its IPv6 uncaptured: its CNI ADD fails with an error naming the
+// setting, and it is never annotated.
+func TestIPv6OffRefusesDualStackPod(t *testing.T) {
+	ctx := testContext(t, 3*time.Minute)
+	nsName := uniqueNS("v6off")
+	createNamespace(t, ctx, nsName, true)
+	chain, err := testEnv.Chain.DualStack(netip.MustParsePrefix("fd00:88::/64"), "31-dual.conflist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startEmulator(t, ctx, "ztunnel-v6off")
+	startAgentEnv(t, ctx, "AMBIENTD_IPV6=false")
+	p, err := testEnv.CreatePod(ctx, e2eenv.PodSpec{Namespace: nsName, Name: "dual", Chain: chain})
+	if err == nil {
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = testEnv.DeletePod(cctx, p)
+		})
+		v, _ := annotationOf(t, ctx, p)
+		t.Fatalf("dual-stack pod started with IPv6 capture off (annotation %q)", v)
+	}
+	if !strings.Contains(err.Error(), "--ipv6=false") {
+		t.Errorf("CNI ADD error does not name the setting: %v", err)
+	}
+}
