@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -122,6 +123,9 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		case registry.Unverified:
 			return a.verifyRestored(ctx, log, entry, opts, optsErr)
 		case registry.Enabled:
+			if ips := podIPs(pod); len(ips) > 0 && !sameIPs(ips, entry.IPs) {
+				return a.changeIPs(ctx, log, entry, ips)
+			}
 			return Enrolled, nil // the status, if off, is healed by publish
 		default:
 			return a.retryPending(ctx, log, entry, opts, optsErr)
@@ -226,6 +230,39 @@ func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h
 	}
 	a.recordNetns(e.UID, h)
 	return a.activate(ctx, log, e)
+}
+
+// changeIPs follows an enabled pod's IPs as the API now shows them (e.g. the
+// ADD carried none, or a family was added): the probe set drops the old
+// addresses, so a reused IP never keeps probe SNAT, and gets the new ones.
+func (a *Agent) changeIPs(ctx context.Context, log *slog.Logger, e registry.Entry, ips []netip.Addr) (Outcome, error) {
+	if err := a.rules.RemoveProbeIPs(ctx, e.UID, e.IPs); err != nil {
+		a.metrics.failure("probe_ips")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: remove old probe IPs: %w", e.Namespace, e.Name, err)
+	}
+	e, err := a.update(e.UID, func(x *registry.Entry) { x.IPs = ips })
+	if err != nil {
+		return OutcomeUnknown, err
+	}
+	if err := a.rules.AddProbeIPs(ctx, e.UID, ips); err != nil {
+		a.metrics.failure("probe_ips")
+		a.unrepaired(log, e.UID, fmt.Errorf("add probe IPs %v: %w", ips, err))
+		return Pending, nil
+	}
+	a.metrics.repairs.WithLabelValues("probe_set").Inc()
+	log.Info("pod IPs changed; probe set follows", "ips", ips)
+	return Enrolled, nil
+}
+
+// sameIPs compares two address lists as sets.
+func sameIPs(a, b []netip.Addr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.SortFunc(x, func(p, q netip.Addr) int { return p.Compare(q) })
+	slices.SortFunc(y, func(p, q netip.Addr) int { return p.Compare(q) })
+	return slices.Equal(x, y)
 }
 
 // checkFamilies refuses a pod with an IPv6 address when IPv6 capture is

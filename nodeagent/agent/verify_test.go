@@ -9,6 +9,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
@@ -161,5 +162,31 @@ func TestPodLockHonoursDeadline(t *testing.T) {
 	u2()
 	if len(k.m) != 0 {
 		t.Errorf("lock entries left: %d", len(k.m))
+	}
+}
+
+// An enabled pod whose IPs change in the API (the ADD carried none, here)
+// gets its probe entry moved to the new IPs.
+func TestEnabledPodIPChangeMovesProbeEntry(t *testing.T) {
+	p := pod("app", "a", "uid-a", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.enrollConnected(p)
+	cur, err := h.client.CoreV1().Pods("app").Get(context.Background(), "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runningPod(cur, "10.1.0.77")
+	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := netip.MustParseAddr("10.1.0.77")
+	h.waitFor("probe entry on the new IP", func() bool {
+		h.rules.mu.Lock()
+		defer h.rules.mu.Unlock()
+		ips := h.rules.probes["uid-a"]
+		return len(ips) == 1 && ips[0] == want
+	})
+	if e, _ := h.reg.Get("uid-a"); e.Phase != registry.Enabled || len(e.IPs) != 1 || e.IPs[0] != want {
+		t.Errorf("entry %+v, want enabled with IP %s", e, want)
 	}
 }
