@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,8 +58,11 @@ type Ztunnel interface {
 type Rules interface {
 	ApplyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) error
 	DeletePod(ctx context.Context, podNS ns.NetNS) error
+	VerifyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) (iptables.Drift, error)
 	AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
 	RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
+	PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) error
+	EnsureHostRules(ctx context.Context) error
 }
 
 // Config configures an Agent. DefaultConfig holds the defaults; New takes a
@@ -89,6 +93,15 @@ type Config struct {
 	// PodConditionType is the pod condition the agent maintains on the
 	// pods it enrolls (in the same write as the annotation).
 	PodConditionType string
+	// VerifyInterval is the period of the drift pass (jittered); 0 = off.
+	VerifyInterval time.Duration
+	// IPv6 says the rule manager captures IPv6: when false, a pod with an
+	// IPv6 address is refused (its IPv6 traffic would bypass ztunnel).
+	IPv6 bool
+	// RunDir holds the pod state file (netns path and inode per pod,
+	// recorded at CNI ADD; tmpfs, so gone after a reboot like the
+	// namespaces). Empty: no state file.
+	RunDir string
 }
 
 // DefaultPodConditionType is the pod condition a readiness gate names.
@@ -106,6 +119,9 @@ func DefaultConfig() Config {
 		RetryMaxDelay:    30 * time.Second,
 		Workers:          4,
 		PodConditionType: DefaultPodConditionType,
+		VerifyInterval:   60 * time.Second,
+		IPv6:             true,
+		RunDir:           "/var/run/ambientd",
 	}
 }
 
@@ -144,6 +160,7 @@ type Agent struct {
 	rules   Rules
 	reg     *registry.Registry
 	finder  *podnetns.Finder
+	state   *podnetns.State // nil without a RunDir
 	status  *podstatus.Patcher
 	metrics *metrics
 
@@ -200,6 +217,13 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		return nil, fmt.Errorf("agent: pod condition type %q: %s", cfg.PodConditionType, strings.Join(errs, "; "))
 	}
 	a.events, a.recorder = newEventRecorder(cfg.NodeName)
+	if cfg.RunDir != "" {
+		st, err := podnetns.OpenState(filepath.Join(cfg.RunDir, "pods.json"))
+		if err != nil {
+			log.Warn("pod state file unusable; restarts fall back to the /proc scan", "error", err)
+		}
+		a.state = st
+	}
 	a.metrics = newMetrics(reg)
 	a.status = podstatus.New(client, log.With("component", "podstatus"), podstatus.Options{
 		ConditionType: cfg.PodConditionType,
@@ -383,25 +407,32 @@ type keyedMutex struct {
 }
 
 type keyedEntry struct {
-	mu   sync.Mutex
+	held chan struct{} // capacity 1: full while locked
 	refs int
 }
 
+// lock waits for key's lock as long as it takes (background work).
 func (k *keyedMutex) lock(key string) func() {
+	unlock, _ := k.lockCtx(context.Background(), key)
+	return unlock
+}
+
+// lockCtx waits for key's lock until ctx ends: a CNI ADD or DEL stuck
+// behind a slow sync of the same pod gives up within its own deadline
+// instead of past it.
+func (k *keyedMutex) lockCtx(ctx context.Context, key string) (func(), error) {
 	k.mu.Lock()
 	if k.m == nil {
 		k.m = make(map[string]*keyedEntry)
 	}
 	e := k.m[key]
 	if e == nil {
-		e = &keyedEntry{}
+		e = &keyedEntry{held: make(chan struct{}, 1)}
 		k.m[key] = e
 	}
 	e.refs++
 	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
+	drop := func() {
 		k.mu.Lock()
 		e.refs--
 		if e.refs == 0 {
@@ -409,6 +440,16 @@ func (k *keyedMutex) lock(key string) func() {
 		}
 		k.mu.Unlock()
 	}
+	select {
+	case e.held <- struct{}{}:
+	case <-ctx.Done():
+		drop()
+		return func() {}, fmt.Errorf("waiting for the lock of pod %s: %w", key, ctx.Err())
+	}
+	return func() {
+		<-e.held
+		drop()
+	}, nil
 }
 
 // broadcast wakes every waiter once per fire (a closed channel, replaced).

@@ -163,6 +163,8 @@ type fakeRules struct {
 	applyErr error
 	applied  int
 	deleted  int
+	verified int
+	drift    int // how many VerifyPod calls still report drift
 	probes   map[string][]netip.Addr
 }
 
@@ -199,6 +201,27 @@ func (r *fakeRules) RemoveProbeIPs(_ context.Context, uid string, _ []netip.Addr
 	delete(r.probes, uid)
 	return nil
 }
+
+// VerifyPod reports drift once per drifted() call, as wiped rules would.
+func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) (iptables.Drift, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verified++
+	if r.drift > 0 {
+		r.drift--
+		return iptables.Drift{Missing: []string{"-A OUTPUT -j ISTIO_OUTPUT"}}, nil
+	}
+	return iptables.Drift{}, nil
+}
+
+func (r *fakeRules) PruneProbeIPs(_ context.Context, live map[string][]netip.Addr) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.probes = maps.Clone(live)
+	return nil
+}
+
+func (r *fakeRules) EnsureHostRules(context.Context) error { return nil }
 
 func (r *fakeRules) counts() (applied, deleted, probes int) {
 	r.mu.Lock()
@@ -591,23 +614,28 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 		}
 		got = append(got, e.Workload.UID+"/"+e.Workload.ServiceAccount)
 	}
-	if want := []string{"uid-a/sa-a", "uid-b/sa-b"}; !slices.Equal(got, want) {
+	// Every live in-mesh pod is kept (ztunnel may serve it), the
+	// unannotated one too; none is enabled while its netns is unknown.
+	if want := []string{"uid-a/sa-a", "uid-b/sa-b", "uid-c/sa-c"}; !slices.Equal(got, want) {
 		t.Errorf("snapshot after rebuild %v, want %v (Keep entries)", got, want)
 	}
-	if h.state("uid-a") != "enabled" || h.state("uid-b") != "pending" {
-		t.Errorf("states a=%s b=%s, want enabled, pending", h.state("uid-a"), h.state("uid-b"))
+	for _, uid := range []string{"uid-a", "uid-b", "uid-c"} {
+		if st := h.state(uid); st != "pending" {
+			t.Errorf("%s: state %s, want pending (netns not found)", uid, st)
+		}
 	}
+	h.waitFor("enabled pod whose netns is not found shows pending", func() bool { v, _ := h.annotation("app", "a"); return v == "pending" })
 	if applied, _, _ := h.rules.counts(); applied != 0 {
-		t.Errorf("rebuild applied rules %d times, want 0 (rules are left as they are)", applied)
+		t.Errorf("rebuild applied rules %d times, want 0 (no netns to apply them in)", applied)
 	}
 }
 
 // TestRestartRestoresUnannotatedPods: the agent died after ztunnel took a pod
 // but before its annotation landed. The restarted agent's first snapshot must
 // still hold the pod (with its netns, found in /proc), and the reconcile must
-// re-apply its rules and enable it without ever sending a Del. In-mesh pods
-// without annotation whose netns is not found, pods outside the mesh and
-// terminal pods are not restored.
+// verify its rules and enable it without ever sending a Del. An in-mesh pod
+// without annotation whose netns is not found is kept (Keep); pods outside
+// the mesh and terminal pods are not restored.
 func TestRestartRestoresUnannotatedPods(t *testing.T) {
 	// The fake host proc: one "sandbox process" per pod, whose cgroup names
 	// the pod uid and whose netns is this test's, which holds 127.0.0.1.
@@ -640,7 +668,7 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 	for _, e := range first {
 		got[e.Workload.UID] = e.Netns != nil
 	}
-	if want := map[string]bool{"uid-lost": true, "uid-on": true}; !maps.Equal(got, want) {
+	if want := map[string]bool{"uid-lost": true, "uid-on": true, "uid-nowhere": false}; !maps.Equal(got, want) {
 		t.Errorf("first snapshot after restart (uid → has netns) %v, want %v", got, want)
 	}
 
@@ -653,8 +681,14 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 	if e, _ := h.reg.Get("uid-lost"); e.Phase == registry.Unverified {
 		t.Error("restored pod still has unverified rules after being enabled")
 	}
-	if applied, _, _ := h.rules.counts(); applied < 1 {
-		t.Errorf("rules applied %d times, want the restored pod's rules re-applied", applied)
+	if applied, _, _ := h.rules.counts(); applied != 0 {
+		t.Errorf("rules applied %d times, want 0: intact rules are verified, not rewritten", applied)
+	}
+	h.rules.mu.Lock()
+	verified := h.rules.verified
+	h.rules.mu.Unlock()
+	if verified < 2 {
+		t.Errorf("rules verified %d times, want both restored pods' rules read back", verified)
 	}
 	if h.zt.added("uid-lost") < 1 {
 		t.Error("no fresh Add for the restored pod")
@@ -727,19 +761,16 @@ func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
 	p := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.5")
 	h := newHarness(t, namespace("app", true), p) // empty host proc: no netns is ever found
 	h.zt.connect()
-	if h.state("uid-a") != "enabled" {
-		t.Fatalf("restored pod state %s, want enabled", h.state("uid-a"))
+	if h.state("uid-a") != "pending" {
+		t.Fatalf("restored pod state %s, want pending (netns not found)", h.state("uid-a"))
 	}
 	h.setNamespace("app", false)
 	h.waitFor("removal tried twice", func() bool { return h.failures("removal") >= 2 })
 	if h.zt.deleted("uid-a") {
 		t.Error("Del sent for a pod whose rules are still in place")
 	}
-	if st := h.state("uid-a"); st != "enabled" {
-		t.Errorf("registry state %s, want enabled (still captured, retried)", st)
-	}
-	if v, _ := h.annotation("app", "a"); v != "enabled" {
-		t.Errorf("annotation %q, want enabled (the pod is still captured)", v)
+	if st := h.state("uid-a"); st != "pending" {
+		t.Errorf("registry state %s, want pending (still registered, retried)", st)
 	}
 }
 

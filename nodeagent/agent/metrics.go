@@ -21,7 +21,17 @@ type metrics struct {
 	// ackToEnabled is the agent's own measure of how fast a pending pod is
 	// enabled once a ztunnel acked its snapshot.
 	ackToEnabled prometheus.Histogram
+	// repairs counts drift found and repaired, by what (pod_rules,
+	// host_rules, probe_set); ruleWrites every pod rule write the agent
+	// ran (an intact pod costs none: it is only read).
+	repairs    *prometheus.CounterVec
+	ruleWrites prometheus.Counter
+	// verifyPass is the duration of one drift pass.
+	verifyPass prometheus.Histogram
 }
+
+// repair kinds (label values of ambientd_repairs_total).
+var repairKinds = []string{"pod_rules", "host_rules", "probe_set"}
 
 // failure reasons (label values of ambientd_enrollment_failures_total).
 var failureReasons = []string{
@@ -59,6 +69,22 @@ func newMetrics(reg *registry.Registry) *metrics {
 		Help:    "From a ztunnel's snapshot ack to a pending pod being enabled.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 	})
+	m.repairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ambientd_repairs_total",
+		Help: "Drift found and repaired (restart verification and the periodic drift pass), by what: pod_rules, host_rules, probe_set.",
+	}, []string{"what"})
+	for _, k := range repairKinds {
+		m.repairs.WithLabelValues(k)
+	}
+	m.ruleWrites = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ambientd_pod_rule_writes_total",
+		Help: "Pod rule writes (enrollments and repairs); verifying intact rules writes nothing.",
+	})
+	m.verifyPass = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ambientd_verify_pass_duration_seconds",
+		Help:    "Duration of one drift-verification pass over the enrolled pods and the host rules.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+	})
 	for _, r := range failureReasons {
 		m.failures.WithLabelValues(r)
 	}
@@ -71,7 +97,7 @@ func newMetrics(reg *registry.Registry) *metrics {
 			return float64(n)
 		}
 	}
-	m.reg.MustRegister(m.failures, m.cniAdds, m.removals, m.annotations, m.steps, m.ackToEnabled,
+	m.reg.MustRegister(m.failures, m.cniAdds, m.removals, m.annotations, m.steps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_pending", Help: "Registered pods ztunnel has not acked."}, count(registry.Pending, registry.Unverified)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_enabled", Help: "Registered pods ztunnel has acked."}, count(registry.Enabled)),
 		collectors.NewGoCollector(),

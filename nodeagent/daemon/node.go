@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,8 @@ import (
 type Config struct {
 	Agent                    agent.Config
 	ZtunnelSocket, CNISocket string
+	// ZtunnelSocketMode is the ztunnel socket's permission bits (0: 0600).
+	ZtunnelSocketMode os.FileMode
 	// HealthAddr serves /healthz and /readyz; MetricsAddr serves /metrics.
 	HealthAddr, MetricsAddr string
 	// NodeReady configures the node condition and the taint controller
@@ -66,7 +69,7 @@ var _ ztunnel.SnapshotRefusalObserver = (*snapshotSource)(nil)
 // with the agent behind them.
 func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.Logger) (*Node, error) {
 	src := &snapshotSource{}
-	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket}, src, log)
+	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode}, src, log)
 	a, err := agent.New(cfg.Agent, client, zs, rules, registry.New(), log)
 	if err != nil {
 		return nil, err
@@ -145,6 +148,7 @@ func (n *Node) components() []Component {
 		Staged("agent", func(ctx context.Context, ready func()) error {
 			return n.agent.Run(ctx, func() { ready(); n.ready.Notify() }) // caches synced
 		}),
+		Func("drift repair", n.agent.RunDrift),
 		Func("ztunnel server", n.zt.Run),
 		Func("CNI server", n.cni.Run),
 	)

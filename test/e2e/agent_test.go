@@ -52,7 +52,13 @@ func uniqueNS(prefix string) string {
 // when the test ends (after the test's pods are deleted, registered later).
 func startAgent(t *testing.T, ctx context.Context, args ...string) *e2eenv.Agent {
 	t.Helper()
-	a, err := testEnv.StartAgent(ctx, e2eenv.AgentConfig{Args: args})
+	return startAgentWith(t, ctx, e2eenv.AgentConfig{Args: args})
+}
+
+// startAgentWith is startAgent with the whole AgentConfig (environment too).
+func startAgentWith(t *testing.T, ctx context.Context, cfg e2eenv.AgentConfig) *e2eenv.Agent {
+	t.Helper()
+	a, err := testEnv.StartAgent(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start agent: %v", err)
 	}
