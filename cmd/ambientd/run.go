@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
@@ -30,6 +31,7 @@ import (
 // that sets it when the flag is not given (flags win).
 type runFlags struct {
 	kubeconfig, nodeName, ztunnelSocket, cniSocket  string
+	adminSocket                                     string
 	healthAddr, metricsAddr, hostProc, iptablesMode string
 	excludeNamespaces, logLevel                     string
 	dnsCapture, ipv6, installCNI, failPending       bool
@@ -44,6 +46,7 @@ var envOf = map[string]string{
 	"node-name":          "NODE_NAME",
 	"ztunnel-socket":     "ZTUNNEL_UDS_ADDRESS",
 	"cni-socket":         "AMBIENTD_CNI_SOCKET",
+	"admin-socket":       "AMBIENTD_ADMIN_SOCKET",
 	"health-addr":        "AMBIENTD_HEALTH_ADDR",
 	"metrics-addr":       "AMBIENTD_METRICS_ADDR",
 	"host-proc":          "AMBIENTD_HOST_PROC",
@@ -79,6 +82,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (required)")
 	fs.StringVar(&f.ztunnelSocket, "ztunnel-socket", ztunnelproto.DefaultSocketPath, "Unix socket ztunnel connects to")
 	fs.StringVar(&f.cniSocket, "cni-socket", cniapi.DefaultSocketPath, "Unix socket the CNI plugin calls")
+	fs.StringVar(&f.adminSocket, "admin-socket", admin.DefaultSocketPath, "Unix socket the status command asks (root only)")
 	fs.StringVar(&f.healthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
 	fs.StringVar(&f.hostProc, "host-proc", def.HostProc, "host /proc, scanned for running pods' network namespaces")
@@ -123,13 +127,13 @@ func (f runFlags) validate() error {
 	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
 		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
 	}
-	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc} {
+	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--admin-socket": f.adminSocket, "--host-proc": f.hostProc} {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("%s %q: must be an absolute path", flagName, p)
 		}
 	}
-	if f.ztunnelSocket == f.cniSocket {
-		return fmt.Errorf("--ztunnel-socket and --cni-socket must differ (both %q)", f.cniSocket)
+	if f.ztunnelSocket == f.cniSocket || f.adminSocket == f.cniSocket || f.adminSocket == f.ztunnelSocket {
+		return fmt.Errorf("--ztunnel-socket %q, --cni-socket %q and --admin-socket %q must differ", f.ztunnelSocket, f.cniSocket, f.adminSocket)
 	}
 	if fi, err := os.Stat(f.hostProc); err != nil || !fi.IsDir() {
 		return fmt.Errorf("--host-proc %q: not a readable directory: %v", f.hostProc, err)
@@ -237,6 +241,8 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		Agent:         ac,
 		ZtunnelSocket: f.ztunnelSocket,
 		CNISocket:     f.cniSocket,
+		AdminSocket:   f.adminSocket,
+		Version:       version,
 		HealthAddr:    f.healthAddr,
 		MetricsAddr:   f.metricsAddr,
 	}, client, rules, log)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
 	"github.com/ambientd/ambientd/nodeagent/registry"
@@ -26,6 +27,12 @@ type Config struct {
 	ZtunnelSocket, CNISocket string
 	// HealthAddr serves /healthz and /readyz; MetricsAddr serves /metrics.
 	HealthAddr, MetricsAddr string
+	// AdminSocket serves `ambientd status` (admin.DefaultSocketPath when
+	// empty). StatusProviders add what other parts know (plugin, node
+	// readiness, taint, rule verification) to its answers.
+	AdminSocket     string
+	StatusProviders []admin.Provider
+	Version         string
 }
 
 // Node is the whole node agent process: the agent core, its two socket
@@ -76,6 +83,7 @@ func (n *Node) components() []Component {
 		cs = append(cs, HTTP("--metrics-addr server", n.cfg.MetricsAddr, promhttp.HandlerFor(n.agent.Metrics(), promhttp.HandlerOpts{})))
 	}
 	return append(cs,
+		admin.NewServer(n.cfg.AdminSocket, adminSource{n}, n.log),
 		Func("status writer", n.agent.RunStatusWriter),
 		Staged("agent", n.agent.Run),
 		Func("ztunnel server", n.zt.Run),

@@ -1,0 +1,73 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ambientd/ambientd/nodeagent/admin"
+	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/registry"
+)
+
+// adminSource answers `ambientd status` from the agent, the ztunnel server
+// and the status providers other parts register (Config.StatusProviders).
+type adminSource struct{ n *Node }
+
+func (s adminSource) NodeStatus(context.Context) admin.NodeStatus {
+	n := s.n
+	zs := n.zt.Status()
+	st := admin.NodeStatus{
+		Node:          n.cfg.Agent.NodeName,
+		Time:          time.Now().UTC(),
+		Version:       n.cfg.Version,
+		NotReady:      []string{},
+		Ztunnel:       admin.ZtunnelStatus{Connections: zs.Connections, SnapshotAcked: zs.SnapshotAcked},
+		Plugin:        admin.Unknown,
+		Taint:         admin.Unknown,
+		NodeReadiness: admin.Unknown,
+		Phases:        map[string]int{},
+		Pods:          []admin.Pod{},
+	}
+	if err := n.Ready(); err != nil {
+		st.NotReady = append(st.NotReady, err.Error())
+	}
+	for _, p := range n.agent.Pods() {
+		st.Phases[p.Phase.String()]++
+		st.Pods = append(st.Pods, podOf(p))
+	}
+	for _, f := range n.cfg.StatusProviders {
+		f(&st)
+	}
+	return st
+}
+
+func (s adminSource) PodDetail(ctx context.Context, namespace, name string) (admin.PodDetail, error) {
+	st := s.NodeStatus(ctx)
+	for _, p := range st.Pods {
+		if p.Name != name || (namespace != "" && p.Namespace != namespace) {
+			continue
+		}
+		d := admin.PodDetail{Pod: p}
+		rules, err := s.n.agent.PodRules(ctx, p.UID)
+		if err != nil {
+			d.RulesError = err.Error()
+		}
+		d.Rules = rules
+		return d, nil
+	}
+	return admin.PodDetail{}, fmt.Errorf("%s/%s: %w", namespace, name, admin.ErrNotFound)
+}
+
+func podOf(v agent.PodView) admin.Pod {
+	return admin.Pod{
+		UID: v.UID, Namespace: v.Namespace, Name: v.Name,
+		Phase:        v.Phase.String(),
+		Annotation:   v.Annotation,
+		ZtunnelAcked: v.Phase == registry.Enabled,
+		LastError:    v.LastError,
+		Created:      v.Created,
+		IPs:          v.IPs,
+		Netns:        v.Netns,
+	}
+}
