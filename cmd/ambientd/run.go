@@ -37,7 +37,7 @@ type runFlags struct {
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
 	kubeQPS                                         float64
-	kubeBurst                                       int
+	kubeBurst, workers, maxParallelAdds             int
 }
 
 // envOf maps flag names to their environment variables.
@@ -62,6 +62,8 @@ var envOf = map[string]string{
 	"log-level":          "AMBIENTD_LOG_LEVEL",
 	"kube-qps":           "AMBIENTD_KUBE_QPS",
 	"kube-burst":         "AMBIENTD_KUBE_BURST",
+	"workers":            "AMBIENTD_WORKERS",
+	"max-parallel-adds":  "AMBIENTD_MAX_PARALLEL_ADDS",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -98,6 +100,8 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Float64Var(&f.kubeQPS, "kube-qps", defaultKubeQPS, "Kubernetes API requests per second the agent may make (client-go rate limit)")
 	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
+	fs.IntVar(&f.workers, "workers", def.Workers, "pod syncs run at once from the workqueue (informer events, retries)")
+	fs.IntVar(&f.maxParallelAdds, "max-parallel-adds", def.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
 	for name, env := range envOf {
 		fl := fs.Lookup(name)
 		fl.Usage += " (env " + env + ")"
@@ -162,6 +166,9 @@ func (f runFlags) validate() error {
 	}
 	if f.retryMax < f.retryBase {
 		return fmt.Errorf("--retry-max-delay %v: must not be below --retry-base-delay %v", f.retryMax, f.retryBase)
+	}
+	if f.workers < 1 || f.workers > 256 || f.maxParallelAdds < 1 || f.maxParallelAdds > 1024 {
+		return fmt.Errorf("--workers %d / --max-parallel-adds %d: want 1..256 / 1..1024", f.workers, f.maxParallelAdds)
 	}
 	if f.kubeQPS <= 0 || f.kubeBurst < 1 {
 		return fmt.Errorf("--kube-qps %v / --kube-burst %d: must be positive", f.kubeQPS, f.kubeBurst)
@@ -237,6 +244,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac.FailPending = f.failPending
 	ac.PodLookupTimeout = f.podLookupTimeout
 	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
+	ac.Workers, ac.MaxParallelAdds = f.workers, f.maxParallelAdds
 	node, err := daemon.New(daemon.Config{
 		Agent:         ac,
 		ZtunnelSocket: f.ztunnelSocket,

@@ -81,8 +81,12 @@ type Config struct {
 	// RetryBaseDelay..RetryMaxDelay is the per-pod backoff of failed syncs,
 	// including pending pods.
 	RetryBaseDelay, RetryMaxDelay time.Duration
-	// Workers sync pods concurrently.
+	// Workers sync pods concurrently (informer events, retries).
 	Workers int
+	// MaxParallelAdds bounds the CNI ADDs enrolling at once; more wait
+	// (within their deadline). Each runs iptables-restore in the pod's
+	// netns, so this bounds the processes a burst of new pods forks.
+	MaxParallelAdds int
 }
 
 // DefaultConfig returns the defaults (the flags of `ambientd run` show them).
@@ -96,6 +100,7 @@ func DefaultConfig() Config {
 		RetryBaseDelay:   200 * time.Millisecond,
 		RetryMaxDelay:    30 * time.Second,
 		Workers:          4,
+		MaxParallelAdds:  16,
 	}
 }
 
@@ -118,6 +123,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Workers <= 0 {
 		c.Workers = d.Workers
+	}
+	if c.MaxParallelAdds <= 0 {
+		c.MaxParallelAdds = d.MaxParallelAdds
 	}
 	return c
 }
@@ -142,6 +150,8 @@ type Agent struct {
 	podSeen               broadcast                                    // fires on every pod event
 
 	locks keyedMutex
+	// adds holds a token per CNI ADD enrolling (Config.MaxParallelAdds).
+	adds chan struct{}
 
 	// refused holds the uids a ztunnel refused in its snapshot, until
 	// their next sync takes them (under the per-pod lock) back to pending.
@@ -176,13 +186,17 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		rules:  rules,
 		reg:    reg,
 		finder: podnetns.New(cfg.HostProc),
+		adds:   make(chan struct{}, cfg.MaxParallelAdds),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
 	}
-	a.metrics = newMetrics(reg)
+	a.metrics = newMetrics(reg, a.queue.Len)
 	a.status = podstatus.New(client, log.With("component", "podstatus"), podstatus.Options{
-		OnResult: func(r podstatus.Result) { a.metrics.annotations.WithLabelValues(string(r)).Inc() },
+		OnResult: func(r podstatus.Result, took time.Duration) {
+			a.metrics.annotations.WithLabelValues(string(r)).Inc()
+			a.metrics.steps.WithLabelValues("status_write").Observe(took.Seconds())
+		},
 	})
 
 	// Pods of this node only: the field selector keeps the cache small on
@@ -326,6 +340,7 @@ func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
 				a.log.Info("ztunnel snapshot acked, retrying pending pods", "pending", len(pending))
 			}
 			for _, uid := range pending {
+				a.metrics.retries.WithLabelValues("snapshot_ack").Inc()
 				a.queue.Add(uid)
 			}
 		}
@@ -346,6 +361,7 @@ func (a *Agent) worker(ctx context.Context) {
 		case ctx.Err() != nil:
 			a.queue.Forget(uid)
 		default:
+			a.metrics.retry(err)
 			a.queue.AddRateLimited(uid)
 		}
 		a.queue.Done(uid)
@@ -354,37 +370,52 @@ func (a *Agent) worker(ctx context.Context) {
 
 // keyedMutex serialises work on one pod (CNI ADD/DEL, sync, snapshot
 // refusals) without blocking other pods. Entries are dropped when unused.
+// The map's mutex is held only to find an entry, never while waiting for one
+// or across I/O.
 type keyedMutex struct {
 	mu sync.Mutex
 	m  map[string]*keyedEntry
 }
 
 type keyedEntry struct {
-	mu   sync.Mutex
+	held chan struct{} // a token in it: locked
 	refs int
 }
 
+// lock waits for key's lock and returns its unlock.
 func (k *keyedMutex) lock(key string) func() {
+	unlock, _ := k.lockCtx(context.Background(), key)
+	return unlock
+}
+
+// lockCtx is lock giving up when ctx ends (a CNI ADD whose caller gave up
+// must not run later on behalf of nobody); it then returns ctx's error.
+func (k *keyedMutex) lockCtx(ctx context.Context, key string) (func(), error) {
 	k.mu.Lock()
 	if k.m == nil {
 		k.m = make(map[string]*keyedEntry)
 	}
 	e := k.m[key]
 	if e == nil {
-		e = &keyedEntry{}
+		e = &keyedEntry{held: make(chan struct{}, 1)}
 		k.m[key] = e
 	}
 	e.refs++
 	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
+	drop := func() {
 		k.mu.Lock()
 		e.refs--
 		if e.refs == 0 {
 			delete(k.m, key)
 		}
 		k.mu.Unlock()
+	}
+	select {
+	case e.held <- struct{}{}:
+		return func() { <-e.held; drop() }, nil
+	case <-ctx.Done():
+		drop()
+		return nil, ctx.Err()
 	}
 }
 

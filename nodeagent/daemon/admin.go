@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/registry"
@@ -70,4 +72,31 @@ func podOf(v agent.PodView) admin.Pod {
 		IPs:          v.IPs,
 		Netns:        v.Netns,
 	}
+}
+
+// registerPluginCheck exports cfg.PluginInstalled as a gauge and a status
+// field; without a check there is neither.
+func registerPluginCheck(cfg *Config, reg *prometheus.Registry) error {
+	check := cfg.PluginInstalled
+	if check == nil {
+		return nil
+	}
+	if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "ambientd_cni_plugin_installed",
+		Help: "1 when our CNI plugin is in the node's CNI config, else 0.",
+	}, func() float64 {
+		if check() != nil {
+			return 0
+		}
+		return 1
+	})); err != nil {
+		return fmt.Errorf("register plugin metric: %w", err)
+	}
+	cfg.StatusProviders = append(cfg.StatusProviders, func(st *admin.NodeStatus) {
+		st.Plugin = "installed"
+		if err := check(); err != nil {
+			st.Plugin = "missing: " + err.Error()
+		}
+	})
+	return nil
 }

@@ -33,6 +33,10 @@ type Config struct {
 	AdminSocket     string
 	StatusProviders []admin.Provider
 	Version         string
+	// PluginInstalled, when set, checks that our CNI plugin is in the node's
+	// CNI config (nil: installed); it feeds ambientd_cni_plugin_installed
+	// and the status's plugin field. Unset, both are absent / unknown.
+	PluginInstalled func() error
 }
 
 // Node is the whole node agent process: the agent core, its two socket
@@ -66,6 +70,9 @@ func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.L
 	src.a = a
 	if err := a.Metrics().Register(zs.Metrics()); err != nil {
 		return nil, fmt.Errorf("register ztunnel metrics: %w", err)
+	}
+	if err := registerPluginCheck(&cfg, a.Metrics()); err != nil {
+		return nil, err
 	}
 	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
 	return &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs}, nil

@@ -57,8 +57,9 @@ const (
 type Options struct {
 	BaseDelay, MaxDelay time.Duration // retry backoff, default 100ms .. 5s
 	Timeout             time.Duration // per request, default 10s
-	// OnResult, when set, is called after each attempt (metrics hook).
-	OnResult func(r Result)
+	// OnResult, when set, is called after each attempt with how long the
+	// write took (metrics hook).
+	OnResult func(r Result, took time.Duration)
 }
 
 // Patcher queues annotation writes. Create with New, then Run.
@@ -152,7 +153,9 @@ func (p *Patcher) next(ctx context.Context) bool {
 		p.queue.Forget(k)
 		return true
 	}
+	start := time.Now()
 	err := p.patch(ctx, k, w)
+	took := time.Since(start)
 	res := ResultOK
 	switch {
 	case err == nil:
@@ -165,7 +168,7 @@ func (p *Patcher) next(ctx context.Context) bool {
 		res = ResultRetry
 	}
 	if p.opts.OnResult != nil {
-		p.opts.OnResult(res)
+		p.opts.OnResult(res, took)
 	}
 	if res == ResultRetry {
 		if ctx.Err() == nil {
