@@ -6,7 +6,7 @@ BIN       := bin
 PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 
-.PHONY: all build deps test e2e bench demo generate lint check clean
+.PHONY: all build deps test e2e bench bench-e2e demo generate lint check clean
 
 all: build
 
@@ -28,6 +28,11 @@ e2e: deps build
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+
+# Enrollment benchmark on the real control plane and CNI chain (root):
+# BENCH_PODS=300 make bench-e2e; results go in bench/results-<date>.md.
+bench-e2e: deps build
+	hack/bench-e2e.sh
 
 # The main job: a local demo of real enrollment.
 demo: deps build
