@@ -36,6 +36,7 @@ type runFlags struct {
 	excludeNamespaces, logLevel                     string
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
+	iptablesLockWait                                time.Duration
 	kubeQPS                                         float64
 	kubeBurst, workers, maxParallelAdds             int
 }
@@ -51,6 +52,7 @@ var envOf = map[string]string{
 	"metrics-addr":       "AMBIENTD_METRICS_ADDR",
 	"host-proc":          "AMBIENTD_HOST_PROC",
 	"iptables":           "AMBIENTD_IPTABLES",
+	"iptables-lock-wait": "AMBIENTD_IPTABLES_LOCK_WAIT",
 	"exclude-namespaces": "AMBIENTD_EXCLUDE_NAMESPACES",
 	"dns-capture":        "AMBIENTD_DNS_CAPTURE",
 	"ipv6":               "AMBIENTD_IPV6",
@@ -89,6 +91,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
 	fs.StringVar(&f.hostProc, "host-proc", def.HostProc, "host /proc, scanned for running pods' network namespaces")
 	fs.StringVar(&f.iptablesMode, "iptables", "auto", "iptables variant: auto, legacy or nft")
+	fs.DurationVar(&f.iptablesLockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
 	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(def.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
 	fs.BoolVar(&f.dnsCapture, "dns-capture", def.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
 	fs.BoolVar(&f.ipv6, "ipv6", false, "also program IPv6 rules")
@@ -157,6 +160,9 @@ func (f runFlags) validate() error {
 	}
 	if f.installCNI {
 		return errors.New("--install-cni: installing the CNI plugin is not implemented yet; run with --install-cni=false")
+	}
+	if f.iptablesLockWait < time.Second || f.iptablesLockWait > time.Minute {
+		return fmt.Errorf("--iptables-lock-wait %v: want between 1s and 1m", f.iptablesLockWait)
 	}
 	if f.podLookupTimeout <= 0 || f.podLookupTimeout > 5*time.Minute {
 		return fmt.Errorf("--pod-lookup-timeout %v: want between 0 and 5m", f.podLookupTimeout)
@@ -228,7 +234,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	rulesCfg := iptables.Config{IPv6: f.ipv6, DNSCapture: f.dnsCapture, Mode: iptables.Mode(f.iptablesMode)}
+	rulesCfg := iptables.Config{IPv6: f.ipv6, DNSCapture: f.dnsCapture, Mode: iptables.Mode(f.iptablesMode), LockWait: f.iptablesLockWait}
 	rules, err := iptables.NewManager(ctx, rulesCfg, log.With("component", "iptables"))
 	if err != nil {
 		return fmt.Errorf("--iptables %s: %w", f.iptablesMode, err)

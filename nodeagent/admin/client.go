@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 )
 
 // ErrAgentDown is returned when nothing answers on the socket.
@@ -53,7 +54,10 @@ func (c *Client) get(ctx context.Context, path string, v any) error {
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
+		switch {
+		case errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM):
+			return fmt.Errorf("ask agent at %s: %w (the admin socket is root only)", c.path, err)
+		case errors.As(err, &op) && op.Op == "dial":
 			return fmt.Errorf("%w at %s: %w", ErrAgentDown, c.path, op.Err)
 		}
 		return fmt.Errorf("ask agent at %s: %w", c.path, err)
