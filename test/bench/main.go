@@ -102,6 +102,30 @@ type result struct {
 	removal                     time.Duration
 	steps                       map[string]time.Duration // mean per enrollment step
 	execOurs, execBridge        time.Duration            // p50 of a plugin's VERSION exec
+	pluginCall                  []time.Duration          // the plugin's agent call, from its log
+}
+
+// pluginCalls reads how long each of our plugin's agent calls for pods of
+// namespace took, from the plugin's log ("agent answered ... took=").
+func pluginCalls(logFile, namespace string) []time.Duration {
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		return nil
+	}
+	var out []time.Duration
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, `msg="agent answered"`) || !strings.Contains(l, " pod="+namespace+"/") {
+			continue
+		}
+		_, took, ok := strings.Cut(l, " took=")
+		if !ok {
+			continue
+		}
+		if d, err := time.ParseDuration(strings.Fields(took)[0]); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // enrollment steps of ambientd_enrollment_step_duration_seconds, in order.
@@ -180,6 +204,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 			r.steps[st] = time.Duration(sum / n * float64(time.Second))
 		}
 	}
+	r.pluginCall = pluginCalls(env.CNIPluginLog, "bench")
 	r.execOurs = execCost(ctx, env.Bins.CNIPlugin)
 	r.execBridge = execCost(ctx, filepath.Join(env.Bins.CNIRefDir, "bridge"))
 
@@ -504,6 +529,8 @@ func (r *result) markdown() string {
 		row("CNI ADD through the chain "+q.name+": without our plugin → with it (added)",
 			fmt.Sprintf("%s → %s (**+%s**)", ms(pl), ms(me), ms(me-pl)))
 	}
+	row("our plugin's agent call (gRPC connect + agent) p50 / p90 / p99, from its log",
+		ms(pct(r.pluginCall, .5))+" / "+ms(pct(r.pluginCall, .9))+" / "+ms(pct(r.pluginCall, .99)))
 	row("agent's own time per enrolled ADD (mean of ambientd_cni_add_duration_seconds)", ms(r.agentAddMean))
 	var st []string
 	for _, name := range stepNames {
