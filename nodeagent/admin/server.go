@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/ambientd/ambientd/nodeagent/unixsock"
 )
@@ -30,64 +29,27 @@ var ErrNotFound = errors.New("no such pod on this node")
 // each in turn on every status request. Providers must not block on I/O.
 type Provider func(st *NodeStatus)
 
-// Server serves the admin API on a Unix socket.
-type Server struct {
-	path string
-	src  Source
-	log  *slog.Logger
+type connKey struct{}
+
+// ConnContext is the http.Server hook the admin API needs: it hands each
+// request its connection, whose peer credentials Handler checks.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
 }
 
-// NewServer returns a server for path (DefaultSocketPath when empty).
-func NewServer(path string, src Source, log *slog.Logger) *Server {
-	if path == "" {
-		path = DefaultSocketPath
-	}
+// Handler serves the API from src to root peers only. Serve it on a Unix
+// socket created with mode 0600, with ConnContext as the server's hook.
+func Handler(src Source, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{path: path, src: src, log: log.With("component", "admin")}
-}
-
-// Name implements the daemon's Component.
-func (s *Server) Name() string { return "admin server " + s.path }
-
-type connKey struct{}
-
-// Run listens (mode 0600), calls ready, and serves until ctx ends; then it
-// shuts down (2 s grace) and removes the socket if it is still ours.
-func (s *Server) Run(ctx context.Context, ready func()) error {
-	ln, sock, err := unixsock.Listen(s.path, "unix", 0o600)
-	if err != nil {
-		return fmt.Errorf("admin: %w", err)
-	}
-	defer sock.RemoveIfOurs(s.log)
-	hs := &http.Server{
-		Handler:           s.rootOnly(s.mux()),
-		ReadHeaderTimeout: 5 * time.Second,
-		// A status answer is small; a slow reader is not waited for.
-		WriteTimeout: 30 * time.Second,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, connKey{}, c)
-		},
-	}
-	stop := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		hs.Shutdown(sctx)
-	})
-	defer stop()
-	ready()
-	s.log.Info("serving admin API", "socket", s.path)
-	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("admin: serve %s: %w", s.path, err)
-	}
-	return nil
+	return rootOnly(log.With("component", "admin"), mux(src))
 }
 
 // rootOnly refuses every request whose peer is not uid 0, like the CNI
 // socket: the mode already keeps others out; this holds even if it is
 // loosened.
-func (s *Server) rootOnly(h http.Handler) http.Handler {
+func rootOnly(log *slog.Logger, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		uc, ok := r.Context().Value(connKey{}).(*net.UnixConn)
 		if !ok {
@@ -100,7 +62,7 @@ func (s *Server) rootOnly(h http.Handler) http.Handler {
 			return
 		}
 		if cred.Uid != 0 {
-			s.log.Warn("refused admin call from non-root peer", "uid", cred.Uid, "pid", cred.Pid)
+			log.Warn("refused admin call from non-root peer", "uid", cred.Uid, "pid", cred.Pid)
 			http.Error(w, fmt.Sprintf("admin socket: peer uid %d is not root", cred.Uid), http.StatusForbidden)
 			return
 		}
@@ -108,10 +70,10 @@ func (s *Server) rootOnly(h http.Handler) http.Handler {
 	})
 }
 
-func (s *Server) mux() *http.ServeMux {
+func mux(src Source) *http.ServeMux {
 	m := http.NewServeMux()
 	m.HandleFunc("GET "+PathStatus, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, s.src.NodeStatus(r.Context()))
+		writeJSON(w, http.StatusOK, src.NodeStatus(r.Context()))
 	})
 	m.HandleFunc("GET "+PathPod, func(w http.ResponseWriter, r *http.Request) {
 		ns, name := r.URL.Query().Get("namespace"), r.URL.Query().Get("name")
@@ -119,7 +81,7 @@ func (s *Server) mux() *http.ServeMux {
 			http.Error(w, "name is required", http.StatusBadRequest)
 			return
 		}
-		d, err := s.src.PodDetail(r.Context(), ns, name)
+		d, err := src.PodDetail(r.Context(), ns, name)
 		switch {
 		case errors.Is(err, ErrNotFound):
 			http.Error(w, err.Error(), http.StatusNotFound)

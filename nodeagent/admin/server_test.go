@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
 )
 
 // helperEnv makes the test binary act as an admin client (see TestMain), so
@@ -56,22 +56,18 @@ func serve(t *testing.T) string {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "admin.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	ready := make(chan struct{})
-	go func() { done <- NewServer(sock, fakeSource{}, nil).Run(ctx, func() { close(ready) }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
+	// As the daemon serves it: a 0600 socket, ConnContext, Handler.
+	ln, _, err := unixsock.Listen(sock, "unix", 0o600)
+	if err != nil {
+		t.Fatal(err)
 	}
+	hs := &http.Server{Handler: Handler(fakeSource{}, nil), ConnContext: ConnContext}
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve(ln) }()
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("socket left behind after stop: %v", err)
+		hs.Close()
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
 		}
 	})
 	return sock
@@ -137,28 +133,9 @@ func TestAgentDown(t *testing.T) {
 func TestRefusesNonRootPeer(t *testing.T) {
 	testutil.RequireRoot(t)
 	sock := serve(t)
-	binDir, err := os.MkdirTemp("", "admin-helper-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(binDir) })
-	if err := os.Chmod(binDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(binDir, "helper")
-	copyFile(t, os.Args[0], bin)
 	run := func(caps []uintptr) string {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = []string{helperEnv + "=" + sock}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, AmbientCaps: caps}
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("helper as uid 65534: %v\n%s", err, out)
-		}
-		return string(out)
+		return testutil.RunTestBinaryAs(t, 65534, 65534, caps, []string{helperEnv + "=" + sock})
 	}
 	if out := run(nil); !strings.Contains(out, "permission denied") {
 		t.Errorf("unprivileged non-root peer: %q, want permission denied", out)
@@ -166,24 +143,5 @@ func TestRefusesNonRootPeer(t *testing.T) {
 	const capDacOverride = 1
 	if out := run([]uintptr{capDacOverride}); !strings.Contains(out, "403 Forbidden") || !strings.Contains(out, "peer uid 65534 is not root") {
 		t.Errorf("non-root peer with CAP_DAC_OVERRIDE: %q, want 403 naming uid 65534", out)
-	}
-}
-
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	in, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,7 +11,31 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/nodeagent/unixsock"
 )
+
+// adminServer serves `ambientd status` on the admin socket (mode 0600, root
+// peers only): ready once it listens, the socket removed at stop if still ours.
+func (n *Node) adminServer() Component {
+	path := n.cfg.AdminSocket
+	if path == "" {
+		path = admin.DefaultSocketPath
+	}
+	return Staged("admin server "+path, func(ctx context.Context, ready func()) error {
+		ln, sock, err := unixsock.Listen(path, "unix", 0o600)
+		if err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+		defer sock.RemoveIfOurs(n.log)
+		n.log.Info("serving admin API", "socket", path)
+		return serveHTTP(ctx, ready, ln, &http.Server{
+			Handler:           admin.Handler(adminSource{n}, n.log),
+			ReadHeaderTimeout: 5 * time.Second,
+			WriteTimeout:      30 * time.Second, // answers are small; a stuck reader is not waited for
+			ConnContext:       admin.ConnContext,
+		})
+	})
+}
 
 // adminSource answers `ambientd status` from the agent, the ztunnel server
 // and the status providers other parts register (Config.StatusProviders).

@@ -90,7 +90,7 @@ func (n *Node) components() []Component {
 		cs = append(cs, HTTP("--metrics-addr server", n.cfg.MetricsAddr, promhttp.HandlerFor(n.agent.Metrics(), promhttp.HandlerOpts{})))
 	}
 	return append(cs,
-		admin.NewServer(n.cfg.AdminSocket, adminSource{n}, n.log),
+		n.adminServer(),
 		Func("status writer", n.agent.RunStatusWriter),
 		Staged("agent", n.agent.Run),
 		Func("ztunnel server", n.zt.Run),
@@ -142,17 +142,22 @@ func HTTP(name, addr string, h http.Handler) Component {
 		if err != nil {
 			return fmt.Errorf("%s: %w", addr, err)
 		}
-		hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-		stop := context.AfterFunc(ctx, func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			hs.Shutdown(sctx)
-		})
-		defer stop()
-		ready()
-		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
+		return serveHTTP(ctx, ready, ln, &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second})
 	})
+}
+
+// serveHTTP calls ready, then serves hs on ln until ctx ends, and shuts it
+// down gracefully (2 s grace).
+func serveHTTP(ctx context.Context, ready func(), ln net.Listener, hs *http.Server) error {
+	stop := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		hs.Shutdown(sctx)
+	})
+	defer stop()
+	ready()
+	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }
