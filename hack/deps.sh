@@ -2,6 +2,9 @@
 # Installs the Debian packages that building, testing and the demo need, but
 # only when something is missing (or when AMBIENTD_APT_UPDATE=always, as CI
 # sets). Safe to run again and again.
+#
+#   hack/deps.sh        what build, test, e2e and the demo need
+#   hack/deps.sh node   also containerd and runc, for the real node (make e2e-node)
 set -euo pipefail
 
 # binary -> Debian package that provides it
@@ -21,7 +24,18 @@ declare -A want=(
   [gcc]=gcc
   [flock]=util-linux
   [nsenter]=util-linux
+  # make image / image-test: Debian packages into a rootfs, a throwaway containerd
+  [dpkg-deb]=dpkg
+  [containerd]=containerd
+  [ctr]=containerd
+  [runc]=runc
+  [podman]=podman
 )
+case "${1:-}" in
+  "") ;;
+  node) want+=([containerd]=containerd [ctr]=containerd [containerd-shim-runc-v2]=containerd [runc]=runc) ;;
+  *) echo "usage: $0 [node]" >&2; exit 2 ;;
+esac
 
 missing=()
 for bin in "${!want[@]}"; do

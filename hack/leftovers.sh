@@ -8,12 +8,26 @@
 #   - mounts and work dirs of the run
 #   - cgroups of the pods' sandbox processes (internal/e2eenv/sandbox.go:
 #     <cgroup2 mount>/ambientd-e2e-RUN_ID-*/)
+#   - the real node's (internal/nodeenv): containerd shims serving a containerd
+#     of this run, kubelet's cgroup root ambientd-e2e-node-<pid>-* (any
+#     hierarchy) whose creating process is gone, the node's bridge and
+#     node0 interface in the machine's network namespace
 set -uo pipefail
 run=${1:?usage: $0 RUN_ID}
 # Our own children must not match the search below.
 unset AMBIENTD_E2E_RUN
 bad=0
 report() { echo "leftovers: $*" >&2; bad=1; }
+# Kills every process in the cgroup dir $1 and below, and removes the tree.
+remove_cgroup_tree() {
+  local p
+  for p in $(cat $(find "$1" -name cgroup.procs) 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    find "$1" -depth -type d -exec rmdir {} + 2>/dev/null
+    [ -d "$1" ] || break
+    sleep 0.2
+  done
+}
 
 for d in /proc/[0-9]*; do
   pid=${d#/proc/}
@@ -40,6 +54,21 @@ if ip -o link show ambe2e0 >/dev/null 2>&1; then
 fi
 
 tmp=${TMPDIR:-/tmp}
+
+# containerd does not stop its shims when it exits; nodeenv kills them by pid.
+for d in /proc/[0-9]*; do
+  cmd=$({ tr '\0' ' ' < "$d/cmdline"; } 2>/dev/null) || continue
+  case "$cmd" in
+    *containerd-shim*"-address $tmp/ambientd-e2e-$run-"*)
+      report "containerd shim ${d#/proc/} still running: $cmd"
+      kill -9 "${d#/proc/}" 2>/dev/null || true ;;
+  esac
+done
+for l in ambnode0 node0; do
+  if ip -o link show "$l" >/dev/null 2>&1; then
+    report "real-node interface $l exists in the machine's network namespace"
+  fi
+done
 if grep -F "ambientd-e2e-$run" /proc/self/mountinfo >&2; then
   report "mounts of run $run remain (above)"
 fi
@@ -62,17 +91,24 @@ for m in $cgmnts; do
   for d in "$m"/ambientd-e2e-"$run"-*; do
     [ -d "$d" ] || continue
     report "cgroup $d left behind (removed now): $(find "$d" -mindepth 1 -type d -printf '%f ' 2>/dev/null)"
-    for p in $(cat $(find "$d" -name cgroup.procs) 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-      find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
-      [ -d "$d" ] || break
-      sleep 0.2
-    done
+    remove_cgroup_tree "$d"
   done
 done
 if [ -n "$tmpcg" ]; then umount "$tmpcg" && rmdir "$tmpcg"; fi
 
+# kubelet's cgroup root (internal/nodeenv): one top-level dir per hierarchy,
+# named after the process that ran the node; the pods' containers live below.
+for m in $(awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5; break } }' /proc/self/mountinfo); do
+  for d in "$m"/ambientd-e2e-node-*; do
+    [ -d "$d" ] || continue
+    creator=${d##*/ambientd-e2e-node-}; creator=${creator%%-*}
+    kill -0 "$creator" 2>/dev/null && continue
+    report "kubelet cgroup $d left behind (removed now)"
+    remove_cgroup_tree "$d"
+  done
+done
+
 if [ "$bad" -eq 0 ]; then
-  echo "leftovers: none (processes, netns, bridges, mounts, work dirs, cgroups checked for run $run)"
+  echo "leftovers: none (processes, shims, netns, bridges, mounts, work dirs, cgroups checked for run $run)"
 fi
 exit "$bad"

@@ -14,10 +14,12 @@ import (
 	"github.com/ambientd/ambientd/internal/testutil"
 )
 
-// BenchmarkPodRules measures apply and delete of the full in-pod rule set
-// (IPv4 and IPv6, DNS capture, policy route) in a fresh netns per pod, our way
-// (one iptables-restore per family) beside the naive way (one iptables process
-// per rule), and reports the median and p90 per pod in milliseconds.
+// BenchmarkPodRules measures apply, verify and delete of the full in-pod rule
+// set (IPv4 and IPv6, DNS capture, policy route) in a fresh netns per pod, for
+// every backend side by side: native nftables over netlink, our
+// iptables-restore batches (one per family) of both variants, and the naive
+// way (one iptables process per rule); it reports the median and p90 per pod
+// in milliseconds.
 //
 // Every run measures at least minPods pods so medians mean something even
 // under the default -benchtime; ns/op is reported as the mean apply+delete
@@ -26,6 +28,7 @@ import (
 //	go test -run '^$' -bench PodRules -benchtime 40x ./iptables/
 func BenchmarkPodRules(b *testing.B) {
 	requireTools(b)
+	b.Run("nftables/netlink", func(b *testing.B) { benchPod(b, ModeNFTables, false) })
 	for _, mode := range modes {
 		for _, way := range []string{"batch", "naive"} {
 			b.Run(string(mode)+"/"+way, func(b *testing.B) { benchPod(b, mode, way == "naive") })
@@ -40,7 +43,7 @@ func benchPod(b *testing.B, mode Mode, naive bool) {
 	cfg := Config{IPv6: true, DNSCapture: true}
 	m := newTestManager(b, mode, cfg)
 	opts := PodOptions{DNSCapture: true}
-	var applies, deletes []time.Duration
+	var applies, verifies, deletes []time.Duration
 	b.ResetTimer()
 	for i := 0; i < max(b.N, minPods); i++ {
 		b.StopTimer()
@@ -63,6 +66,15 @@ func benchPod(b *testing.B, mode Mode, naive bool) {
 			b.Fatalf("apply: %v", err)
 		}
 		t1 := time.Now()
+		if !naive {
+			// The drift pass's read: one verify per pod (naive has none).
+			d, err := m.VerifyPod(ctx, pod, opts)
+			if err != nil || !d.Empty() {
+				b.Fatalf("verify: %v %s", err, d)
+			}
+			verifies = append(verifies, time.Since(t1))
+			t1 = time.Now()
+		}
 		if naive {
 			err = naiveDelete(ctx, m, pod)
 		} else {
@@ -93,6 +105,13 @@ func benchPod(b *testing.B, mode Mode, naive bool) {
 	b.ReportMetric(ap, "apply-p90-ms")
 	b.ReportMetric(dm, "delete-median-ms")
 	b.ReportMetric(dp, "delete-p90-ms")
+	if len(verifies) > 0 {
+		vm, vp := quantiles(verifies)
+		b.ReportMetric(vm, "verify-median-ms")
+		b.ReportMetric(vp, "verify-p90-ms")
+		b.Logf("%d pods: apply median %.2f ms p90 %.2f ms; verify median %.2f ms p90 %.2f ms; delete median %.2f ms p90 %.2f ms", len(applies), am, ap, vm, vp, dm, dp)
+		return
+	}
 	b.Logf("%d pods: apply median %.1f ms p90 %.1f ms; delete median %.1f ms p90 %.1f ms", len(applies), am, ap, dm, dp)
 }
 

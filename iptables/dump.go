@@ -2,34 +2,52 @@ package iptables
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 )
 
-// DumpPod returns the live rules of podNS as iptables-save prints them, one
-// save per family this manager programs, each headed by a comment naming the
-// program. It changes nothing (for `ambientd status --pod`).
+// DumpPod returns the live rules of podNS as text, for `ambientd status
+// --pod`: with an iptables backend what iptables-save prints per family
+// (each headed by a comment naming the program), with the nftables backend
+// what `nft list ruleset` prints (the nft program must exist). It changes
+// nothing.
 func (m *Manager) DumpPod(ctx context.Context, podNS ns.NetNS) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	fams := m.families()
 	var b strings.Builder
 	err := inNS(podNS, "dump pod rules", func() error {
-		procs := make([]proc, len(fams))
-		for i, f := range fams {
-			procs[i] = m.saveProc(f)
-		}
-		outs, errs := m.runAll(ctx, procs)
-		for i, f := range fams {
-			if errs[i] != nil {
-				return errs[i]
+		switch be := m.be.(type) {
+		case *xtables:
+			fams := be.families()
+			procs := make([]proc, len(fams))
+			for i, f := range fams {
+				procs[i] = be.saveProc(f)
 			}
-			fmt.Fprintf(&b, "# %s (%s)\n%s", m.tools[f].save, f, outs[i])
+			outs, errs := be.runAll(ctx, procs)
+			for i, f := range fams {
+				if errs[i] != nil {
+					return errs[i]
+				}
+				fmt.Fprintf(&b, "# %s (%s)\n%s", be.tools[f].save, f, outs[i])
+			}
+			return nil
+		default:
+			nft, err := exec.LookPath("nft")
+			if err != nil {
+				return fmt.Errorf("listing %s rules needs the nft program: %w", m.mode, err)
+			}
+			out, err := exec.CommandContext(ctx, nft, "list", "ruleset").CombinedOutput()
+			if err != nil {
+				return errors.Join(fmt.Errorf("nft list ruleset: %w", err), errors.New(strings.TrimSpace(string(out))))
+			}
+			fmt.Fprintf(&b, "# nft list ruleset\n%s", out)
+			return nil
 		}
-		return nil
 	})
 	return b.String(), err
 }

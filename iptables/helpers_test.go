@@ -18,6 +18,9 @@ import (
 
 var modes = []Mode{ModeLegacy, ModeNFT}
 
+// allModes adds the native nftables backend to the iptables variants.
+var allModes = []Mode{ModeLegacy, ModeNFT, ModeNFTables}
+
 func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
@@ -110,8 +113,11 @@ func ours(text string, rs RuleSet) map[string][]string {
 		switch {
 		case strings.HasPrefix(l, "*"):
 			table = l[1:]
-		case strings.HasPrefix(l, "-A "):
+		case strings.HasPrefix(l, "-A ") || strings.HasPrefix(l, "-I "):
 			chain, args, _ := strings.Cut(l[3:], " ")
+			if l[1] == 'I' {
+				args = strings.TrimPrefix(args, "1 ")
+			}
 			target, _ := jumpTarget(args)
 			if slices.Contains(rs.chains(table), chain) || slices.Contains(rs.chains(table), target) {
 				out[table+"/"+chain] = append(out[table+"/"+chain], args)
@@ -119,4 +125,31 @@ func ours(text string, rs RuleSet) map[string][]string {
 		}
 	}
 	return out
+}
+
+// checkDriftRepaired asserts VerifyPod names exactly the given drift, that
+// ApplyPod repairs it, and that verifying against other options then finds
+// drift.
+func checkDriftRepaired(t *testing.T, m *Manager, pod ns.NetNS, opts PodOptions, wantMissing, wantUnexpected []string) {
+	t.Helper()
+	ctx := testCtx(t)
+	d, err := m.VerifyPod(ctx, pod, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(d.Missing, wantMissing) || !slices.Equal(d.Unexpected, wantUnexpected) {
+		t.Fatalf("VerifyPod drift:\n%s\nwant missing %q\nwant unexpected %q", d, wantMissing, wantUnexpected)
+	}
+	if err := m.ApplyPod(ctx, pod, opts); err != nil {
+		t.Fatalf("repairing ApplyPod: %v", err)
+	}
+	if d, err := m.VerifyPod(ctx, pod, opts); err != nil || !d.Empty() {
+		t.Fatalf("VerifyPod after repair: %v, %s", err, d)
+	}
+	// Verify with other options reports the difference.
+	other := opts
+	other.DNSCapture = !other.DNSCapture
+	if d, err := m.VerifyPod(ctx, pod, other); err != nil || d.Empty() {
+		t.Fatalf("VerifyPod with DNS capture flipped found no drift (err %v)", err)
+	}
 }

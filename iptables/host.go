@@ -4,70 +4,50 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
-
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Host side: these act on the calling goroutine's network namespace, which
 // for the agent is the node's.
 
-// EnsureHostRules creates the probe ipsets (kept when present, entries and
-// all) and installs the probe SNAT chain ISTIO_POSTRT, jumped from nat
-// POSTROUTING, per family. Idempotent.
+// EnsureHostRules creates the probe sets (kept when present, entries and
+// all) and installs the probe SNAT rules of the chosen backend. Idempotent:
+// on a node whose host rules are intact (ours, or the same ones Istio's agent
+// set up) it changes nothing.
 func (m *Manager) EnsureHostRules(ctx context.Context) error {
-	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	defer h.Close()
-	for _, f := range m.families() {
-		err := h.IpsetCreate(f.probeSet(), "hash:ip", netlink.IpsetCreateOptions{
-			Replace:  true, // no NLM_F_EXCL: an existing set of the same type is kept
-			Comments: true,
-			Family:   ipsetFamily(f),
-		})
-		if err != nil {
-			return fmt.Errorf("creating ipset %s: %w", f.probeSet(), err)
-		}
-	}
-	if err := m.apply(ctx, BuildHostRules(m.cfg)); err != nil {
-		return fmt.Errorf("host probe rules: %w", err)
-	}
-	return nil
+	return m.be.ensureHost(ctx)
 }
 
-// DeleteHostRules removes ISTIO_POSTRT and its jump, then the probe ipsets.
-// Absent is fine.
+// VerifyHostRules reports how the node's probe sets and SNAT rules differ
+// from what EnsureHostRules installs, changing nothing.
+func (m *Manager) VerifyHostRules(ctx context.Context) (Drift, error) {
+	if err := ctx.Err(); err != nil {
+		return Drift{}, err
+	}
+	return m.be.verifyHost(ctx)
+}
+
+// RepairHostRules is the drift pass's host step: it verifies the host rules
+// and, only when they differ, re-asserts them (a firewalld reload or a rule
+// deleted by hand). It returns the drift it repaired; an empty Drift means
+// nothing was touched.
+func (m *Manager) RepairHostRules(ctx context.Context) (Drift, error) {
+	d, err := m.VerifyHostRules(ctx)
+	if err != nil || d.Empty() {
+		return d, err
+	}
+	m.log.Warn("host probe rules drifted; repairing", "backend", string(m.mode), "drift", d.String())
+	if err := m.be.ensureHost(ctx); err != nil {
+		return d, fmt.Errorf("repairing host rules: %w", err)
+	}
+	return d, nil
+}
+
+// DeleteHostRules removes the probe SNAT rules, then the probe sets. Absent
+// is fine.
 func (m *Manager) DeleteHostRules(ctx context.Context) error {
-	if err := m.remove(ctx, BuildHostRules(m.cfg)); err != nil {
-		return fmt.Errorf("host probe rules: %w", err)
-	}
-	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	defer h.Close()
-	for _, f := range m.families() {
-		if err := h.IpsetDestroy(f.probeSet()); err != nil && !isNoSet(err) {
-			return fmt.Errorf("destroying ipset %s: %w", f.probeSet(), err)
-		}
-	}
-	return nil
-}
-
-func isNoSet(err error) bool {
-	return errors.Is(err, unix.ENOENT)
-}
-
-func ipsetFamily(f Family) uint8 {
-	if f == IPv6 {
-		return unix.AF_INET6
-	}
-	return unix.AF_INET
+	return m.be.deleteHost(ctx)
 }
 
 // errFamilyOff marks an address of a family this manager does not program
@@ -96,7 +76,8 @@ func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr)
 	if uid == "" {
 		return errors.New("add probe IPs: empty pod uid")
 	}
-	return m.withProbeSets(func(h *netlink.Handle) error {
+	return m.withProbeSets(func(s probeStore) error {
+		sets := map[Family]map[netip.Addr]string{}
 		for _, ip := range ips {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -108,73 +89,52 @@ func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr)
 			if err != nil {
 				return fmt.Errorf("add probe IP for pod %s: %w", uid, err)
 			}
-			err = addEntry(h, f, ip.Unmap(), uid)
-			if isNoSet(err) {
-				if err = m.recreateHostRules(ctx, f); err == nil {
-					err = addEntry(h, f, ip.Unmap(), uid)
+			ip = ip.Unmap()
+			if sets[f] == nil {
+				set, err := s.list(f)
+				if isNoSet(err) {
+					if err = m.recreateHostRules(ctx, f); err == nil {
+						set, err = map[netip.Addr]string{}, nil
+					}
 				}
+				if err != nil {
+					return err
+				}
+				sets[f] = set
 			}
-			if err != nil {
+			c, ok := sets[f][ip]
+			if ok && c == uid {
+				continue
+			}
+			if err := s.add(f, ip, uid, ok); err != nil {
 				return err
 			}
+			sets[f][ip] = uid
 		}
 		return nil
 	})
 }
 
-// withProbeSets runs fn with a netfilter netlink handle, holding probeMu: the
+// withProbeSets runs fn with the backend's probe store, holding probeMu: the
 // probe-set operations list then change, so they must not interleave (a
 // removal could otherwise delete an entry an add just relabelled for another
 // pod whose IP was reused).
-func (m *Manager) withProbeSets(fn func(h *netlink.Handle) error) error {
+func (m *Manager) withProbeSets(fn func(probeStore) error) error {
 	m.probeMu.Lock()
 	defer m.probeMu.Unlock()
-	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+	s, closeFn, err := m.be.probes()
 	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
+		return err
 	}
-	defer h.Close()
-	return fn(h)
-}
-
-func addEntry(h *netlink.Handle, f Family, ip netip.Addr, uid string) error {
-	e := &netlink.IPSetEntry{IP: net.IP(ip.AsSlice()), Comment: uid, Replace: true}
-	if err := h.IpsetAdd(f.probeSet(), e); err != nil {
-		return fmt.Errorf("adding %s (pod %s) to ipset %s: %w", ip, uid, f.probeSet(), err)
-	}
-	return nil
-}
-
-func delEntry(h *netlink.Handle, f Family, ip netip.Addr) error {
-	e := &netlink.IPSetEntry{IP: net.IP(ip.AsSlice())}
-	if err := h.IpsetDel(f.probeSet(), e); err != nil {
-		return fmt.Errorf("removing %s from ipset %s: %w", ip, f.probeSet(), err)
-	}
-	return nil
-}
-
-// listSet returns ip -> comment of one probe set.
-func listSet(h *netlink.Handle, f Family) (map[netip.Addr]string, error) {
-	res, err := h.IpsetList(f.probeSet())
-	if err != nil {
-		return nil, fmt.Errorf("listing ipset %s: %w", f.probeSet(), err)
-	}
-	out := make(map[netip.Addr]string, len(res.Entries))
-	for _, e := range res.Entries {
-		a, ok := netip.AddrFromSlice(e.IP)
-		if !ok {
-			continue
-		}
-		out[a.Unmap()] = e.Comment
-	}
-	return out, nil
+	defer closeFn()
+	return fn(s)
 }
 
 // recreateHostRules restores the probe sets and SNAT rules after f's set
 // was found gone (someone else removed the host rules).
 func (m *Manager) recreateHostRules(ctx context.Context, f Family) error {
-	m.log.Warn("probe ipset missing; recreating it and the host probe rules", "set", f.probeSet())
-	return m.EnsureHostRules(ctx)
+	m.log.Warn("probe set missing; recreating it and the host probe rules", "set", f.probeSet(), "backend", string(m.mode))
+	return m.be.ensureHost(ctx)
 }
 
 // RemoveProbeIPs removes those of ips whose entry comment is uid; an entry
@@ -182,7 +142,7 @@ func (m *Manager) recreateHostRules(ctx context.Context, f Family) error {
 // that does not exist holds nothing to remove. Every IP is tried; the errors
 // are joined.
 func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error {
-	return m.withProbeSets(func(h *netlink.Handle) error {
+	return m.withProbeSets(func(s probeStore) error {
 		sets := map[Family]map[netip.Addr]string{}
 		var errs []error
 		for _, ip := range ips {
@@ -198,7 +158,7 @@ func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Ad
 				continue
 			}
 			if sets[f] == nil {
-				set, err := listSet(h, f)
+				set, err := s.list(f)
 				switch {
 				case isNoSet(err):
 					set = map[netip.Addr]string{}
@@ -212,7 +172,7 @@ func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Ad
 			if c, ok := sets[f][ip]; !ok || c != uid {
 				continue
 			}
-			if err := delEntry(h, f, ip); err != nil && !isNoSet(err) {
+			if err := s.del(f, ip); err != nil && !isNoSet(err) {
 				errs = append(errs, err)
 			}
 		}
@@ -225,7 +185,7 @@ func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Ad
 // entries with another uid re-labelled. Live entries are never removed, so
 // probes keep working during the prune.
 func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) error {
-	return m.withProbeSets(func(h *netlink.Handle) error {
+	return m.withProbeSets(func(s probeStore) error {
 		want := map[Family]map[netip.Addr]string{}
 		for _, f := range m.families() {
 			want[f] = map[netip.Addr]string{}
@@ -250,7 +210,7 @@ func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Add
 			}
 		}
 		for _, f := range m.families() {
-			have, err := listSet(h, f)
+			have, err := s.list(f)
 			if isNoSet(err) {
 				if err = m.recreateHostRules(ctx, f); err == nil {
 					have = map[netip.Addr]string{}
@@ -261,7 +221,7 @@ func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Add
 			}
 			for ip := range have {
 				if _, ok := want[f][ip]; !ok {
-					if err := delEntry(h, f, ip); err != nil {
+					if err := s.del(f, ip); err != nil {
 						return err
 					}
 				}
@@ -270,10 +230,11 @@ func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Add
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				if c, ok := have[ip]; ok && c == uid {
+				c, ok := have[ip]
+				if ok && c == uid {
 					continue
 				}
-				if err := addEntry(h, f, ip, uid); err != nil {
+				if err := s.add(f, ip, uid, ok); err != nil {
 					return err
 				}
 			}

@@ -4,28 +4,28 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // probeSets lists both probe sets of n as "ip=comment"; a set that does not
 // exist (IPv6 off) lists nothing.
-func probeSets(t *testing.T, n ns.NetNS) map[string]string {
+func probeSets(t *testing.T, m *Manager, n ns.NetNS) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	err := n.Do(func(ns.NetNS) error {
-		h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+		s, closeFn, err := m.be.probes()
 		if err != nil {
 			return err
 		}
-		defer h.Close()
+		defer closeFn()
 		for _, f := range []Family{IPv4, IPv6} {
-			set, err := listSet(h, f)
+			set, err := s.list(f)
 			if err != nil && !isNoSet(err) {
 				return err
 			}
@@ -50,32 +50,47 @@ func addrs(s ...string) []netip.Addr {
 }
 
 func TestHostProbeRules(t *testing.T) {
-	requireTools(t)
-	for _, mode := range modes {
+	requireNFT(t)
+	for _, mode := range allModes {
 		t.Run(string(mode), func(t *testing.T) { testHostProbe(t, mode) })
 	}
 }
 
-func testHostProbe(t *testing.T, mode Mode) {
-	ctx := testCtx(t)
-	m := newTestManager(t, mode, Config{IPv6: true})
+func uidPtr(u uint32) *uint32 { return &u }
+
+// hostState is what the node's rules look like in the backend of mode:
+// iptables-save of both families, or `nft -a list ruleset` (rule handles
+// show any rewrite).
+func hostState(t testing.TB, node ns.NetNS, mode Mode) string {
+	t.Helper()
+	if mode == ModeNFTables {
+		return nftHandles(t, node)
+	}
+	return saveText(t, node, IPv4, mode) + "\n" + saveText(t, node, IPv6, mode)
+}
+
+// xtMode is the iptables variant to put foreign rules in for mode.
+func xtMode(mode Mode) Mode {
+	if mode == ModeNFTables {
+		return ModeNFT
+	}
+	return mode
+}
+
+// probeNode joins a node and a pod netns (the node is the pod's gateway),
+// with the pod's rules applied and an app plus ztunnel's inbound listener in
+// the pod, and returns the node and a probe: a TCP connection from the node
+// to the app, answered "<server>|-|<source the app saw>".
+func probeNode(t *testing.T, m *Manager) (ns.NetNS, func() string) {
+	t.Helper()
 	node, pod := newNS(t), newNS(t)
-	vethPair(t, pod, node, []netip.Addr{podIP}, []netip.Addr{peerIP}) // the node is the pod's gateway
+	vethPair(t, pod, node, []netip.Addr{podIP}, []netip.Addr{peerIP})
 	listen(t, pod, "tcp4", fmt.Sprintf(":%d", appPort), "app", false)
 	listen(t, pod, "tcp4", fmt.Sprintf(":%d", InboundPort), "ztunnel-inbound", false)
-	if err := m.ApplyPod(ctx, pod, PodOptions{}); err != nil {
+	if err := m.ApplyPod(testCtx(t), pod, PodOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []Family{IPv4, IPv6} {
-		nsRun(t, node, tool(f, mode, ""), "-w", "-t", "nat", "-A", "POSTROUTING", "-p", "udp", "-m", "comment", "--comment", "foreign", "-j", "ACCEPT")
-	}
-	inNode := func(what string, fn func() error) {
-		t.Helper()
-		if err := node.Do(func(ns.NetNS) error { return fn() }); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	probe := func() string {
+	return node, func() string {
 		t.Helper()
 		got, err := ask(node, "tcp", netip.AddrPortFrom(podIP, appPort), dialOpts{})
 		if err != nil {
@@ -83,16 +98,42 @@ func testHostProbe(t *testing.T, mode Mode) {
 		}
 		return normalizeOrigDst(got)
 	}
+}
+
+func inNode(t *testing.T, node ns.NetNS, what string, fn func() error) {
+	t.Helper()
+	if err := node.Do(func(ns.NetNS) error { return fn() }); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func testHostProbe(t *testing.T, mode Mode) {
+	ctx := testCtx(t)
+	m := newTestManager(t, mode, Config{IPv6: true, KubeletUID: uidPtr(0)})
+	node, probe := probeNode(t, m)
+	for _, f := range []Family{IPv4, IPv6} {
+		nsRun(t, node, tool(f, xtMode(mode), ""), "-w", "-t", "nat", "-A", "POSTROUTING", "-p", "udp", "-m", "comment", "--comment", "foreign", "-j", "ACCEPT")
+	}
+	nsRun(t, node, "nft", "add", "table", "inet", "foreign")
 
 	// Before the pod's IP is in the set, the node's connection is captured
 	// like any other inbound connection.
-	inNode("EnsureHostRules", func() error { return m.EnsureHostRules(ctx) })
+	inNode(t, node, "EnsureHostRules", func() error { return m.EnsureHostRules(ctx) })
 	if got, want := probe(), "ztunnel-inbound|-|"+peerIP.String(); got != want {
 		t.Fatalf("probe without set entry: got %q, want %q", got, want)
 	}
+	if mode == ModeNFTables {
+		golden, err := os.ReadFile(filepath.Join("testdata", "nft_host_v6.golden"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := nftList(t, node, NFTTableNat); got != string(golden) {
+			t.Fatalf("nft list of the host rules differs from nft_host_v6.golden:\n%s", got)
+		}
+	}
 
 	// In the set: SNATed to the probe address, which the pod lets through.
-	inNode("AddProbeIPs", func() error {
+	inNode(t, node, "AddProbeIPs", func() error {
 		return m.AddProbeIPs(ctx, "uid-a", addrs(podIP.String(), "fd00::2"))
 	})
 	if got, want := probe(), "app|-|"+ProbeSNATv4.String(); got != want {
@@ -100,40 +141,39 @@ func testHostProbe(t *testing.T, mode Mode) {
 	}
 
 	// Ensure again and add again: same rules, same entries.
-	saves := map[Family]string{}
-	for _, f := range []Family{IPv4, IPv6} {
-		saves[f] = saveText(t, node, f, mode)
-		want := ours(BuildHostRules(m.Config()).RenderApply(f), BuildHostRules(m.Config()))
-		if got := ours(saves[f], BuildHostRules(m.Config())); !reflect.DeepEqual(got, want) {
-			t.Fatalf("%s host rules: got %q, want golden %q", f, got, want)
+	if mode != ModeNFTables {
+		for _, f := range []Family{IPv4, IPv6} {
+			want := ours(BuildHostRules(m.Config()).RenderApply(f), BuildHostRules(m.Config()))
+			if got := ours(saveText(t, node, f, mode), BuildHostRules(m.Config())); !reflect.DeepEqual(got, want) {
+				t.Fatalf("%s host rules: got %q, want golden %q", f, got, want)
+			}
 		}
 	}
-	inNode("EnsureHostRules again", func() error { return m.EnsureHostRules(ctx) })
-	inNode("AddProbeIPs again", func() error { return m.AddProbeIPs(ctx, "uid-a", addrs(podIP.String())) })
-	for _, f := range []Family{IPv4, IPv6} {
-		if got := saveText(t, node, f, mode); got != saves[f] {
-			t.Fatalf("second EnsureHostRules changed %s rules:\n%s\nvs\n%s", f, saves[f], got)
-		}
+	before := hostState(t, node, mode)
+	inNode(t, node, "EnsureHostRules again", func() error { return m.EnsureHostRules(ctx) })
+	inNode(t, node, "AddProbeIPs again", func() error { return m.AddProbeIPs(ctx, "uid-a", addrs(podIP.String())) })
+	if got := hostState(t, node, mode); got != before {
+		t.Fatalf("second EnsureHostRules changed the rules:\n%s\nvs\n%s", before, got)
 	}
 	want := map[string]string{podIP.String(): "uid-a", "fd00::2": "uid-a"}
-	if got := probeSets(t, node); !maps.Equal(got, want) {
+	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("probe sets %v, want %v", got, want)
 	}
 
 	// Removal by another uid (the IP was reused) leaves the entry.
-	inNode("RemoveProbeIPs other uid", func() error { return m.RemoveProbeIPs(ctx, "uid-b", addrs(podIP.String())) })
-	if got := probeSets(t, node); !maps.Equal(got, want) {
+	inNode(t, node, "RemoveProbeIPs other uid", func() error { return m.RemoveProbeIPs(ctx, "uid-b", addrs(podIP.String())) })
+	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("removal by another uid changed the sets: %v", got)
 	}
-	inNode("RemoveProbeIPs", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("fd00::2", "10.9.9.9")) })
+	inNode(t, node, "RemoveProbeIPs", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("fd00::2", "10.9.9.9")) })
 	delete(want, "fd00::2")
-	if got := probeSets(t, node); !maps.Equal(got, want) {
+	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("after removal: %v, want %v", got, want)
 	}
 
 	// Prune by difference: stale gone, live kept, missing added, relabelled.
-	inNode("AddProbeIPs stale", func() error { return m.AddProbeIPs(ctx, "uid-gone", addrs("10.1.1.1", "fd00::9")) })
-	inNode("PruneProbeIPs", func() error {
+	inNode(t, node, "AddProbeIPs stale", func() error { return m.AddProbeIPs(ctx, "uid-gone", addrs("10.1.1.1", "fd00::9")) })
+	inNode(t, node, "PruneProbeIPs", func() error {
 		return m.PruneProbeIPs(ctx, map[string][]netip.Addr{
 			"uid-a": addrs(podIP.String()),
 			"uid-c": addrs("10.1.1.3", "fd00::3"),
@@ -141,24 +181,27 @@ func testHostProbe(t *testing.T, mode Mode) {
 		})
 	})
 	want = map[string]string{podIP.String(): "uid-a", "10.1.1.3": "uid-c", "fd00::3": "uid-c", "10.1.1.1": "uid-d"}
-	if got := probeSets(t, node); !maps.Equal(got, want) {
+	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("after prune: %v, want %v", got, want)
 	}
 	if got, want := probe(), "app|-|"+ProbeSNATv4.String(); got != want {
 		t.Fatalf("probe after prune: got %q, want %q", got, want)
 	}
 
-	// Delete: ours gone, foreign rule stays; again is fine.
+	// Delete: ours gone, foreign rules stay; again is fine.
 	for i := 0; i < 2; i++ {
-		inNode("DeleteHostRules", func() error { return m.DeleteHostRules(ctx) })
+		inNode(t, node, "DeleteHostRules", func() error { return m.DeleteHostRules(ctx) })
 		for _, f := range []Family{IPv4, IPv6} {
-			s := saveText(t, node, f, mode)
+			s := saveText(t, node, f, xtMode(mode))
 			if strings.Contains(s, "ISTIO_") || !strings.Contains(s, "--comment foreign -j ACCEPT") {
 				t.Fatalf("%s after DeleteHostRules:\n%s", f, s)
 			}
 		}
 		if out := nsRun(t, node, "ipset", "list", "-n"); strings.Contains(out, "istio-inpod-probes") {
 			t.Fatalf("ipsets left: %s", out)
+		}
+		if out := nsRun(t, node, "nft", "list", "tables"); strings.Contains(out, "istio") || !strings.Contains(out, "inet foreign") {
+			t.Fatalf("nft tables after DeleteHostRules:\n%s", out)
 		}
 	}
 }
@@ -167,9 +210,15 @@ func testHostProbe(t *testing.T, mode Mode) {
 // destroyed behind the agent's back, and concurrent relabelling of a reused
 // IP — each must leave the sets right, not block enrollment or removal.
 func TestProbeSetsRobust(t *testing.T) {
-	requireTools(t)
+	requireNFT(t)
+	for _, mode := range []Mode{ModeNFT, ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) { testProbeSetsRobust(t, mode) })
+	}
+}
+
+func testProbeSetsRobust(t *testing.T, mode Mode) {
 	ctx := testCtx(t)
-	m := newTestManager(t, ModeNFT, Config{}) // IPv6 off
+	m := newTestManager(t, mode, Config{}) // IPv6 off
 	node := newNS(t)
 	inNode := func(what string, fn func() error) {
 		t.Helper()
@@ -182,25 +231,28 @@ func TestProbeSetsRobust(t *testing.T) {
 	// Dual-stack pod, IPv6 off: the IPv4 address is added, the IPv6 one
 	// skipped; removal with the IPv6 address first still removes the IPv4 one.
 	inNode("AddProbeIPs dual-stack", func() error { return m.AddProbeIPs(ctx, "uid-a", addrs("fd00::5", "10.0.0.5")) })
-	if got, want := probeSets(t, node), map[string]string{"10.0.0.5": "uid-a"}; !maps.Equal(got, want) {
+	if got, want := probeSets(t, m, node), map[string]string{"10.0.0.5": "uid-a"}; !maps.Equal(got, want) {
 		t.Fatalf("after dual-stack add: %v, want %v", got, want)
 	}
 	inNode("RemoveProbeIPs dual-stack", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("fd00::5", "10.0.0.5")) })
-	if got := probeSets(t, node); len(got) != 0 {
+	if got := probeSets(t, m, node); len(got) != 0 {
 		t.Fatalf("after dual-stack removal: %v, want empty", got)
 	}
 
 	// Host rules and set removed behind our back (another agent's clean-up,
 	// e.g. Istio's on uninstall; the set cannot go while a rule uses it):
 	// removal has nothing to do, adding recreates the set and the rules.
-	other := newTestManager(t, ModeNFT, Config{})
+	other := newTestManager(t, mode, Config{})
 	inNode("another agent's DeleteHostRules", func() error { return other.DeleteHostRules(ctx) })
 	inNode("RemoveProbeIPs without a set", func() error { return m.RemoveProbeIPs(ctx, "uid-a", addrs("10.0.0.5")) })
 	inNode("AddProbeIPs without a set", func() error { return m.AddProbeIPs(ctx, "uid-b", addrs("10.0.0.6")) })
-	if got, want := probeSets(t, node), map[string]string{"10.0.0.6": "uid-b"}; !maps.Equal(got, want) {
+	if got, want := probeSets(t, m, node), map[string]string{"10.0.0.6": "uid-b"}; !maps.Equal(got, want) {
 		t.Fatalf("after re-creating add: %v, want %v", got, want)
 	}
-	if s := saveText(t, node, IPv4, ModeNFT); !strings.Contains(s, "ISTIO_POSTRT") {
+	if d, err := verifyHostIn(t, node, m); err != nil || !d.Empty() {
+		t.Fatalf("host rules not restored with the set: %v %s", err, d)
+	}
+	if s := hostState(t, node, mode); !strings.Contains(s, "ISTIO_POSTRT") && !strings.Contains(s, "snat ip to") {
 		t.Fatalf("host rules not restored with the set:\n%s", s)
 	}
 
@@ -217,10 +269,20 @@ func TestProbeSetsRobust(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if got := probeSets(t, node)["10.0.0.7"]; got != cur {
+		if got := probeSets(t, m, node)["10.0.0.7"]; got != cur {
 			t.Fatalf("round %d: reused IP's entry %q, want %q", i, got, cur)
 		}
 	}
+}
+
+func verifyHostIn(t testing.TB, node ns.NetNS, m *Manager) (Drift, error) {
+	var d Drift
+	err := node.Do(func(ns.NetNS) error {
+		var err error
+		d, err = m.VerifyHostRules(testCtx(t))
+		return err
+	})
+	return d, err
 }
 
 // TestDeletePodRemovesIPv6RulesWithIPv6Off: a dual-stack pod whose IPv6

@@ -1,13 +1,10 @@
 package iptables
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,26 +14,32 @@ import (
 	goipt "github.com/coreos/go-iptables/iptables"
 )
 
-// Mode selects the iptables variant.
+// Mode selects the rule backend.
 type Mode string
 
 const (
-	// ModeAuto follows whichever variant already holds rules on the node,
-	// else nft.
-	ModeAuto   Mode = "auto"
+	// ModeAuto keeps the backend chosen before (persisted in StateDir),
+	// else the one already holding our host rules, else nftables where the
+	// kernel supports it, else the iptables variant holding more rules.
+	ModeAuto Mode = "auto"
+	// ModeLegacy and ModeNFT are iptables-restore batches of the legacy and
+	// the nf_tables variant of the iptables tools.
 	ModeLegacy Mode = "legacy"
 	ModeNFT    Mode = "nft"
+	// ModeNFTables is native nftables over netlink (Istio's nft layout), no
+	// process spawned.
+	ModeNFTables Mode = "nftables"
 )
 
-// ParseMode accepts "", "auto", "legacy" and "nft".
+// ParseMode accepts "", "auto", "legacy", "nft" and "nftables".
 func ParseMode(s string) (Mode, error) {
 	switch Mode(s) {
 	case "", ModeAuto:
 		return ModeAuto, nil
-	case ModeLegacy, ModeNFT:
+	case ModeLegacy, ModeNFT, ModeNFTables:
 		return Mode(s), nil
 	}
-	return "", fmt.Errorf("iptables mode %q: want auto, legacy or nft", s)
+	return "", fmt.Errorf("iptables mode %q: want auto, legacy, nft or nftables", s)
 }
 
 // Config is the node-wide rule configuration.
@@ -48,8 +51,18 @@ type Config struct {
 	// RerouteInterfaces are virtual interfaces (e.g. a VM's tap) whose TCP
 	// entering the pod is sent to ztunnel's outbound port.
 	RerouteInterfaces []string
-	// Mode is auto (default), legacy or nft.
+	// Mode is auto (default), legacy, nft or nftables.
 	Mode Mode
+	// StateDir is where the chosen backend is persisted, so it survives
+	// restarts (a tmpfs such as /var/run/ambientd: gone after a reboot, as
+	// the rules are). Empty: nothing persisted.
+	StateDir string
+	// KubeletUID is the uid whose sockets get probe SNAT with the nftables
+	// backend (Istio's nft host rule matches the kubelet's uid). Nil: found
+	// by scanning HostProc for kubelet, kubelite or k3s, else 0.
+	KubeletUID *uint32
+	// HostProc is the node's /proc (default /proc), for the kubelet scan.
+	HostProc string
 	// LockWait is how long iptables-restore waits for the xtables lock
 	// (legacy mode). Default 10s.
 	LockWait time.Duration
@@ -83,32 +96,37 @@ func (c Config) withDefaults() Config {
 	if c.Timeout == 0 {
 		c.Timeout = 30 * time.Second
 	}
+	if c.HostProc == "" {
+		c.HostProc = "/proc"
+	}
 	return c
 }
 
-// tools are the resolved save/restore programs of one family.
-type tools struct {
-	save, restore string
-}
-
-// Manager applies, verifies and deletes rule sets with the variant chosen
+// Manager applies, verifies and deletes rule sets with the backend chosen
 // once at construction. It holds no per-pod state and is safe for
 // concurrent use.
 type Manager struct {
-	cfg   Config
-	log   *slog.Logger
-	mode  Mode
-	tools map[Family]tools
+	cfg  Config
+	log  *slog.Logger
+	mode Mode
+	be   backend
+	// others are the other backends whose tools exist: a pod or node may
+	// hold our rules there (the backend changed, or Istio's agent used
+	// another one), so delete removes them, verify reports them and apply
+	// moves the pod onto be.
+	others []backend
 	// spawned counts iptables processes started, so tests can hold the
 	// process budget of each operation.
 	spawned atomic.Int64
 	// probeMu serializes the probe-set operations, which list then change.
 	probeMu sync.Mutex
+	// bg counts netlink sockets being released in the background.
+	bg sync.WaitGroup
 }
 
-// NewManager validates the config, resolves the iptables variant once (an
-// explicit mode wins; else the variant that already holds rules in the
-// current namespace, i.e. the node's; else nft) and checks its programs.
+// NewManager validates the config, resolves the backend once (see ModeAuto;
+// an explicit mode wins) in the current namespace, i.e. the node's, persists
+// the choice in StateDir and checks the backend's programs.
 func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -117,38 +135,81 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.withDefaults()
-	m := &Manager{cfg: cfg, log: log, mode: cfg.Mode, tools: map[Family]tools{}}
+	m := &Manager{cfg: cfg, log: log, mode: cfg.Mode}
 	if m.mode == ModeAuto {
-		mode, err := m.detect(ctx)
+		mode, err := m.choose(ctx)
 		if err != nil {
 			return nil, err
 		}
 		m.mode = mode
 	}
-	for _, f := range m.families() {
-		t, err := lookTools(f, m.mode)
-		if err != nil {
-			return nil, err
+	be, err := m.newBackend(ctx, m.mode, true)
+	if err != nil {
+		return nil, err
+	}
+	m.be = be
+	for _, other := range []Mode{ModeLegacy, ModeNFT, ModeNFTables} {
+		if other == m.mode {
+			continue
 		}
-		m.tools[f] = t
+		if o, err := m.newBackend(ctx, other, false); err == nil {
+			m.others = append(m.others, o)
+		} else {
+			log.Debug("other rule backend unavailable", "backend", string(other), "err", err)
+		}
+	}
+	if err := m.persist(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// newBackend builds the backend of mode. primary: the families the config
+// programs must all be available (and the version is logged); otherwise
+// (another backend, only cleaned up) whatever families exist.
+func (m *Manager) newBackend(ctx context.Context, mode Mode, primary bool) (backend, error) {
+	if mode == ModeNFTables {
+		n, err := newNFTables(ctx, m.cfg, m.log, &m.bg, primary)
+		if err == nil && primary {
+			m.log.Info("rule backend", "mode", string(mode), "kubelet_uid", n.kubeletUID)
+		}
+		return n, err
+	}
+	if !primary {
+		var fams []Family
+		for _, f := range []Family{IPv4, IPv6} {
+			if _, err := lookTools(f, mode); err == nil {
+				fams = append(fams, f)
+			}
+		}
+		if len(fams) == 0 {
+			return nil, fmt.Errorf("no %s iptables tools", mode)
+		}
+		return newXtables(m.cfg, m.log, mode, &m.spawned, &m.bg, fams)
+	}
+	x, err := newXtables(m.cfg, m.log, mode, &m.spawned, &m.bg, m.families())
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range m.families() {
 		// go-iptables reads the version and confirms the variant.
-		cmd := strings.TrimSuffix(t.restore, "-restore")
+		cmd := strings.TrimSuffix(x.tools[f].restore, "-restore")
 		ipt, err := goipt.New(goipt.IPFamily(protoOf(f)), goipt.Path(cmd))
 		if err != nil {
-			return nil, fmt.Errorf("%s (%s): %w", f, m.mode, err)
+			return nil, fmt.Errorf("%s (%s): %w", f, mode, err)
 		}
 		v1, v2, v3 := ipt.GetIptablesVersion()
-		log.Info("iptables backend", "family", f.String(), "mode", string(m.mode), "version", fmt.Sprintf("%d.%d.%d", v1, v2, v3))
+		m.log.Info("iptables backend", "family", f.String(), "mode", string(mode), "version", fmt.Sprintf("%d.%d.%d", v1, v2, v3))
 	}
-	if !cfg.IPv6 {
+	if !m.cfg.IPv6 {
 		// Not for programming: only so DeletePod can remove IPv6 rules
 		// that someone else (Istio's agent, or ambientd run with --ipv6)
 		// put into a dual-stack pod. Best effort: absent tools, no cleanup.
-		if t, err := lookTools(IPv6, m.mode); err == nil {
-			m.tools[IPv6] = t
+		if t, err := lookTools(IPv6, mode); err == nil {
+			x.tools[IPv6] = t
 		}
 	}
-	return m, nil
+	return x, nil
 }
 
 func protoOf(f Family) goipt.Protocol {
@@ -158,7 +219,7 @@ func protoOf(f Family) goipt.Protocol {
 	return goipt.ProtocolIPv4
 }
 
-// Mode returns the resolved variant (legacy or nft).
+// Mode returns the resolved backend (legacy, nft or nftables).
 func (m *Manager) Mode() Mode { return m.mode }
 
 // Config returns the manager's config with defaults filled in.
@@ -169,210 +230,6 @@ func (m *Manager) families() []Family {
 		return []Family{IPv4, IPv6}
 	}
 	return []Family{IPv4}
-}
-
-func lookTools(f Family, mode Mode) (tools, error) {
-	base := "iptables"
-	if f == IPv6 {
-		base = "ip6tables"
-	}
-	var t tools
-	var err error
-	if t.save, err = lookPath(fmt.Sprintf("%s-%s-save", base, mode)); err != nil {
-		return t, err
-	}
-	if t.restore, err = lookPath(fmt.Sprintf("%s-%s-restore", base, mode)); err != nil {
-		return t, err
-	}
-	return t, nil
-}
-
-func lookPath(name string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	for _, dir := range []string{"/usr/sbin", "/sbin"} {
-		if p, err := exec.LookPath(dir + "/" + name); err == nil {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found on PATH, /usr/sbin or /sbin", name)
-}
-
-// detect counts the rules each variant holds in the current namespace and
-// picks the one with more, nft on a tie (as the Kubernetes iptables-wrapper
-// does), so the agent joins whatever kubelet and kube-proxy already use.
-func (m *Manager) detect(ctx context.Context) (Mode, error) {
-	count := map[Mode]int{}
-	for _, mode := range []Mode{ModeLegacy, ModeNFT} {
-		for _, f := range m.families() {
-			t, err := lookTools(f, mode)
-			if err != nil {
-				m.log.Debug("iptables variant unavailable", "mode", string(mode), "err", err)
-				continue
-			}
-			out, err := m.run(ctx, t.save, nil)
-			if err != nil {
-				m.log.Debug("iptables variant unreadable", "mode", string(mode), "err", err)
-				continue
-			}
-			count[mode] += strings.Count(out, "\n-A ")
-		}
-	}
-	mode := ModeNFT
-	if count[ModeLegacy] > count[ModeNFT] {
-		mode = ModeLegacy
-	}
-	m.log.Info("iptables mode detected", "mode", string(mode), "legacy_rules", count[ModeLegacy], "nft_rules", count[ModeNFT])
-	return mode, nil
-}
-
-// proc is one iptables-save or iptables-restore invocation.
-type proc struct {
-	path  string
-	stdin []byte
-	args  []string
-}
-
-func (m *Manager) restoreProc(f Family, batch string) proc {
-	return proc{path: m.tools[f].restore, stdin: []byte(batch),
-		args: []string{"--noflush", "--wait=" + strconv.Itoa(max(1, int((m.cfg.LockWait+time.Second-1)/time.Second)))}}
-}
-
-func (m *Manager) saveProc(f Family) proc { return proc{path: m.tools[f].save} }
-
-// run runs one program; see runAll.
-func (m *Manager) run(ctx context.Context, path string, stdin []byte, args ...string) (string, error) {
-	outs, errs := m.runAll(ctx, []proc{{path: path, stdin: stdin, args: args}})
-	return outs[0], errs[0]
-}
-
-// runAll starts every process from the calling goroutine, so on a thread
-// locked into a namespace each child inherits that namespace, lets them run
-// side by side (IPv4 and IPv6 at once) and waits for all. Bounded by ctx and
-// cfg.Timeout.
-func (m *Manager) runAll(ctx context.Context, procs []proc) ([]string, []error) {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
-	defer cancel()
-	outs := make([]string, len(procs))
-	errs := make([]error, len(procs))
-	cmds := make([]*exec.Cmd, len(procs))
-	stdouts := make([]bytes.Buffer, len(procs))
-	stderrs := make([]bytes.Buffer, len(procs))
-	for i, p := range procs {
-		cmd := exec.CommandContext(ctx, p.path, p.args...)
-		cmd.Stdout, cmd.Stderr = &stdouts[i], &stderrs[i]
-		if p.stdin != nil {
-			cmd.Stdin = bytes.NewReader(p.stdin)
-		}
-		cmd.WaitDelay = time.Second
-		m.spawned.Add(1)
-		if err := cmd.Start(); err != nil {
-			errs[i] = fmt.Errorf("starting %s: %w", p.path, err)
-			continue
-		}
-		cmds[i] = cmd
-	}
-	for i, cmd := range cmds {
-		if cmd == nil {
-			continue
-		}
-		if err := cmd.Wait(); err != nil {
-			errs[i] = fmt.Errorf("%s %s: %w: %s", procs[i].path, strings.Join(procs[i].args, " "), err, strings.TrimSpace(stderrs[i].String()))
-		}
-		outs[i] = stdouts[i].String()
-	}
-	return outs, errs
-}
-
-// saveAll reads the state of the given families, one save each, concurrently.
-func (m *Manager) saveAll(ctx context.Context, fams []Family) (map[Family]saveState, error) {
-	procs := make([]proc, len(fams))
-	for i, f := range fams {
-		procs[i] = m.saveProc(f)
-	}
-	outs, errs := m.runAll(ctx, procs)
-	states := map[Family]saveState{}
-	for i, f := range fams {
-		if errs[i] != nil {
-			return nil, errs[i]
-		}
-		st, err := parseSave(outs[i])
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", m.tools[f].save, err)
-		}
-		states[f] = st
-	}
-	return states, nil
-}
-
-// converge runs one optimistic batch per family (all families at once); for
-// the families where it fails as a whole, it reads the state (one save) and
-// runs the batch fix renders from it, unless that is empty.
-func (m *Manager) converge(ctx context.Context, what string, fams []Family, first func(Family) string, fix func(Family, saveState) string) error {
-	procs := make([]proc, len(fams))
-	for i, f := range fams {
-		procs[i] = m.restoreProc(f, first(f))
-	}
-	_, errs := m.runAll(ctx, procs)
-	var failed []Family
-	firstErr := map[Family]error{}
-	for i, f := range fams {
-		if errs[i] != nil {
-			failed = append(failed, f)
-			firstErr[f] = errs[i]
-		}
-	}
-	if len(failed) == 0 {
-		return nil
-	}
-	states, err := m.saveAll(ctx, failed)
-	if err != nil {
-		return fmt.Errorf("%s: batch failed (%v), then reading the state failed: %w", what, errors.Join(errs...), err)
-	}
-	procs, fams = procs[:0], fams[:0:0]
-	for _, f := range failed {
-		m.log.Debug("iptables batch fell back to state-based repair", "op", what, "family", f.String(), "first_error", firstErr[f])
-		if batch := fix(f, states[f]); batch != "" {
-			procs = append(procs, m.restoreProc(f, batch))
-			fams = append(fams, f)
-		}
-	}
-	_, errs = m.runAll(ctx, procs)
-	for i, err := range errs {
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", what, fams[i], err)
-		}
-	}
-	return nil
-}
-
-// apply installs rs in the current namespace. The common case, a namespace
-// without our chains, costs one restore per family. Otherwise the state is
-// read (one save) and, only if it differs, repaired (one restore).
-func (m *Manager) apply(ctx context.Context, rs RuleSet) error {
-	return m.converge(ctx, "apply", rs.Families(), rs.RenderApply, rs.renderRepair)
-}
-
-// remove deletes rs's chains and jumps from the current namespace: one
-// restore per family when all are present, else one save plus, if anything
-// of ours is left, one restore.
-func (m *Manager) remove(ctx context.Context, rs RuleSet) error {
-	return m.converge(ctx, "delete", rs.Families(), rs.RenderDelete,
-		func(_ Family, st saveState) string { return rs.renderDeleteFrom(st) })
-}
-
-// verify reads the state (one save per family) and diffs it against rs.
-func (m *Manager) verify(ctx context.Context, rs RuleSet) (Drift, error) {
-	states, err := m.saveAll(ctx, rs.Families())
-	if err != nil {
-		return Drift{}, err
-	}
-	var d Drift
-	for _, f := range rs.Families() {
-		d.add(rs.diff(f, states[f]))
-	}
-	return d, nil
 }
 
 // inNS runs fn on a locked OS thread inside netns. ns.Do restores the thread
@@ -388,27 +245,69 @@ func inNS(netns ns.NetNS, what string, fn func() error) error {
 
 // ApplyPod installs the pod's rules and policy route inside podNS. It is
 // idempotent: on a pod that already has exactly these rules it changes
-// nothing; on one with different or partial rules of ours it converges.
+// nothing; on one with different or partial rules of ours it converges. Our
+// rules found in another backend (the pod was enrolled by Istio's agent in
+// another mode, or before the backend changed) are removed after ours are in
+// place, so the pod is never uncaptured.
 func (m *Manager) ApplyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rs := BuildPodRules(m.cfg, opts)
 	return inNS(podNS, "apply pod rules", func() error {
 		if err := ensurePolicyRoute(m.cfg.IPv6); err != nil {
 			return err
 		}
-		return m.apply(ctx, rs)
+		v := m.view()
+		if err := m.be.applyPod(ctx, opts, v); err != nil {
+			return err
+		}
+		holding, err := m.othersHolding(ctx, v)
+		for _, o := range holding {
+			m.log.Info("removing our rules of another backend from the pod", "backend", string(o.name()), "netns", podNS.Path())
+			if err := o.deletePod(ctx, v); err != nil {
+				return fmt.Errorf("removing %s rules: %w", o.name(), err)
+			}
+		}
+		return err
 	})
 }
 
+// view reads the namespace's nftables chains once for the operation; nil
+// (each backend reads for itself) when that fails, e.g. on a kernel without
+// nf_tables under the legacy backend.
+func (m *Manager) view() *nsView {
+	v, err := readView(&m.bg)
+	if err != nil {
+		m.log.Debug("nftables chains unreadable", "err", err)
+		return nil
+	}
+	return v
+}
+
+// othersHolding returns the other backends that hold in-pod rules of ours in
+// the current namespace.
+func (m *Manager) othersHolding(ctx context.Context, v *nsView) ([]backend, error) {
+	var out []backend
+	for _, o := range m.others {
+		held, err := o.holdsPod(ctx, v)
+		if err != nil {
+			return out, fmt.Errorf("reading %s rules: %w", o.name(), err)
+		}
+		if held {
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}
+
 // VerifyPod reports how the pod's rules and policy route differ from what
-// ApplyPod would install (one save per family, no change).
+// ApplyPod would install, including our rules left in another backend
+// (no change; for nftables one netlink read, for iptables one save per
+// family).
 func (m *Manager) VerifyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions) (Drift, error) {
 	if err := ctx.Err(); err != nil {
 		return Drift{}, err
 	}
-	rs := BuildPodRules(m.cfg, opts)
 	var d Drift
 	err := inNS(podNS, "verify pod rules", func() error {
 		rd, err := verifyPolicyRoute(m.cfg.IPv6)
@@ -416,42 +315,48 @@ func (m *Manager) VerifyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions
 			return err
 		}
 		d.add(rd)
-		fd, err := m.verify(ctx, rs)
+		v := m.view()
+		fd, err := m.be.verifyPod(ctx, opts, v)
 		d.add(fd)
-		return err
+		if err != nil {
+			return err
+		}
+		holding, err := m.othersHolding(ctx, v)
+		for _, o := range holding {
+			d.Unexpected = append(d.Unexpected, fmt.Sprintf("%s: our in-pod rules present in this backend too", o.name()))
+		}
+		if err != nil {
+			return err
+		}
+		return nil
 	})
 	return d, err
 }
 
-// DeletePod removes exactly our chains, jumps and policy route from podNS,
-// leaving built-in chains and anyone else's rules alone. Nothing of ours
-// left is success.
+// DeletePod removes exactly our chains (tables), jumps and policy route from
+// podNS, in every backend that holds them, leaving built-in chains and anyone
+// else's rules alone. Nothing of ours left is success.
 func (m *Manager) DeletePod(ctx context.Context, podNS ns.NetNS) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rs := BuildPodRules(m.cfg, PodOptions{})
 	return inNS(podNS, "delete pod rules", func() error {
-		return errors.Join(m.remove(ctx, rs), m.removeForeignV6(ctx), deletePolicyRoute())
+		v := m.view()
+		errs := []error{m.be.deletePod(ctx, v)}
+		for _, o := range m.others {
+			held, err := o.holdsPod(ctx, v)
+			if err == nil && held {
+				err = o.deletePod(ctx, v)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", o.name(), err))
+			}
+		}
+		return errors.Join(append(errs, deletePolicyRoute())...)
 	})
 }
 
-// removeForeignV6 removes our IPv6 chains from a dual-stack pod when IPv6 is
-// off: they can only have been put there by someone else (Istio's agent, whose
-// pods we adopt, or ambientd run with --ipv6), and left in place they would
-// keep sending the pod's IPv6 connections to a ztunnel that no longer serves
-// it. IPv4-only pods (no global IPv6 address) cost nothing: no process runs.
-func (m *Manager) removeForeignV6(ctx context.Context) error {
-	if _, ok := m.tools[IPv6]; m.cfg.IPv6 || !ok {
-		return nil
-	}
-	has, err := hasGlobalIPv6()
-	if err != nil || !has {
-		return err
-	}
-	cfg := m.cfg
-	cfg.IPv6 = true
-	rs := BuildPodRules(cfg, PodOptions{})
-	return m.converge(ctx, "delete", []Family{IPv6}, rs.RenderDelete,
-		func(_ Family, st saveState) string { return rs.renderDeleteFrom(st) })
-}
+// WaitIdle waits until the netlink sockets the nftables backend releases in
+// the background (see nftBackend.with) are closed, e.g. before exiting or
+// when a test counts file descriptors. The manager stays usable.
+func (m *Manager) WaitIdle() { m.bg.Wait() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -108,30 +109,10 @@ func testPodRules(t *testing.T, mode Mode, c goldenCase) {
 	nsRun(t, pod, tool(IPv4, mode, ""), append([]string{"-w", "-t", last.Table, "-D", last.Chain}, last.Args...)...)
 	nsRun(t, pod, tool(IPv4, mode, ""), "-w", "-t", "mangle", "-A", ChainPrerouting, "-p", "sctp", "-j", "ACCEPT")
 	nsRun(t, pod, "ip", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100")
-	d, err = m.VerifyPod(ctx, pod, c.opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantMissing := []string{"ip rule pref 32764 fwmark 0x111/0xfff lookup 100", "iptables -t " + last.Table + " " + last.Spec()}
-	wantUnexpected := []string{"iptables -t mangle -A ISTIO_PRERT -p sctp -j ACCEPT"}
-	if !reflect.DeepEqual(d.Missing, wantMissing) || !reflect.DeepEqual(d.Unexpected, wantUnexpected) {
-		t.Fatalf("VerifyPod drift:\n%s\nwant missing %q\nwant unexpected %q", d, wantMissing, wantUnexpected)
-	}
-
-	// Apply repairs it.
-	if err := m.ApplyPod(ctx, pod, c.opts); err != nil {
-		t.Fatalf("repairing ApplyPod: %v", err)
-	}
-	if d, err := m.VerifyPod(ctx, pod, c.opts); err != nil || !d.Empty() {
-		t.Fatalf("VerifyPod after repair: %v, %s", err, d)
-	}
-
-	// Verify with other options reports the difference.
-	other := c.opts
-	other.DNSCapture = !other.DNSCapture
-	if d, err := m.VerifyPod(ctx, pod, other); err != nil || d.Empty() {
-		t.Fatalf("VerifyPod with DNS capture flipped found no drift (err %v)", err)
-	}
+	// VerifyPod names exactly that; apply repairs it.
+	checkDriftRepaired(t, m, pod, c.opts,
+		[]string{"ip rule pref 32764 fwmark 0x111/0xfff lookup 100", "iptables -t " + last.Table + " " + last.Spec()},
+		[]string{"iptables -t mangle -A ISTIO_PRERT -p sctp -j ACCEPT"})
 
 	// Delete: nothing of ours left, foreign rules untouched; again is fine.
 	for i := 0; i < 2; i++ {
@@ -230,6 +211,7 @@ func TestBadInput(t *testing.T) {
 	if s := saveText(t, fresh, IPv4, ModeNFT); strings.Contains(s, "ISTIO_") {
 		t.Errorf("rules written with a cancelled context:\n%s", s)
 	}
+	m.WaitIdle() // netlink sockets released in the background
 	if after := testutil.CountFDs(t); after > fds {
 		t.Errorf("file descriptors leaked: %d before, %d after", fds, after)
 	}
@@ -284,8 +266,9 @@ func TestProcessBudget(t *testing.T) {
 	}
 }
 
-// TestDetectMode: auto follows the variant that holds rules in the current
-// namespace (the node's), nft when neither or both hold the same count.
+// TestDetectMode: the iptables variant auto falls back to (no nftables)
+// follows the one that holds rules in the current namespace (the node's),
+// nft when neither or both hold the same count.
 func TestDetectMode(t *testing.T) {
 	requireTools(t)
 	tests := []struct {
@@ -310,10 +293,9 @@ func TestDetectMode(t *testing.T) {
 			}
 			var got Mode
 			err := node.Do(func(ns.NetNS) error {
-				m, err := NewManager(testCtx(t), Config{}, nil)
-				if err == nil {
-					got = m.Mode()
-				}
+				m := &Manager{cfg: Config{}.withDefaults(), log: slog.New(slog.DiscardHandler)}
+				var err error
+				got, err = m.detect(testCtx(t))
 				return err
 			})
 			if err != nil || got != tt.want {

@@ -26,7 +26,7 @@ func (rs RuleSet) RenderApply(f Family) string {
 		}
 		for _, j := range rs.Jumps {
 			if j.Table == t {
-				b.WriteString(j.rule().Spec() + "\n")
+				b.WriteString(j.spec() + "\n")
 			}
 		}
 		b.WriteString("COMMIT\n")
@@ -91,8 +91,11 @@ func (rs RuleSet) renderRepair(f Family, st saveState) string {
 				if !ok || !slices.Contains(ours, target) {
 					continue
 				}
-				j := Jump{Table: t, From: chain, To: target}
-				if slices.Contains(rs.Jumps, j) && args == "-j "+target && !kept[target] {
+				// A jump that must come first is always deleted and
+				// re-inserted at 1 (deleting by spec removes the first
+				// match, so keeping one among duplicates cannot be aimed).
+				j, isOurs := rs.isJump(t, chain, target)
+				if isOurs && !j.First && args == "-j "+target && !kept[target] {
 					kept[target] = true
 					continue
 				}
@@ -103,8 +106,8 @@ func (rs RuleSet) renderRepair(f Family, st saveState) string {
 			if j.Table != t {
 				continue
 			}
-			if !slices.Contains(ts.rules[j.From], "-j "+j.To) {
-				b.WriteString(j.rule().Spec() + "\n")
+			if j.First || !slices.Contains(ts.rules[j.From], "-j "+j.To) {
+				b.WriteString(j.spec() + "\n")
 			}
 		}
 		b.WriteString("COMMIT\n")

@@ -121,10 +121,31 @@ type Jump struct {
 	Table string
 	From  string // built-in chain
 	To    string // our chain
+	// First: the jump must be the first rule of From (inserted at position
+	// 1), so no earlier terminal rule of someone else pre-empts ours.
+	First bool
 }
 
 func (j Jump) rule() Rule {
 	return Rule{Table: j.Table, Chain: j.From, Args: []string{"-j", j.To}}
+}
+
+// spec is the jump as a restore line: appended, or inserted at 1.
+func (j Jump) spec() string {
+	if j.First {
+		return "-I " + j.From + " 1 -j " + j.To
+	}
+	return j.rule().Spec()
+}
+
+// isJump reports whether rs has a plain jump from chain to target.
+func (rs RuleSet) isJump(table, chain, target string) (Jump, bool) {
+	for _, j := range rs.Jumps {
+		if j.Table == table && j.From == chain && j.To == target {
+			return j, true
+		}
+	}
+	return Jump{}, false
 }
 
 // RuleSet is a complete set of our chains and rules for one or two address
@@ -248,7 +269,7 @@ func podRules(f Family, cfg Config, opts PodOptions) []Rule {
 func BuildHostRules(cfg Config) RuleSet {
 	rs := RuleSet{
 		Tables: []string{"nat"},
-		Jumps:  []Jump{{Table: "nat", From: "POSTROUTING", To: ChainPostrouting}},
+		Jumps:  []Jump{{Table: "nat", From: "POSTROUTING", To: ChainPostrouting, First: true}},
 	}
 	rs.V4 = hostRules(IPv4)
 	if cfg.IPv6 {

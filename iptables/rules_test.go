@@ -100,6 +100,97 @@ func TestGoldenPodRules(t *testing.T) {
 	}
 }
 
+// nftGoldenName is the nftables golden file of a case: one inet table set
+// covers both families, so the _v6 cases are the ones with IPv6 on.
+func nftGoldenName(c goldenCase) string { return "nft_" + strings.TrimPrefix(c.name, "pod_") }
+
+func TestGoldenNFTRules(t *testing.T) {
+	for _, c := range goldenPodCases() {
+		t.Run(nftGoldenName(c), func(t *testing.T) {
+			checkGolden(t, nftGoldenName(c), BuildPodRulesNFT(c.cfg, c.opts).Render())
+		})
+	}
+	for _, ipv6 := range []bool{false, true} {
+		name := "nft_host_v4"
+		if ipv6 {
+			name = "nft_host_v6"
+		}
+		t.Run(name, func(t *testing.T) {
+			checkGolden(t, name, BuildHostRulesNFT(Config{IPv6: ipv6}, 0).Render())
+		})
+	}
+}
+
+// TestNFTRulesDiffer: each option changes the nftables rule set too, and
+// with IPv6 off every rule is pinned to IPv4.
+func TestNFTRulesDiffer(t *testing.T) {
+	seen := map[string]string{}
+	for _, c := range goldenPodCases() {
+		got := BuildPodRulesNFT(c.cfg, c.opts).Render()
+		if prev, ok := seen[got]; ok {
+			t.Errorf("%s renders the same as %s", c.name, prev)
+		}
+		seen[got] = c.name
+	}
+	v4 := BuildPodRulesNFT(Config{}, PodOptions{DNSCapture: true})
+	for _, tb := range v4.Tables {
+		for _, r := range tb.Rules {
+			if txt := r.Text(); !strings.HasPrefix(r.Chain, "istio-") {
+				continue
+			} else if !strings.Contains(txt, "ip ") && !strings.Contains(txt, "meta nfproto ipv4") {
+				t.Errorf("IPv6 off, rule not pinned to IPv4: %s %s: %s", tb.Name, r.Chain, txt)
+			}
+		}
+	}
+	if s := v4.Render(); strings.Contains(s, "ip6 ") {
+		t.Errorf("IPv6 rules without IPv6:\n%s", s)
+	}
+}
+
+// TestHostJumpFirst: the host jump is inserted at position 1; a jump found
+// after someone else's rule is drift, and the repair moves it first.
+func TestHostJumpFirst(t *testing.T) {
+	rs := BuildHostRules(Config{})
+	if b := rs.RenderApply(IPv4); !strings.Contains(b, "-I POSTROUTING 1 -j ISTIO_POSTRT\n") {
+		t.Fatalf("apply batch does not insert the jump first:\n%s", b)
+	}
+	chain := "-A ISTIO_POSTRT " + strings.Join(rs.V4[0].Args, " ") + "\n"
+	for _, tt := range []struct {
+		name, post string
+		drift      bool
+	}{
+		{"first", "-A POSTROUTING -j ISTIO_POSTRT\n-A POSTROUTING -j ACCEPT\n", false},
+		{"only", "-A POSTROUTING -j ISTIO_POSTRT\n", false},
+		{"after a terminal rule", "-A POSTROUTING -j ACCEPT\n-A POSTROUTING -j ISTIO_POSTRT\n", true},
+		{"twice", "-A POSTROUTING -j ISTIO_POSTRT\n-A POSTROUTING -j ISTIO_POSTRT\n", true},
+		{"missing", "-A POSTROUTING -j ACCEPT\n", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st, err := parseSave("*nat\n:POSTROUTING ACCEPT [0:0]\n:ISTIO_POSTRT - [0:0]\n" + tt.post + chain + "COMMIT\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := rs.diff(IPv4, st)
+			if d.Empty() == tt.drift {
+				t.Fatalf("drift = %s, want drift %v", d, tt.drift)
+			}
+			repair := rs.renderRepair(IPv4, st)
+			if !tt.drift {
+				if repair != "" {
+					t.Fatalf("repair of an intact node: %q", repair)
+				}
+				return
+			}
+			if !strings.HasSuffix(repair, "-I POSTROUTING 1 -j ISTIO_POSTRT\nCOMMIT\n") || strings.Contains(repair, "-D POSTROUTING -j ACCEPT") {
+				t.Fatalf("repair batch:\n%s", repair)
+			}
+			if want := strings.Count(tt.post, "-j ISTIO_POSTRT"); strings.Count(repair, "-D POSTROUTING -j ISTIO_POSTRT") != want {
+				t.Fatalf("repair must delete all %d existing jumps:\n%s", want, repair)
+			}
+		})
+	}
+}
+
 // TestRulesDiffer guards against golden files that all say the same thing:
 // each option must change the rendered batch.
 func TestRulesDiffer(t *testing.T) {

@@ -126,12 +126,13 @@ func (rs RuleSet) diff(f Family, st saveState) Drift {
 				continue
 			}
 			seen := map[string]bool{}
-			for _, args := range ts.rules[chain] {
+			for i, args := range ts.rules[chain] {
 				target, ok := jumpTarget(args)
 				if !ok || !slices.Contains(ours, target) {
 					continue
 				}
-				if slices.Contains(rs.Jumps, Jump{Table: t, From: chain, To: target}) && args == "-j "+target && !seen[target] {
+				j, isOurs := rs.isJump(t, chain, target)
+				if isOurs && args == "-j "+target && !seen[target] && (!j.First || i == 0) {
 					seen[target] = true
 					continue
 				}
@@ -139,8 +140,12 @@ func (rs RuleSet) diff(f Family, st saveState) Drift {
 			}
 		}
 		for _, j := range rs.Jumps {
-			if j.Table == t && !slices.Contains(ts.rules[j.From], "-j "+j.To) {
-				d.Missing = append(d.Missing, prefix+j.rule().Spec())
+			if j.Table != t {
+				continue
+			}
+			rules := ts.rules[j.From]
+			if j.First && (len(rules) == 0 || rules[0] != "-j "+j.To) || !slices.Contains(rules, "-j "+j.To) {
+				d.Missing = append(d.Missing, prefix+j.spec())
 			}
 		}
 	}

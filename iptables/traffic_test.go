@@ -290,7 +290,7 @@ func ask(n ns.NetNS, network string, dst netip.AddrPort, o dialOpts) (string, er
 
 func TestTrafficCapture(t *testing.T) {
 	requireTools(t)
-	for _, mode := range modes {
+	for _, mode := range allModes {
 		for _, mark := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/listener-mark=%v", mode, mark), func(t *testing.T) {
 				testTraffic(t, mode, mark)
@@ -412,4 +412,43 @@ func normalizeOrigDst(s string) string {
 		parts[1] = "-"
 	}
 	return strings.Join(parts, "|")
+}
+
+// TestTrafficIPv6Off: with IPv6 off, a dual-stack pod's IPv4 is captured and
+// its IPv6 goes direct, on every backend (nftables pins its family-agnostic
+// rules to IPv4, so DNS and marks behave as with the iptables backends).
+func TestTrafficIPv6Off(t *testing.T) {
+	requireTools(t)
+	for _, mode := range allModes {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx := testCtx(t)
+			m := newTestManager(t, mode, Config{DNSCapture: true})
+			pod, peer := newNS(t), newNS(t)
+			vethPair(t, pod, peer, []netip.Addr{podIP, podIP6}, []netip.Addr{peerIP, peerIP6})
+			for _, p := range plans {
+				listen(t, pod, p.tcp, fmt.Sprintf(":%d", OutboundPort), "ztunnel-outbound", true)
+				listen(t, pod, p.udp, net.JoinHostPort(p.localhost, fmt.Sprint(DNSPort)), "ztunnel-dns", true)
+				listen(t, peer, p.tcp, fmt.Sprintf(":%d", peerPort), "peer", false)
+				listen(t, peer, p.udp, ":53", "peer-dns", false)
+			}
+			if err := m.ApplyPod(ctx, pod, PodOptions{DNSCapture: true}); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				network string
+				dst     netip.AddrPort
+				want    string
+			}{
+				{"tcp", netip.AddrPortFrom(peerIP, peerPort), "ztunnel-outbound"},
+				{"udp", netip.AddrPortFrom(peerIP, 53), "ztunnel-dns"},
+				{"tcp", netip.AddrPortFrom(peerIP6, peerPort), "peer"},
+				{"udp", netip.AddrPortFrom(peerIP6, 53), "peer-dns"},
+			} {
+				got, err := ask(pod, c.network, c.dst, dialOpts{})
+				if err != nil || !strings.HasPrefix(got, c.want) {
+					t.Errorf("%s to %s: got %q (err %v), want %s", c.network, c.dst, got, err, c.want)
+				}
+			}
+		})
+	}
 }

@@ -13,6 +13,7 @@ const usage = `usage: ambientd <command> [flags]
 commands:
   run      run the node agent (the default when the first argument is a flag)
   status   ask the running agent about this node's pods (root)
+  uninstall remove the CNI plugin, its config entry and the host rules from this node
   rules    print the exact in-pod and host rules for given options, touching nothing
   version  print the version
 `
@@ -33,6 +34,8 @@ func main() {
 		os.Exit(statusCmd(args))
 	case "rules":
 		os.Exit(rulesCmd(args))
+	case "uninstall":
+		os.Exit(uninstallCmd(args))
 	case "version":
 		fmt.Println(version)
 	case "help":

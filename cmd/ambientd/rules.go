@@ -54,6 +54,7 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		family  = fs.String("family", "", `address family to print: "4", "6" or "all" (default: 4, or all with --ipv6); one family's output pipes straight into (ip6)iptables-restore --noflush`)
 		host    = fs.Bool("host", false, "print the node's probe SNAT rules instead of the in-pod rules")
 		del     = fs.Bool("delete", false, "print the batch that removes the rules instead of the one that installs them")
+		nft     = fs.Bool("nftables", false, "print the native nftables rules (as `nft list` shows them) of --iptables nftables instead of iptables-restore text")
 	)
 	fs.BoolVar(&cfg.IPv6, "ipv6", false, "node has IPv6: add ip6tables rules")
 	fs.BoolVar(&cfg.DNSCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+podmeta.AnnotationDNSCapture+" annotation)")
@@ -84,6 +85,9 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		cfg.IPv6 = true
 	}
 
+	if *nft {
+		return printNFT(cfg, ann, *host, *del, stdout, stderr)
+	}
 	var rs iptables.RuleSet
 	if *host {
 		if len(ann) > 0 {
@@ -114,6 +118,35 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, rs.RenderApply(f))
 		}
 	}
+	return 0
+}
+
+// printNFT prints the nftables backend's tables (one inet table set covers
+// both families; --family picks IPv6 on or off).
+func printNFT(cfg iptables.Config, ann annFlag, host, del bool, stdout, stderr io.Writer) int {
+	var rs iptables.NFTRuleSet
+	if host {
+		if len(ann) > 0 {
+			fmt.Fprintln(stderr, "ambientd rules: --annotation applies to pod rules, not --host")
+			return 2
+		}
+		rs = iptables.BuildHostRulesNFT(cfg, 0)
+		fmt.Fprintln(stdout, "# the agent matches the kubelet's uid (meta skuid), found in /proc; 0 shown")
+	} else {
+		opts, err := podmeta.PodOptions(cfg.DNSCapture, ann)
+		if err != nil {
+			fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
+			return 2
+		}
+		rs = iptables.BuildPodRulesNFT(cfg, opts)
+	}
+	if del {
+		for _, t := range rs.TableNames() {
+			fmt.Fprintf(stdout, "delete table inet %s\n", t)
+		}
+		return 0
+	}
+	fmt.Fprint(stdout, rs.Render())
 	return 0
 }
 

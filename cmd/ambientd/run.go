@@ -39,6 +39,7 @@ type runFlags struct {
 	iptablesLockWait                                time.Duration
 	kubeQPS                                         float64
 	kubeBurst, workers, maxParallelAdds             int
+	install                                         installFlags
 }
 
 // envOf maps flag names to their environment variables.
@@ -90,12 +91,12 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.healthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
 	fs.StringVar(&f.hostProc, "host-proc", def.HostProc, "host /proc, scanned for running pods' network namespaces")
-	fs.StringVar(&f.iptablesMode, "iptables", "auto", "iptables variant: auto, legacy or nft")
+	fs.StringVar(&f.iptablesMode, "iptables", "auto", "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
 	fs.DurationVar(&f.iptablesLockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
 	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(def.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
 	fs.BoolVar(&f.dnsCapture, "dns-capture", def.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
 	fs.BoolVar(&f.ipv6, "ipv6", false, "also program IPv6 rules")
-	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin and conflist (not implemented yet; must be false)")
+	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin into the host's bin dir and config, keep it there, report it in readiness (see docs/install.md)")
 	fs.BoolVar(&f.failPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
 	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", def.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
 	fs.DurationVar(&f.retryBase, "retry-base-delay", def.RetryBaseDelay, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
@@ -105,6 +106,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
 	fs.IntVar(&f.workers, "workers", def.Workers, "pod syncs run at once from the workqueue (informer events, retries)")
 	fs.IntVar(&f.maxParallelAdds, "max-parallel-adds", def.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
+	f.install.register(fs)
 	for name, env := range envOf {
 		fl := fs.Lookup(name)
 		fl.Usage += " (env " + env + ")"
@@ -123,6 +125,9 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 				return f, fmt.Errorf("%s (for --%s): %w", env, name, err)
 			}
 		}
+	}
+	if err := applyEnv(fs, installEnvOf, getenv); err != nil {
+		return f, err
 	}
 	return f, f.validate()
 }
@@ -158,8 +163,8 @@ func (f runFlags) validate() error {
 			return fmt.Errorf("--exclude-namespaces: %q: %s", n, strings.Join(errs, "; "))
 		}
 	}
-	if f.installCNI {
-		return errors.New("--install-cni: installing the CNI plugin is not implemented yet; run with --install-cni=false")
+	if _, err := f.install.config(f.cniSocket, f.excluded()); f.installCNI && err != nil {
+		return err
 	}
 	if f.iptablesLockWait < time.Second || f.iptablesLockWait > time.Minute {
 		return fmt.Errorf("--iptables-lock-wait %v: want between 1s and 1m", f.iptablesLockWait)
@@ -251,14 +256,25 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac.PodLookupTimeout = f.podLookupTimeout
 	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
 	ac.Workers, ac.MaxParallelAdds = f.workers, f.maxParallelAdds
+	var pluginInstalled func() error
+	if f.installCNI {
+		cfg, _ := f.install.config(f.cniSocket, f.excluded()) // validated
+		ci, err := startCNIInstall(ctx, f.install, cfg, f.nodeName, client, rules, log.With("component", "cni-install"))
+		if err != nil {
+			return err
+		}
+		defer ci.Finish()          // TODO(coordinator): ci.Ready / ci.Check into /readyz and nodeready.Inputs.PluginInstalled
+		pluginInstalled = ci.Check // ambientd_cni_plugin_installed and `ambientd status`
+	}
 	node, err := daemon.New(daemon.Config{
-		Agent:         ac,
-		ZtunnelSocket: f.ztunnelSocket,
-		CNISocket:     f.cniSocket,
-		AdminSocket:   f.adminSocket,
-		Version:       version,
-		HealthAddr:    f.healthAddr,
-		MetricsAddr:   f.metricsAddr,
+		Agent:           ac,
+		PluginInstalled: pluginInstalled,
+		ZtunnelSocket:   f.ztunnelSocket,
+		CNISocket:       f.cniSocket,
+		AdminSocket:     f.adminSocket,
+		Version:         version,
+		HealthAddr:      f.healthAddr,
+		MetricsAddr:     f.metricsAddr,
 	}, client, rules, log)
 	if err != nil {
 		return err

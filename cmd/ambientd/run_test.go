@@ -47,7 +47,11 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "bad health addr", args: []string{"--node-name=n", "--health-addr=8000"}, env: env(), wantErr: "--health-addr"},
 		{name: "bad metrics addr", args: []string{"--node-name=n", "--metrics-addr=x"}, env: env(), wantErr: "--metrics-addr"},
 		{name: "bad namespace", args: []string{"--node-name=n", "--exclude-namespaces=ok,Not_OK"}, env: env(), wantErr: "--exclude-namespaces"},
-		{name: "install cni not yet", args: []string{"--node-name=n", "--install-cni"}, env: env(), wantErr: "--install-cni"},
+		{name: "install cni accepted", args: []string{"--node-name=n", "--install-cni"}, env: env(), check: func(t *testing.T, f runFlags) {
+			if !f.installCNI {
+				t.Error("--install-cni not set")
+			}
+		}},
 		{name: "bad node name", args: []string{"--node-name=N_1"}, env: env(), wantErr: "--node-name"},
 		{name: "bad retry base", args: []string{"--node-name=n", "--retry-base-delay=0s"}, env: env(), wantErr: "--retry-base-delay"},
 		{name: "retry max below base", args: []string{"--node-name=n", "--retry-base-delay=2s", "--retry-max-delay=1s"}, env: env(), wantErr: "--retry-max-delay"},

@@ -29,8 +29,8 @@ type Agent struct {
 
 // DefaultAgentArgs are the flags StartAgent passes before cfg.Args: the agent
 // kubeconfig (service account token, deploy/rbac.yaml), this node, the
-// environment's sockets, loopback health/metrics ports, and no CNI install
-// (the environment owns the chain's conflist).
+// environment's sockets, loopback health/metrics ports, no CNI install
+// (the environment owns the chain's conflist) and the iptables-nft backend.
 func (e *Env) DefaultAgentArgs(healthAddr, metricsAddr string) []string {
 	return []string{
 		"run",
@@ -43,6 +43,10 @@ func (e *Env) DefaultAgentArgs(healthAddr, metricsAddr string) []string {
 		"--metrics-addr=" + metricsAddr,
 		"--host-proc=/proc",
 		"--install-cni=false",
+		// The e2e assertions read iptables-save; the native nftables
+		// backend (what auto picks on a clean node) has its own tests in
+		// iptables/. A later flag in cfg.Args overrides this.
+		"--iptables=nft",
 	}
 }
 

@@ -33,6 +33,9 @@ type Options struct {
 	// NodeTaints are set on the Node at creation (e.g. the agent's startup
 	// taint cni.istio.io/not-ready).
 	NodeTaints []corev1.Taint
+	// SkipNode creates no Node object: a real kubelet registers the node
+	// itself (internal/nodeenv).
+	SkipNode bool
 	// AmbientPlugin puts bin/ambientd-cni last in the chain, configured for
 	// the environment's CNI socket. Chain.SetAmbientPlugin changes it later.
 	AmbientPlugin bool
@@ -134,8 +137,10 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 	if err := ApplyManifest(ctx, e.CP.Admin, filepath.Join(root, "deploy", "rbac.yaml"), AgentNamespace); err != nil {
 		return e, fmt.Errorf("apply RBAC: %w", err)
 	}
-	if _, err := CreateNode(ctx, e.CP.Admin, e.NodeName, opts.NodeTaints); err != nil {
-		return e, err
+	if !opts.SkipNode {
+		if _, err := CreateNode(ctx, e.CP.Admin, e.NodeName, opts.NodeTaints); err != nil {
+			return e, err
+		}
 	}
 
 	var ambient map[string]any
@@ -165,6 +170,24 @@ func (e *Env) AmbientPluginConf() map[string]any {
 
 func (e *Env) logPath(name string) string {
 	return filepath.Join(e.Dir, "logs", name+".log")
+}
+
+// LogPath is where StartProcess(name, ...) logs.
+func (e *Env) LogPath(name string) string { return e.logPath(name) }
+
+// StartProcess starts path with args (and extra environment env) as a
+// process of the environment: output to LogPath(name), killed with the test
+// program (Pdeathsig), stopped by Close in reverse start order before the
+// control plane. For programs the environment has no helper for, such as the
+// real node's containerd and kubelet.
+func (e *Env) StartProcess(name, path string, env []string, args ...string) (*Process, error) {
+	p := newProcess(e.sp, name, path, e.logPath(name), args...)
+	p.Env = env
+	if err := p.Start(); err != nil {
+		return nil, err
+	}
+	e.trackProcess(p)
+	return p, nil
 }
 
 func (e *Env) trackProcess(p *Process) {

@@ -110,6 +110,10 @@ func (c *cgroups) close() error {
 	return errors.Join(errs...)
 }
 
+// RemoveCgroup SIGKILLs the processes of one cgroup directory (which must
+// have no child cgroups left) and removes it; see removeCgroup.
+func RemoveCgroup(dir string) error { return removeCgroup(dir) }
+
 // removeCgroup SIGKILLs whatever is still in the cgroup dir and removes it,
 // waiting (bounded) for the kernel to see it empty. A missing dir is fine.
 func removeCgroup(dir string) error {

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+)
+
+// installFlags are the install-cni settings shared by `ambientd run`
+// (with --install-cni) and `ambientd uninstall`.
+type installFlags struct {
+	binSource, binDir, confDir, confName, ownedName string
+	owned                                           bool
+	pluginLogLevel, pluginLogFile                   string
+	pluginTimeout                                   time.Duration
+	daemonSet, namespace                            string
+}
+
+// installEnvOf maps the install flags to their environment variables.
+var installEnvOf = map[string]string{
+	"cni-bin-source":        "AMBIENTD_CNI_BIN_SOURCE",
+	"cni-bin-dir":           "AMBIENTD_CNI_BIN_DIR",
+	"cni-conf-dir":          "AMBIENTD_CNI_CONF_DIR",
+	"cni-conf-name":         "AMBIENTD_CNI_CONF_NAME",
+	"cni-owned-config":      "AMBIENTD_CNI_OWNED_CONFIG",
+	"cni-owned-config-name": "AMBIENTD_CNI_OWNED_CONFIG_NAME",
+	"cni-plugin-log-level":  "AMBIENTD_CNI_PLUGIN_LOG_LEVEL",
+	"cni-plugin-log-file":   "AMBIENTD_CNI_PLUGIN_LOG_FILE",
+	"cni-plugin-timeout":    "AMBIENTD_CNI_PLUGIN_TIMEOUT",
+	"daemonset-name":        "AMBIENTD_DAEMONSET_NAME",
+	"daemonset-namespace":   "POD_NAMESPACE",
+}
+
+// register adds the install flags to fs (usage names each env variable).
+func (f *installFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.binSource, "cni-bin-source", "", "the plugin binary to install (default: ambientd-cni beside this executable)")
+	fs.StringVar(&f.binDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
+	fs.StringVar(&f.confDir, "cni-conf-dir", "/host/etc/cni/net.d", "the host's CNI conf dir, as mounted")
+	fs.StringVar(&f.confName, "cni-conf-name", "", "config file to insert into (default: the lexically first valid .conf/.conflist/.json, as runtimes choose)")
+	fs.BoolVar(&f.owned, "cni-owned-config", false, "write our own conflist that sorts first (a copy of the primary config plus our plugin) instead of editing the primary's file")
+	fs.StringVar(&f.ownedName, "cni-owned-config-name", cniinstall.DefaultOwnedName, "file name of the owned conflist; must sort before the primary's")
+	fs.StringVar(&f.pluginLogLevel, "cni-plugin-log-level", "info", "the plugin's logLevel in its config entry")
+	fs.StringVar(&f.pluginLogFile, "cni-plugin-log-file", "", "the plugin's logFile on the host (default: stderr, i.e. the runtime's log)")
+	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", 30*time.Second, "the plugin's timeout for one ADD's call to the agent")
+	fs.StringVar(&f.daemonSet, "daemonset-name", "ambientd", "the agent's DaemonSet, read at shutdown to tell uninstall from upgrade")
+	fs.StringVar(&f.namespace, "daemonset-namespace", "istio-system", "the DaemonSet's namespace")
+	for name, env := range installEnvOf {
+		fs.Lookup(name).Usage += " (env " + env + ")"
+	}
+}
+
+// applyEnv sets each flag of envOf that was not given from its variable.
+func applyEnv(fs *flag.FlagSet, envOf map[string]string, getenv func(string) string) error {
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	for name, env := range envOf {
+		if v := getenv(env); v != "" && !given[name] {
+			if err := fs.Set(name, v); err != nil {
+				return fmt.Errorf("%s (for --%s): %w", env, name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// config builds the installer's config; cniSocket is the agent's socket
+// (the same path on the host: it is a hostPath mount) and exclude the
+// namespaces the plugin passes through without asking the agent.
+func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Config, error) {
+	src := f.binSource
+	if src == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return cniinstall.Config{}, fmt.Errorf("--cni-bin-source: locating this executable: %w", err)
+		}
+		src = filepath.Join(filepath.Dir(exe), cniinstall.DefaultPluginType)
+	}
+	if f.pluginTimeout <= 0 {
+		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-timeout %v: must be positive", f.pluginTimeout)
+	}
+	if _, err := parseLevel(f.pluginLogLevel); err != nil {
+		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-log-level: %w", err)
+	}
+	if f.pluginLogFile != "" && !filepath.IsAbs(f.pluginLogFile) {
+		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-log-file %q: must be an absolute path", f.pluginLogFile)
+	}
+	cfg := cniinstall.Config{
+		BinSource: src, BinDir: f.binDir, ConfDir: f.confDir, ConfName: f.confName,
+		Owned: f.owned, OwnedName: f.ownedName,
+		Entry: cniinstall.Entry{
+			Type:              cniinstall.DefaultPluginType,
+			AgentSocket:       cniSocket,
+			Timeout:           f.pluginTimeout.String(),
+			ExcludeNamespaces: exclude,
+			LogLevel:          f.pluginLogLevel,
+			LogFile:           f.pluginLogFile,
+		},
+	}
+	return cfg, cfg.Validate()
+}
+
+// cniInstall is the running installer as `ambientd run` uses it.
+type cniInstall struct {
+	inst            *cniinstall.Installer
+	cancel          context.CancelFunc
+	done            chan error
+	f               installFlags
+	nodeName        string
+	client          kubernetes.Interface
+	rules           *iptables.Manager
+	log             *slog.Logger
+	shutdownTimeout time.Duration
+}
+
+// startCNIInstall starts the installer beside the agent. Its Ready belongs
+// in the agent's readiness (and node condition); Finish, called once the
+// agent has stopped, applies the uninstall-on-shutdown rule.
+func startCNIInstall(ctx context.Context, f installFlags, cfg cniinstall.Config, nodeName string, client kubernetes.Interface, rules *iptables.Manager, log *slog.Logger) (*cniInstall, error) {
+	inst, err := cniinstall.New(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	c := &cniInstall{inst: inst, cancel: cancel, done: make(chan error, 1), f: f, nodeName: nodeName, client: client, rules: rules, log: log, shutdownTimeout: 10 * time.Second}
+	go func() { c.done <- inst.Run(ctx) }()
+	return c, nil
+}
+
+// Ready is the installer's readiness: our entry in the runtime's config.
+func (c *cniInstall) Ready() (bool, string) { return c.inst.Ready() }
+
+// Check is Ready as an error (nil = installed), the shape of
+// nodeready.Inputs.PluginInstalled.
+func (c *cniInstall) Check() error { return c.inst.Check() }
+
+// Finish stops the installer (which leaves everything installed), then
+// uninstalls only when the DaemonSet is gone, being deleted or no longer
+// selects this node; otherwise (upgrade, restart) everything stays.
+func (c *cniInstall) Finish() error {
+	c.cancel()
+	if err := <-c.done; err != nil {
+		c.log.Error("CNI installer stopped", "error", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	uninstall, reason, err := cniinstall.UninstallOnShutdown(ctx, c.client, c.f.namespace, c.f.daemonSet, c.nodeName)
+	if err != nil {
+		c.log.Warn("cannot tell uninstall from upgrade; leaving the plugin and rules in place", "error", err)
+		return nil
+	}
+	if !uninstall {
+		c.log.Info("leaving the CNI plugin, its config and the rules in place", "reason", reason)
+		return nil
+	}
+	c.log.Info("uninstalling from the node", "reason", reason)
+	return uninstallNode(ctx, c.inst, c.rules)
+}
+
+// uninstallNode removes the plugin's config entry (or owned file), its
+// binary, then the host probe rules and sets. In-pod rules stay: they go
+// with their pods.
+func uninstallNode(ctx context.Context, inst *cniinstall.Installer, rules *iptables.Manager) error {
+	if err := inst.Uninstall(); err != nil {
+		return fmt.Errorf("uninstalling the CNI plugin: %w", err)
+	}
+	if err := rules.DeleteHostRules(ctx); err != nil {
+		return fmt.Errorf("removing host rules: %w", err)
+	}
+	return nil
+}
