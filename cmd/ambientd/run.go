@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
@@ -32,6 +33,7 @@ import (
 // that sets it when the flag is not given (flags win).
 type runFlags struct {
 	kubeconfig, nodeName, ztunnelSocket, cniSocket  string
+	adminSocket                                     string
 	healthAddr, metricsAddr, hostProc, iptablesMode string
 	excludeNamespaces, logLevel, runDir             string
 	podConditionType, ztunnelSocketMode             string
@@ -39,8 +41,9 @@ type runFlags struct {
 	verifyInterval                                  time.Duration
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
+	iptablesLockWait                                time.Duration
 	kubeQPS                                         float64
-	kubeBurst                                       int
+	kubeBurst, workers, maxParallelAdds             int
 	install                                         installFlags
 	nodeReady                                       nodeready.Config
 }
@@ -71,6 +74,10 @@ var envOf = map[string]string{
 	"ztunnel-socket-mode": "AMBIENTD_ZTUNNEL_SOCKET_MODE",
 	"pod-condition-type":  "AMBIENTD_POD_CONDITION_TYPE",
 	"kubelet-uid":         "AMBIENTD_KUBELET_UID",
+	"admin-socket":        "AMBIENTD_ADMIN_SOCKET",
+	"iptables-lock-wait":  "AMBIENTD_IPTABLES_LOCK_WAIT",
+	"workers":             "AMBIENTD_WORKERS",
+	"max-parallel-adds":   "AMBIENTD_MAX_PARALLEL_ADDS",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -91,10 +98,12 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (required)")
 	fs.StringVar(&f.ztunnelSocket, "ztunnel-socket", ztunnelproto.DefaultSocketPath, "Unix socket ztunnel connects to")
 	fs.StringVar(&f.cniSocket, "cni-socket", cniapi.DefaultSocketPath, "Unix socket the CNI plugin calls")
+	fs.StringVar(&f.adminSocket, "admin-socket", admin.DefaultSocketPath, "Unix socket the status command asks (root only)")
 	fs.StringVar(&f.healthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
 	fs.StringVar(&f.hostProc, "host-proc", def.HostProc, "host /proc, scanned for running pods' network namespaces")
 	fs.StringVar(&f.iptablesMode, "iptables", "auto", "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
+	fs.DurationVar(&f.iptablesLockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
 	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(def.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
 	fs.BoolVar(&f.dnsCapture, "dns-capture", def.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
 	fs.BoolVar(&f.ipv6, "ipv6", def.IPv6, "also capture IPv6 (harmless in IPv4-only pods); with --ipv6=false a pod with an IPv6 address fails its CNI ADD rather than run with IPv6 uncaptured")
@@ -110,6 +119,8 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Float64Var(&f.kubeQPS, "kube-qps", defaultKubeQPS, "Kubernetes API requests per second the agent may make (client-go rate limit)")
 	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
+	fs.IntVar(&f.workers, "workers", def.Workers, "pod syncs run at once from the workqueue (informer events, retries)")
+	fs.IntVar(&f.maxParallelAdds, "max-parallel-adds", def.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
 	f.install.register(fs)
 	fs.StringVar(&f.podConditionType, "pod-condition-type", def.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
 	nodeReady := nodeReadyFlags(fs)
@@ -165,13 +176,13 @@ func (f runFlags) validate() error {
 	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
 		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
 	}
-	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc, "--cni-conf-dir": f.install.confDir, "--run-dir": f.runDir} {
+	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc, "--cni-conf-dir": f.install.confDir, "--run-dir": f.runDir, "--admin-socket": f.adminSocket} {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("%s %q: must be an absolute path", flagName, p)
 		}
 	}
-	if f.ztunnelSocket == f.cniSocket {
-		return fmt.Errorf("--ztunnel-socket and --cni-socket must differ (both %q)", f.cniSocket)
+	if f.ztunnelSocket == f.cniSocket || f.adminSocket == f.cniSocket || f.adminSocket == f.ztunnelSocket {
+		return fmt.Errorf("--ztunnel-socket %q, --cni-socket %q and --admin-socket %q must differ", f.ztunnelSocket, f.cniSocket, f.adminSocket)
 	}
 	if fi, err := os.Stat(f.hostProc); err != nil || !fi.IsDir() {
 		return fmt.Errorf("--host-proc %q: not a readable directory: %v", f.hostProc, err)
@@ -195,6 +206,9 @@ func (f runFlags) validate() error {
 	if _, err := f.install.config(f.cniSocket, f.excluded()); f.installCNI && err != nil {
 		return err
 	}
+	if f.iptablesLockWait < time.Second || f.iptablesLockWait > time.Minute {
+		return fmt.Errorf("--iptables-lock-wait %v: want between 1s and 1m", f.iptablesLockWait)
+	}
 	if f.podLookupTimeout <= 0 || f.podLookupTimeout > 5*time.Minute {
 		return fmt.Errorf("--pod-lookup-timeout %v: want between 0 and 5m", f.podLookupTimeout)
 	}
@@ -209,6 +223,9 @@ func (f runFlags) validate() error {
 	}
 	if _, err := f.socketMode(); err != nil {
 		return err
+	}
+	if f.workers < 1 || f.workers > 256 || f.maxParallelAdds < 1 || f.maxParallelAdds > 1024 {
+		return fmt.Errorf("--workers %d / --max-parallel-adds %d: want 1..256 / 1..1024", f.workers, f.maxParallelAdds)
 	}
 	if f.kubeQPS <= 0 || f.kubeBurst < 1 {
 		return fmt.Errorf("--kube-qps %v / --kube-burst %d: must be positive", f.kubeQPS, f.kubeBurst)
@@ -281,7 +298,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	// The backend choice is persisted in the run dir (tmpfs: it survives
 	// restarts, not reboots — as the rules themselves).
 	rulesCfg := iptables.Config{IPv6: f.ipv6, DNSCapture: f.dnsCapture, Mode: iptables.Mode(f.iptablesMode),
-		StateDir: f.runDir, HostProc: f.hostProc, KubeletUID: f.kubeletUIDValue()}
+		StateDir: f.runDir, HostProc: f.hostProc, KubeletUID: f.kubeletUIDValue(), LockWait: f.iptablesLockWait}
 	rules, err := iptables.NewManager(ctx, rulesCfg, log.With("component", "iptables"))
 	if err != nil {
 		return fmt.Errorf("--iptables %s: %w", f.iptablesMode, err)
@@ -299,6 +316,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
 	ac.PodConditionType = f.podConditionType
 	ac.VerifyInterval, ac.IPv6, ac.RunDir = f.verifyInterval, f.ipv6, f.runDir
+	ac.Workers, ac.MaxParallelAdds = f.workers, f.maxParallelAdds
 	mode, _ := f.socketMode() // validated
 	// With --install-cni the installer's own check (our entry last in the
 	// config the runtime uses) feeds /readyz and the node condition;
@@ -323,6 +341,8 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		NodeReady:         f.nodeReady,
 		CNIConfDir:        f.install.confDir,
 		PluginInstalled:   pluginInstalled,
+		AdminSocket:       f.adminSocket,
+		Version:           version,
 	}, client, rules, log)
 	if err != nil {
 		return err

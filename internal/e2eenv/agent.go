@@ -39,6 +39,7 @@ func (e *Env) DefaultAgentArgs(healthAddr, metricsAddr string) []string {
 		"--node-name=" + e.NodeName,
 		"--ztunnel-socket=" + e.ZtunnelSocket,
 		"--cni-socket=" + e.CNISocket,
+		"--admin-socket=" + e.AdminSocket,
 		"--health-addr=" + healthAddr,
 		"--metrics-addr=" + metricsAddr,
 		"--host-proc=/proc",

@@ -66,6 +66,8 @@ type Env struct {
 	CNISocket     string
 	// AgentRunDir is the agent's --run-dir (its pod state file).
 	AgentRunDir string
+	// AdminSocket is the agent's admin socket (`ambientd status`).
+	AdminSocket string
 	// CNIPluginLog is where bin/ambientd-cni logs when in the chain.
 	CNIPluginLog string
 
@@ -107,6 +109,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		ZtunnelSocket: filepath.Join(dir, "run", "ztunnel", "ztunnel.sock"),
 		CNISocket:     filepath.Join(dir, "run", "ambientd", "cni.sock"),
 		AgentRunDir:   filepath.Join(dir, "run", "ambientd"),
+		AdminSocket:   filepath.Join(dir, "run", "ambientd", "admin.sock"),
 		CNIPluginLog:  filepath.Join(dir, "logs", "ambientd-cni.log"),
 		log:           opts.Log, sp: newSpawner(), netnsDir: filepath.Join(dir, "netns"),
 		pods: map[*Pod]struct{}{},

@@ -25,6 +25,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -88,7 +89,7 @@ type Config struct {
 	// RetryBaseDelay..RetryMaxDelay is the per-pod backoff of failed syncs,
 	// including pending pods.
 	RetryBaseDelay, RetryMaxDelay time.Duration
-	// Workers sync pods concurrently.
+	// Workers sync pods concurrently (informer events, retries).
 	Workers int
 	// PodConditionType is the pod condition the agent maintains on the
 	// pods it enrolls (in the same write as the annotation).
@@ -102,6 +103,10 @@ type Config struct {
 	// recorded at CNI ADD; tmpfs, so gone after a reboot like the
 	// namespaces). Empty: no state file.
 	RunDir string
+	// MaxParallelAdds bounds the CNI ADDs enrolling at once; more wait
+	// (within their deadline). Each runs iptables-restore in the pod's
+	// netns, so this bounds the processes a burst of new pods forks.
+	MaxParallelAdds int
 }
 
 // DefaultPodConditionType is the pod condition a readiness gate names.
@@ -122,6 +127,7 @@ func DefaultConfig() Config {
 		VerifyInterval:   60 * time.Second,
 		IPv6:             true,
 		RunDir:           "/var/run/ambientd",
+		MaxParallelAdds:  16,
 	}
 }
 
@@ -147,6 +153,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PodConditionType == "" {
 		c.PodConditionType = d.PodConditionType
+	}
+	if c.MaxParallelAdds <= 0 {
+		c.MaxParallelAdds = d.MaxParallelAdds
 	}
 	return c
 }
@@ -175,6 +184,8 @@ type Agent struct {
 	podSeen               broadcast                                    // fires on every pod event
 
 	locks keyedMutex
+	// adds holds a token per CNI ADD enrolling (Config.MaxParallelAdds).
+	adds chan struct{}
 
 	// refused holds the uids a ztunnel refused in its snapshot, until
 	// their next sync takes them (under the per-pod lock) back to pending.
@@ -209,6 +220,7 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		rules:  rules,
 		reg:    reg,
 		finder: podnetns.New(cfg.HostProc),
+		adds:   make(chan struct{}, cfg.MaxParallelAdds),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
@@ -224,10 +236,13 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		}
 		a.state = st
 	}
-	a.metrics = newMetrics(reg)
+	a.metrics = newMetrics(reg, a.queue.Len)
 	a.status = podstatus.New(client, log.With("component", "podstatus"), podstatus.Options{
 		ConditionType: cfg.PodConditionType,
-		OnResult:      func(r podstatus.Result) { a.metrics.annotations.WithLabelValues(string(r)).Inc() },
+		OnResult: func(r podstatus.Result, took time.Duration) {
+			a.metrics.annotations.WithLabelValues(string(r)).Inc()
+			a.metrics.steps.WithLabelValues("status_write").Observe(took.Seconds())
+		},
 	})
 
 	// Pods of this node only: the field selector keeps the cache small on
@@ -238,6 +253,11 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		}))
 	a.nsFactory = informers.NewSharedInformerFactory(client, 0)
 	a.podInformer = a.podFactory.Core().V1().Pods().Informer()
+	// The agent never reads managed fields; dropping them from the cache
+	// saves memory at hundreds of pods (docs/scale.md).
+	if err := a.podInformer.SetTransform(dropManagedFields); err != nil {
+		return nil, fmt.Errorf("agent: pod informer transform: %w", err)
+	}
 	if err := a.podInformer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
 			return []string{string(p.UID)}, nil
@@ -251,6 +271,9 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		Help: "Pods of this node in the agent's informer cache.",
 	}, func() float64 { return float64(len(a.podInformer.GetStore().ListKeys())) }))
 	a.nsInformer = a.nsFactory.Core().V1().Namespaces().Informer()
+	if err := a.nsInformer.SetTransform(dropManagedFields); err != nil {
+		return nil, fmt.Errorf("agent: namespace informer transform: %w", err)
+	}
 	a.nsLister = a.nsFactory.Core().V1().Namespaces().Lister()
 
 	// Event handlers only enqueue keys; all decisions happen in sync.
@@ -273,6 +296,15 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		return nil, fmt.Errorf("agent: namespace event handler: %w", err)
 	}
 	return a, nil
+}
+
+// dropManagedFields is the informers' transform: objects are cached without
+// their managed fields.
+func dropManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 func (a *Agent) enqueuePod(obj any) {
@@ -373,6 +405,7 @@ func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
 				a.log.Info("ztunnel snapshot acked, retrying pending pods", "pending", len(pending))
 			}
 			for _, uid := range pending {
+				a.metrics.retries.WithLabelValues("snapshot_ack").Inc()
 				a.queue.Add(uid)
 			}
 		}
@@ -393,6 +426,7 @@ func (a *Agent) worker(ctx context.Context) {
 		case ctx.Err() != nil:
 			a.queue.Forget(uid)
 		default:
+			a.metrics.retry(err)
 			a.queue.AddRateLimited(uid)
 		}
 		a.queue.Done(uid)
@@ -401,6 +435,8 @@ func (a *Agent) worker(ctx context.Context) {
 
 // keyedMutex serialises work on one pod (CNI ADD/DEL, sync, snapshot
 // refusals) without blocking other pods. Entries are dropped when unused.
+// The map's mutex is held only to find an entry, never while waiting for one
+// or across I/O.
 type keyedMutex struct {
 	mu sync.Mutex
 	m  map[string]*keyedEntry

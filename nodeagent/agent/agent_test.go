@@ -946,3 +946,53 @@ func TestLookupIsGentle(t *testing.T) {
 		t.Errorf("%d GETs for an unknown pod, want between 1 and 6 (capped exponential backoff)", n)
 	}
 }
+
+// TestCNIAddAbandonedIsNotFinished: an ADD that waits for the pod's lock
+// (another operation on the pod is slow) past its caller's deadline fails
+// and leaves nothing behind, and does not run once the lock is free.
+func TestCNIAddAbandonedIsNotFinished(t *testing.T) {
+	p := pod("app", "slow", "uid-slow", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.zt.connect()
+	unlock := h.agent.locks.lock("uid-slow") // a slow sync of the same pod
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := h.agent.HandleAdd(ctx, event(p)); done <- err }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		unlock() // the old behaviour: the ADD runs once the lock is free
+		err = <-done
+		t.Errorf("HandleAdd kept waiting for the pod's lock past its deadline")
+	}
+	unlock()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("HandleAdd = %v; want an error wrapping context.DeadlineExceeded", err)
+	}
+	if applied, _, _ := h.rules.counts(); applied != 0 {
+		t.Errorf("rules applied %d times for an abandoned ADD; want 0", applied)
+	}
+	if _, ok := h.reg.Get("uid-slow"); ok || h.zt.tried("uid-slow") != 0 {
+		t.Errorf("abandoned ADD registered the pod (%v) or told ztunnel (%d tries)", ok, h.zt.tried("uid-slow"))
+	}
+	if got := h.failures("deadline"); got != 1 {
+		t.Errorf("ambientd_failures_total{reason=deadline} = %v, want 1", got)
+	}
+}
+
+// TestCNIAddsRunInParallel: ADDs of different pods do not wait for each
+// other: while one pod's lock is held, another pod enrolls.
+func TestCNIAddsRunInParallel(t *testing.T) {
+	a, b := pod("app", "a", "uid-a", nil), pod("app", "b", "uid-b", nil)
+	h := newHarness(t, namespace("app", true), a, b)
+	h.zt.connect()
+	unlock := h.agent.locks.lock("uid-a")
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := h.agent.HandleAdd(ctx, event(b)); err != nil || out != Enrolled {
+		t.Fatalf("HandleAdd(b) while a is locked = %v, %v; want Enrolled", out, err)
+	}
+}

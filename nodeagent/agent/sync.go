@@ -44,9 +44,14 @@ type podSync struct {
 // in == nil; CNI ADD with what only it knows, and gets the sync's outcome.
 // It is idempotent; an error requeues the pod (workqueue) or fails the ADD.
 // It runs under the pod's lock, like every change of the pod's phase.
+//
+// A CNI ADD waits for the lock only within its deadline (the plugin's, which
+// gRPC carries here): one whose caller gave up fails without touching the
+// pod, rather than enrolling later a sandbox the runtime already abandoned.
 func (a *Agent) sync(ctx context.Context, uid string, in *cniInput) (Outcome, error) {
 	unlock, err := a.locks.lockCtx(ctx, uid)
 	if err != nil {
+		a.metrics.failure("deadline")
 		return OutcomeUnknown, err
 	}
 	defer unlock()
@@ -148,7 +153,9 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		log.Warn("cannot enroll pod", "error", optsErr)
 		return OutcomeUnknown, nil // retrying cannot help; the next pod update will
 	}
+	start := time.Now()
 	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: uid, IPs: ips})
+	a.metrics.step("netns", start)
 	if err != nil {
 		a.metrics.failure("netns_not_found")
 		log.Warn("cannot find the pod's network namespace", "error", err)
@@ -167,7 +174,15 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod
 		a.metrics.failure("bad_annotation")
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: %w", pod.Namespace, pod.Name, ErrInvalidPod, optsErr)
 	}
+	if err := ctx.Err(); err != nil {
+		// The plugin gave up while this ADD waited: enrolling now would
+		// act on a sandbox the runtime abandoned.
+		a.metrics.failure("deadline")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: CNI ADD abandoned by its caller: %w", pod.Namespace, pod.Name, err)
+	}
+	start := time.Now()
 	h, err := podnetns.Open(in.netnsPath)
+	a.metrics.step("netns", start)
 	if err != nil {
 		a.metrics.failure("netns")
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: netns %q: %w", pod.Namespace, pod.Name, ErrNetnsUnusable, in.netnsPath, err)
@@ -189,12 +204,14 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod
 		cctx := context.WithoutCancel(ctx)
 		e, _ := a.reg.Get(uid)
 		if rerr := a.removeFromMesh(cctx, log, pod, e, "fail_pending"); rerr != nil {
+			a.metrics.retries.WithLabelValues("removal").Inc()
 			a.queue.AddRateLimited(uid)
 		}
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w (--fail-pending is set)", pod.Namespace, pod.Name, err)
 	default:
 		// Rules are in place: traffic is captured and held by the redirect
 		// until ztunnel takes the pod, so the pod may start. Retry it.
+		a.metrics.retries.WithLabelValues("pending").Inc()
 		a.queue.AddRateLimited(uid)
 		return Pending, nil
 	}
@@ -304,7 +321,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	}
 	start := time.Now()
 	err := a.zt.AddWorkload(ctx, ztunnel.Workload{UID: e.UID, Name: e.Name, Namespace: e.Namespace, ServiceAccount: e.ServiceAccount}, e.Netns)
-	a.metrics.step("ztunnel_add", start)
+	a.metrics.step("ztunnel_ack", start)
 	if err != nil {
 		reason := "ztunnel"
 		var nack *ztunnel.NackError
@@ -318,7 +335,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	}
 	start = time.Now()
 	err = a.rules.AddProbeIPs(ctx, e.UID, e.IPs)
-	a.metrics.step("probe", start)
+	a.metrics.step("probe_ips", start)
 	if err != nil {
 		return setPending("probe_ips", err)
 	}
@@ -462,7 +479,7 @@ func (a *Agent) release(ctx context.Context, log *slog.Logger, uid, reason strin
 		return err
 	}
 	a.forgetNetns(uid)
-	a.metrics.removals.WithLabelValues(reason).Inc()
+	a.metrics.removal(reason)
 	return nil
 }
 
@@ -471,19 +488,25 @@ func (a *Agent) release(ctx context.Context, log *slog.Logger, uid, reason strin
 // containers start. A pod whose rules cannot be programmed gets an error, so
 // the runtime retries the sandbox and the pod never runs uncaptured.
 func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err error) {
-	defer func() {
-		if err == nil {
-			a.metrics.cniAdds.WithLabelValues(out.String()).Inc()
-		} else {
-			a.metrics.cniAdds.WithLabelValues("error").Inc()
-		}
-	}()
 	start := time.Now()
+	defer func() {
+		l := outcomeLabel(out, err)
+		a.metrics.cniAdds.WithLabelValues(l).Inc()
+		a.metrics.cniAddTime.WithLabelValues(l).Observe(time.Since(start).Seconds())
+	}()
 	pod, err := a.lookupPod(ctx, ev)
 	a.metrics.step("lookup", start)
 	if err != nil {
 		a.metrics.failure("pod_unknown")
 		return OutcomeUnknown, err
+	}
+	// The bounded pool: wait for a slot within the caller's deadline.
+	select {
+	case a.adds <- struct{}{}:
+		defer func() { <-a.adds }()
+	case <-ctx.Done():
+		a.metrics.failure("deadline")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: waiting for one of %d enrollment slots: %w", pod.Namespace, pod.Name, cap(a.adds), ctx.Err())
 	}
 	ips := make([]netip.Addr, 0, len(ev.IPs))
 	for _, p := range ev.IPs {

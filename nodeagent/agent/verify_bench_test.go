@@ -28,7 +28,7 @@ func BenchmarkVerifyPass100(b *testing.B) {
 		b.Fatal(err)
 	}
 	reg := registry.New()
-	a := &Agent{cfg: DefaultConfig(), rules: m, reg: reg, log: slog.New(slog.DiscardHandler), metrics: newMetrics(reg)}
+	a := &Agent{cfg: DefaultConfig(), rules: m, reg: reg, log: slog.New(slog.DiscardHandler), metrics: newMetrics(reg, func() int { return 0 })}
 	opts := iptables.PodOptions{DNSCapture: true}
 	for i := range pods {
 		n := testutil.NewNetNSWith(b, testutil.NetNSOptions{IgnoreRemovalErr: true})
