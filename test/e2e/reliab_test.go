@@ -21,9 +21,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 )
 
 // wipeRules flushes and deletes every chain of the nat, mangle and raw
@@ -171,6 +174,32 @@ func TestDriftRepairedWhileRunning(t *testing.T) {
 		t.Errorf("annotation %q after repair, want enabled", v)
 	}
 	requireCaptured(t, ctx, em, p, outsideAddr())
+}
+
+// TestDriftRepairEventVisible (issue 11, "Events visible through the API
+// for a repair"): a drift repair while the agent runs is a RulesRepaired
+// Warning Event on the pod, read through the API, and is counted in
+// ambientd_repairs_total{what="pod_rules"}.
+func TestDriftRepairEventVisible(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("driftev")
+	createNamespace(t, ctx, nsName, true)
+	startEmulator(t, ctx, "ztunnel-driftev")
+	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
+	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "drifted"})
+	waitAnnotation(t, ctx, p, "enabled")
+	before := metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`)
+
+	wipeRules(t, p)
+	evs := podEvents(t, ctx, p, agent.EventRulesRepaired)
+	for _, e := range evs {
+		if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Message, "missing") {
+			t.Errorf("RulesRepaired Event %s %q: want a Warning naming what was missing", e.Type, e.Message)
+		}
+	}
+	waitFor(t, ctx, "repair counted", func() bool {
+		return metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`) >= before+1
+	})
 }
 
 // TestHandoverToRemainingZtunnel (Must show 3): two ztunnels connected, a new
