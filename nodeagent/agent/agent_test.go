@@ -477,8 +477,9 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 
 func TestCNIAddBadInput(t *testing.T) {
 	badDNS := pod("app", "dns", "uid-d", map[string]string{podmeta.AnnotationDNSCapture: "maybe"})
+	badTap := pod("app", "vm", "uid-vm", map[string]string{podmeta.AnnotationRerouteVirtualInterfaces: "tap0,tap 1"})
 	ok := pod("app", "ok", "uid-ok", nil)
-	h := newHarness(t, namespace("app", true), badDNS, ok)
+	h := newHarness(t, namespace("app", true), badDNS, badTap, ok)
 	h.zt.connect()
 	fdsBefore := openFDs(t)
 
@@ -491,6 +492,9 @@ func TestCNIAddBadInput(t *testing.T) {
 	}
 	if _, err := h.agent.HandleAdd(context.Background(), event(badDNS)); err == nil {
 		t.Error("invalid dns-capture: no error")
+	}
+	if _, err := h.agent.HandleAdd(context.Background(), event(badTap)); err == nil || !strings.Contains(err.Error(), `"tap 1" is not a valid interface name`) {
+		t.Errorf("invalid reroute-virtual-interfaces: %v, want an error naming the interface", err)
 	}
 	missing := event(ok)
 	missing.NetnsPath = "/var/run/netns/does-not-exist"
@@ -517,7 +521,7 @@ func TestCNIAddBadInput(t *testing.T) {
 	if after := openFDs(t); after > fdsBefore {
 		t.Errorf("open fds %d → %d: a netns handle leaked", fdsBefore, after)
 	}
-	for reason, want := range map[string]float64{"pod_unknown": 1, "bad_annotation": 1, "netns": 2, "rules": 1} {
+	for reason, want := range map[string]float64{"pod_unknown": 1, "bad_annotation": 2, "netns": 2, "rules": 1} {
 		var m dto.Metric
 		if err := h.agent.metrics.failures.WithLabelValues(reason).Write(&m); err != nil {
 			t.Fatal(err)
