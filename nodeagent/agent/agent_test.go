@@ -1000,3 +1000,52 @@ func TestCNIAddsRunInParallel(t *testing.T) {
 		t.Fatalf("HandleAdd(b) while a is locked = %v, %v; want Enrolled", out, err)
 	}
 }
+
+// TestRestartDeletesRulesOfStaleUnannotatedPod: the agent stopped while
+// enrolling a pod (its netns recorded, rules programmed, no annotation yet)
+// and the pod's namespace left the mesh meanwhile. The restarted agent
+// deletes that pod's rules and forgets it, without registering it (not in
+// ztunnel's snapshot); an out-of-mesh pod the state file does not record is
+// not touched.
+func TestRestartDeletesRulesOfStaleUnannotatedPod(t *testing.T) {
+	runDir := t.TempDir()
+	st, err := podnetns.OpenState(filepath.Join(runDir, "pods.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h0, err := podnetns.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put("uid-stale", h0); err != nil {
+		t.Fatal(err)
+	}
+	h0.Close()
+	stale := runningPod(pod("plain", "stale", "uid-stale", nil), "127.0.0.1")
+	other := runningPod(pod("plain", "other", "uid-other", nil), "127.0.0.1")
+
+	h := newHarnessWith(t, func(c *Config) { c.RunDir = runDir }, namespace("plain", false), stale, other)
+	var first []ztunnel.SnapshotEntry
+	h.waitFor("ztunnel server took its first snapshot", func() bool {
+		h.zt.mu.Lock()
+		defer h.zt.mu.Unlock()
+		first = h.zt.firstSnap
+		return h.zt.snapTaken
+	})
+	if len(first) != 0 {
+		t.Errorf("first snapshot %v, want empty (no pod is in the mesh)", first)
+	}
+	if _, deleted, _ := h.rules.counts(); deleted != 1 {
+		t.Errorf("rules deleted %d times, want 1 (the stale pod's)", deleted)
+	}
+	after, err := podnetns.OpenState(filepath.Join(runDir, "pods.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Has("uid-stale") {
+		t.Error("stale pod still in the state file after its rules were deleted")
+	}
+	if h.reg.Len() != 0 {
+		t.Errorf("registry holds %d pods, want 0", h.reg.Len())
+	}
+}
