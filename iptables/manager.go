@@ -118,8 +118,10 @@ type Manager struct {
 	// spawned counts iptables processes started, so tests can hold the
 	// process budget of each operation.
 	spawned atomic.Int64
-	// probeMu serializes the probe-set operations, which list then change.
-	probeMu sync.Mutex
+	// probeMu serializes the probe-set operations, which read then change,
+	// and guards probeCache.
+	probeMu    sync.Mutex
+	probeCache *probeCache
 	// bg counts netlink sockets being released in the background.
 	bg sync.WaitGroup
 }

@@ -214,11 +214,35 @@ func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptio
 	return iptables.Drift{}, nil
 }
 
-func (r *fakeRules) PruneProbeIPs(_ context.Context, live map[string][]netip.Addr) error {
+func (r *fakeRules) PruneProbeIPs(_ context.Context, live map[string][]netip.Addr) (iptables.ProbeChanges, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	owner := func(m map[string][]netip.Addr) map[netip.Addr]string {
+		out := map[netip.Addr]string{}
+		for uid, ips := range m {
+			for _, ip := range ips {
+				out[ip] = uid
+			}
+		}
+		return out
+	}
+	have, want := owner(r.probes), owner(live)
+	var ch iptables.ProbeChanges
+	for ip := range have {
+		if _, ok := want[ip]; !ok {
+			ch.Removed++
+		}
+	}
+	for ip, uid := range want {
+		switch cur, ok := have[ip]; {
+		case !ok:
+			ch.Added++
+		case cur != uid:
+			ch.Relabelled++
+		}
+	}
 	r.probes = maps.Clone(live)
-	return nil
+	return ch, nil
 }
 
 func (r *fakeRules) EnsureHostRules(context.Context) error { return nil }

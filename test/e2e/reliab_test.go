@@ -343,7 +343,8 @@ func probeSource(ctx context.Context, p *e2eenv.Pod) (netip.Addr, error) {
 }
 
 // TestHostSideAfterRestartAndDrift (Must show 5): a pod deleted while the
-// agent was down loses its probe-set entry at the restart; a host rule
+// agent was down loses its probe-set entry at the restart; a probe entry
+// deleted by hand comes back (both counted as probe_set repairs); a host rule
 // deleted by hand comes back; a node with an earlier terminal POSTROUTING
 // rule still SNATs probes.
 func TestHostSideAfterRestartAndDrift(t *testing.T) {
@@ -376,6 +377,19 @@ func TestHostSideAfterRestartAndDrift(t *testing.T) {
 	if !probeSetHas(t, stays.IP()) {
 		t.Errorf("probe set lost live pod %s (%s)", stays.Name, stays.IP())
 	}
+	if n := metricValue(t, ctx, a, "ambientd_repairs_total", `what="probe_set"`); n < 1 {
+		t.Errorf("repairs_total{what=probe_set} = %v after the restart's prune removed an entry, want >= 1", n)
+	}
+
+	// A probe entry deleted by hand is put back by the drift pass, counted.
+	before := metricValue(t, ctx, a, "ambientd_repairs_total", `what="probe_set"`)
+	if b, err := exec.Command("ipset", "del", iptables.ProbeSetV4, stays.IP().String()).CombinedOutput(); err != nil {
+		t.Fatalf("delete probe entry by hand: %v: %s", err, b)
+	}
+	waitFor(t, ctx, "the probe entry put back", func() bool { return probeSetHas(t, stays.IP()) })
+	waitFor(t, ctx, "the probe-set repair counted", func() bool {
+		return metricValue(t, ctx, a, "ambientd_repairs_total", `what="probe_set"`) >= before+1
+	})
 
 	// A host rule deleted by hand comes back (drift pass).
 	want := natPostrouting(t)
