@@ -658,6 +658,20 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 	}
 }
 
+// firstSnapshot waits until the ztunnel server took its first snapshot
+// (it runs in its own goroutine: "agent running" does not mean it has) and
+// returns it.
+func (h *harness) firstSnapshot() []ztunnel.SnapshotEntry {
+	var first []ztunnel.SnapshotEntry
+	h.waitFor("ztunnel server took its first snapshot", func() bool {
+		h.zt.mu.Lock()
+		defer h.zt.mu.Unlock()
+		first = h.zt.firstSnap
+		return h.zt.snapTaken
+	})
+	return first
+}
+
 // TestRestartRestoresUnannotatedPods: the agent died after ztunnel took a pod
 // but before its annotation landed. The restarted agent's first snapshot must
 // still hold the pod (with its netns, found in /proc), and the reconcile must
@@ -683,15 +697,7 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 
 	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc },
 		namespace("app", true), namespace("plain", false), lost, enabled, nowhere, outside, optOut, done)
-	// The ztunnel server runs in its own goroutine: "agent running" does not
-	// mean it has taken its snapshot yet.
-	var first []ztunnel.SnapshotEntry
-	h.waitFor("ztunnel server took its first snapshot", func() bool {
-		h.zt.mu.Lock()
-		defer h.zt.mu.Unlock()
-		first = h.zt.firstSnap
-		return h.zt.snapTaken
-	})
+	first := h.firstSnapshot()
 	got := map[string]bool{} // uid → netns present
 	for _, e := range first {
 		got[e.Workload.UID] = e.Netns != nil
@@ -1049,13 +1055,7 @@ func TestRestartDeletesRulesOfStaleUnannotatedPod(t *testing.T) {
 	other := runningPod(pod("plain", "other", "uid-other", nil), "127.0.0.1")
 
 	h := newHarnessWith(t, func(c *Config) { c.RunDir = runDir }, namespace("plain", false), stale, other)
-	var first []ztunnel.SnapshotEntry
-	h.waitFor("ztunnel server took its first snapshot", func() bool {
-		h.zt.mu.Lock()
-		defer h.zt.mu.Unlock()
-		first = h.zt.firstSnap
-		return h.zt.snapTaken
-	})
+	first := h.firstSnapshot()
 	if len(first) != 0 {
 		t.Errorf("first snapshot %v, want empty (no pod is in the mesh)", first)
 	}

@@ -119,13 +119,7 @@ func requireInbound(t *testing.T, ctx context.Context, em *e2eenv.Emulator, clie
 	}
 	before := count(emuState(t, ctx, em))
 	dst := netip.AddrPortFrom(p.IP(), 8080).String()
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, err := client.Dial(dctx, "tcp", dst)
-	cancel()
-	if err != nil {
-		t.Fatalf("dial %s from pod %s: %v (inbound not captured?)", dst, client.Name, err)
-	}
-	conn.Close()
+	dialOnce(t, ctx, client, dst)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	waitEmu(t, wctx, em, "inbound connection to pod "+p.Name+" on 15006", func(s ztunnelemu.State) bool { return count(s) > before })

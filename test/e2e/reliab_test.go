@@ -86,13 +86,7 @@ func acceptedFrom(st ztunnelemu.State, uid string) int {
 func requireCaptured(t *testing.T, ctx context.Context, em *e2eenv.Emulator, p *e2eenv.Pod, dst string) {
 	t.Helper()
 	before := acceptedFrom(emuState(t, ctx, em), p.UID)
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, err := p.Dial(dctx, "tcp", dst)
-	cancel()
-	if err != nil {
-		t.Fatalf("dial %s from pod %s: %v (traffic not captured?)", dst, p.Name, err)
-	}
-	conn.Close()
+	dialOnce(t, ctx, p, dst)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	st := waitEmu(t, wctx, em, "captured connection from pod "+p.Name+" to "+dst, func(s ztunnelemu.State) bool {
@@ -107,6 +101,19 @@ func requireCaptured(t *testing.T, ctx context.Context, em *e2eenv.Emulator, p *
 	if last.Port != 15001 || last.OrigDst != dst {
 		t.Errorf("pod %s: accepted %+v, want port 15001 and original destination %s", p.Name, last, dst)
 	}
+}
+
+// dialOnce connects from pod from to dst and closes the connection: with
+// capture, the emulator's listener answers whatever dst is.
+func dialOnce(t *testing.T, ctx context.Context, from *e2eenv.Pod, dst string) {
+	t.Helper()
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := from.Dial(dctx, "tcp", dst)
+	if err != nil {
+		t.Fatalf("dial %s from pod %s: %v (traffic not captured?)", dst, from.Name, err)
+	}
+	conn.Close()
 }
 
 // TestRestartRepairsWipedRules (issue 10, Must show 1): rules wiped in an
