@@ -62,7 +62,7 @@ type Rules interface {
 	VerifyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) (iptables.Drift, error)
 	AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
 	RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
-	PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) error
+	PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) (iptables.ProbeChanges, error)
 	EnsureHostRules(ctx context.Context) error
 }
 

@@ -214,11 +214,35 @@ func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptio
 	return iptables.Drift{}, nil
 }
 
-func (r *fakeRules) PruneProbeIPs(_ context.Context, live map[string][]netip.Addr) error {
+func (r *fakeRules) PruneProbeIPs(_ context.Context, live map[string][]netip.Addr) (iptables.ProbeChanges, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	owner := func(m map[string][]netip.Addr) map[netip.Addr]string {
+		out := map[netip.Addr]string{}
+		for uid, ips := range m {
+			for _, ip := range ips {
+				out[ip] = uid
+			}
+		}
+		return out
+	}
+	have, want := owner(r.probes), owner(live)
+	var ch iptables.ProbeChanges
+	for ip := range have {
+		if _, ok := want[ip]; !ok {
+			ch.Removed++
+		}
+	}
+	for ip, uid := range want {
+		switch cur, ok := have[ip]; {
+		case !ok:
+			ch.Added++
+		case cur != uid:
+			ch.Relabelled++
+		}
+	}
 	r.probes = maps.Clone(live)
-	return nil
+	return ch, nil
 }
 
 func (r *fakeRules) EnsureHostRules(context.Context) error { return nil }
@@ -477,8 +501,9 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 
 func TestCNIAddBadInput(t *testing.T) {
 	badDNS := pod("app", "dns", "uid-d", map[string]string{podmeta.AnnotationDNSCapture: "maybe"})
+	badTap := pod("app", "vm", "uid-vm", map[string]string{podmeta.AnnotationRerouteVirtualInterfaces: "tap0,tap 1"})
 	ok := pod("app", "ok", "uid-ok", nil)
-	h := newHarness(t, namespace("app", true), badDNS, ok)
+	h := newHarness(t, namespace("app", true), badDNS, badTap, ok)
 	h.zt.connect()
 	fdsBefore := openFDs(t)
 
@@ -491,6 +516,9 @@ func TestCNIAddBadInput(t *testing.T) {
 	}
 	if _, err := h.agent.HandleAdd(context.Background(), event(badDNS)); err == nil {
 		t.Error("invalid dns-capture: no error")
+	}
+	if _, err := h.agent.HandleAdd(context.Background(), event(badTap)); err == nil || !strings.Contains(err.Error(), `"tap 1" is not a valid interface name`) {
+		t.Errorf("invalid reroute-virtual-interfaces: %v, want an error naming the interface", err)
 	}
 	missing := event(ok)
 	missing.NetnsPath = "/var/run/netns/does-not-exist"
@@ -517,7 +545,7 @@ func TestCNIAddBadInput(t *testing.T) {
 	if after := openFDs(t); after > fdsBefore {
 		t.Errorf("open fds %d → %d: a netns handle leaked", fdsBefore, after)
 	}
-	for reason, want := range map[string]float64{"pod_unknown": 1, "bad_annotation": 1, "netns": 2, "rules": 1} {
+	for reason, want := range map[string]float64{"pod_unknown": 1, "bad_annotation": 2, "netns": 2, "rules": 1} {
 		var m dto.Metric
 		if err := h.agent.metrics.failures.WithLabelValues(reason).Write(&m); err != nil {
 			t.Fatal(err)
@@ -630,6 +658,20 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 	}
 }
 
+// firstSnapshot waits until the ztunnel server took its first snapshot
+// (it runs in its own goroutine: "agent running" does not mean it has) and
+// returns it.
+func (h *harness) firstSnapshot() []ztunnel.SnapshotEntry {
+	var first []ztunnel.SnapshotEntry
+	h.waitFor("ztunnel server took its first snapshot", func() bool {
+		h.zt.mu.Lock()
+		defer h.zt.mu.Unlock()
+		first = h.zt.firstSnap
+		return h.zt.snapTaken
+	})
+	return first
+}
+
 // TestRestartRestoresUnannotatedPods: the agent died after ztunnel took a pod
 // but before its annotation landed. The restarted agent's first snapshot must
 // still hold the pod (with its netns, found in /proc), and the reconcile must
@@ -655,15 +697,7 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 
 	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc },
 		namespace("app", true), namespace("plain", false), lost, enabled, nowhere, outside, optOut, done)
-	// The ztunnel server runs in its own goroutine: "agent running" does not
-	// mean it has taken its snapshot yet.
-	var first []ztunnel.SnapshotEntry
-	h.waitFor("ztunnel server took its first snapshot", func() bool {
-		h.zt.mu.Lock()
-		defer h.zt.mu.Unlock()
-		first = h.zt.firstSnap
-		return h.zt.snapTaken
-	})
+	first := h.firstSnapshot()
 	got := map[string]bool{} // uid → netns present
 	for _, e := range first {
 		got[e.Workload.UID] = e.Netns != nil
@@ -994,5 +1028,48 @@ func TestCNIAddsRunInParallel(t *testing.T) {
 	defer cancel()
 	if out, err := h.agent.HandleAdd(ctx, event(b)); err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd(b) while a is locked = %v, %v; want Enrolled", out, err)
+	}
+}
+
+// TestRestartDeletesRulesOfStaleUnannotatedPod: the agent stopped while
+// enrolling a pod (its netns recorded, rules programmed, no annotation yet)
+// and the pod's namespace left the mesh meanwhile. The restarted agent
+// deletes that pod's rules and forgets it, without registering it (not in
+// ztunnel's snapshot); an out-of-mesh pod the state file does not record is
+// not touched.
+func TestRestartDeletesRulesOfStaleUnannotatedPod(t *testing.T) {
+	runDir := t.TempDir()
+	st, err := podnetns.OpenState(filepath.Join(runDir, "pods.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h0, err := podnetns.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put("uid-stale", h0); err != nil {
+		t.Fatal(err)
+	}
+	h0.Close()
+	stale := runningPod(pod("plain", "stale", "uid-stale", nil), "127.0.0.1")
+	other := runningPod(pod("plain", "other", "uid-other", nil), "127.0.0.1")
+
+	h := newHarnessWith(t, func(c *Config) { c.RunDir = runDir }, namespace("plain", false), stale, other)
+	first := h.firstSnapshot()
+	if len(first) != 0 {
+		t.Errorf("first snapshot %v, want empty (no pod is in the mesh)", first)
+	}
+	if _, deleted, _ := h.rules.counts(); deleted != 1 {
+		t.Errorf("rules deleted %d times, want 1 (the stale pod's)", deleted)
+	}
+	after, err := podnetns.OpenState(filepath.Join(runDir, "pods.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Has("uid-stale") {
+		t.Error("stale pod still in the state file after its rules were deleted")
+	}
+	if h.reg.Len() != 0 {
+		t.Errorf("registry holds %d pods, want 0", h.reg.Len())
 	}
 }

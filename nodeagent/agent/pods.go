@@ -79,7 +79,9 @@ func (a *Agent) decide(ctx context.Context, pod *corev1.Pod) (policy.Decision, e
 //     unannotated ones Unverified), and every one still in the mesh has its
 //     rules read back and repaired only where they differ, before the
 //     ztunnel server starts; a pod that cannot be repaired is pending.
-//     Pods out of the mesh are left to their sync, which deletes their rules.
+//     Annotated pods out of the mesh are left to their sync, which deletes
+//     their rules; unannotated ones the state file still records (caught
+//     mid-enrollment) have their rules deleted here (cleanStale).
 //   - not found: registered as Pending with no netns (ztunnel gets Keep:
 //     it may serve the pod), never enabled meanwhile; their syncs search
 //     again with backoff and Add them afresh once found.
@@ -94,6 +96,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 	}
 	var cands []candidate
 	var targets []podnetns.Target
+	var stale []*corev1.Pod // out of the mesh, unannotated
 	complete := true
 	for _, obj := range a.podInformer.GetStore().List() {
 		p, ok := obj.(*corev1.Pod)
@@ -120,6 +123,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 		}
 		inMesh := err != nil || d.InMesh // an annotated pod is kept when unsure
 		if !annotated && !inMesh {
+			stale = append(stale, p)
 			continue
 		}
 		if _, err := podmeta.PodOptions(a.cfg.DNSCapture, p.Annotations); err != nil && !annotated {
@@ -129,6 +133,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 		targets = append(targets, podnetns.Target{UID: string(p.UID), IPs: podIPs(p)})
 	}
 	start := time.Now()
+	a.cleanStale(ctx, stale)
 	found, err := a.findNetns(ctx, targets)
 	if err != nil {
 		a.log.Warn("scanning host proc for pod netns failed; pods not found are kept as pending", "error", err)
@@ -188,6 +193,39 @@ func (a *Agent) rebuild(ctx context.Context) {
 		a.pruneProbes(ctx)
 	} else {
 		a.log.Warn("probe set not pruned: the restart's picture of the pods is incomplete")
+	}
+}
+
+// cleanStale deletes the rules of pods out of the mesh and unannotated
+// whose netns the state file still records: the agent was enrolling or
+// removing them when it stopped (e.g. their namespace's label went while it
+// was down), so they may hold our rules, which nothing else would remove.
+// Only the state file is consulted (no /proc scan of every out-of-mesh pod);
+// a pod it does not know never got rules from this node's agent.
+func (a *Agent) cleanStale(ctx context.Context, pods []*corev1.Pod) {
+	if a.state == nil {
+		return
+	}
+	for _, p := range pods {
+		uid := string(p.UID)
+		if !a.state.Has(uid) {
+			continue
+		}
+		log := a.podLog(p.Namespace, p.Name, uid)
+		h, ok := a.state.Open(uid)
+		if !ok {
+			a.forgetNetns(uid) // its netns is gone, and our rules with it
+			continue
+		}
+		err := a.rules.DeletePod(ctx, h)
+		h.Close()
+		if err != nil {
+			a.metrics.failure("removal")
+			log.Warn("cannot delete the rules of a pod that left the mesh while the agent was down; its sync does not retry", "error", err)
+			continue
+		}
+		a.forgetNetns(uid)
+		log.Info("deleted the rules of a pod that left the mesh while the agent was down")
 	}
 }
 

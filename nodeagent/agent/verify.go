@@ -210,9 +210,17 @@ func (a *Agent) pruneProbes(ctx context.Context) {
 			live[e.UID] = e.IPs
 		}
 	}
-	if err := a.rules.PruneProbeIPs(ctx, live); err != nil {
+	ch, err := a.rules.PruneProbeIPs(ctx, live)
+	if err != nil {
 		a.log.Warn("pruning the probe set failed", "error", err)
 		return
+	}
+	if n := ch.Total(); n > 0 {
+		// Entries, not passes: each one a probe that was or would have
+		// been wrong. (A pod enabled while the prune ran can be counted
+		// once, as its entry is removed and given back below.)
+		a.metrics.repairs.WithLabelValues("probe_set").Add(float64(n))
+		a.log.Warn("probe set drifted and was repaired", "added", ch.Added, "relabelled", ch.Relabelled, "removed", ch.Removed)
 	}
 	// A pod enabled while the prune ran may have lost the entry it had just
 	// been given: add it back (AddProbeIPs is idempotent).

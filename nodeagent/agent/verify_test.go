@@ -92,6 +92,9 @@ func TestVerifyPassPrunesProbeSet(t *testing.T) {
 	if _, ok := h.rules.probes["uid-a"]; !ok {
 		t.Error("enabled pod lost its probe entry")
 	}
+	if n := h.repairs("probe_set"); n != 1 {
+		t.Errorf("repairs{probe_set} = %v, want 1 (the stale entry)", n)
+	}
 }
 
 // With IPv6 capture off, a pod with an IPv6 address fails its ADD rather

@@ -70,6 +70,14 @@ func (s *State) Delete(uid string) error {
 	return s.writeLocked()
 }
 
+// Has reports whether uid has a record.
+func (s *State) Has(uid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.m[uid]
+	return ok
+}
+
 // Open opens the namespace recorded for uid, only if the path still holds
 // the same namespace (same inode); ok is false otherwise.
 func (s *State) Open(uid string) (*Handle, bool) {

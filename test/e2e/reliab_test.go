@@ -21,9 +21,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 )
 
 // wipeRules flushes and deletes every chain of the nat, mangle and raw
@@ -83,13 +86,7 @@ func acceptedFrom(st ztunnelemu.State, uid string) int {
 func requireCaptured(t *testing.T, ctx context.Context, em *e2eenv.Emulator, p *e2eenv.Pod, dst string) {
 	t.Helper()
 	before := acceptedFrom(emuState(t, ctx, em), p.UID)
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, err := p.Dial(dctx, "tcp", dst)
-	cancel()
-	if err != nil {
-		t.Fatalf("dial %s from pod %s: %v (traffic not captured?)", dst, p.Name, err)
-	}
-	conn.Close()
+	dialOnce(t, ctx, p, dst)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	st := waitEmu(t, wctx, em, "captured connection from pod "+p.Name+" to "+dst, func(s ztunnelemu.State) bool {
@@ -104,6 +101,19 @@ func requireCaptured(t *testing.T, ctx context.Context, em *e2eenv.Emulator, p *
 	if last.Port != 15001 || last.OrigDst != dst {
 		t.Errorf("pod %s: accepted %+v, want port 15001 and original destination %s", p.Name, last, dst)
 	}
+}
+
+// dialOnce connects from pod from to dst and closes the connection: with
+// capture, the emulator's listener answers whatever dst is.
+func dialOnce(t *testing.T, ctx context.Context, from *e2eenv.Pod, dst string) {
+	t.Helper()
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := from.Dial(dctx, "tcp", dst)
+	if err != nil {
+		t.Fatalf("dial %s from pod %s: %v (traffic not captured?)", dst, from.Name, err)
+	}
+	conn.Close()
 }
 
 // TestRestartRepairsWipedRules (issue 10, Must show 1): rules wiped in an
@@ -171,6 +181,32 @@ func TestDriftRepairedWhileRunning(t *testing.T) {
 		t.Errorf("annotation %q after repair, want enabled", v)
 	}
 	requireCaptured(t, ctx, em, p, outsideAddr())
+}
+
+// TestDriftRepairEventVisible (issue 11, "Events visible through the API
+// for a repair"): a drift repair while the agent runs is a RulesRepaired
+// Warning Event on the pod, read through the API, and is counted in
+// ambientd_repairs_total{what="pod_rules"}.
+func TestDriftRepairEventVisible(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("driftev")
+	createNamespace(t, ctx, nsName, true)
+	startEmulator(t, ctx, "ztunnel-driftev")
+	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
+	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "drifted"})
+	waitAnnotation(t, ctx, p, "enabled")
+	before := metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`)
+
+	wipeRules(t, p)
+	evs := podEvents(t, ctx, p, agent.EventRulesRepaired)
+	for _, e := range evs {
+		if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Message, "missing") {
+			t.Errorf("RulesRepaired Event %s %q: want a Warning naming what was missing", e.Type, e.Message)
+		}
+	}
+	waitFor(t, ctx, "repair counted", func() bool {
+		return metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`) >= before+1
+	})
 }
 
 // TestHandoverToRemainingZtunnel (Must show 3): two ztunnels connected, a new
@@ -314,7 +350,8 @@ func probeSource(ctx context.Context, p *e2eenv.Pod) (netip.Addr, error) {
 }
 
 // TestHostSideAfterRestartAndDrift (Must show 5): a pod deleted while the
-// agent was down loses its probe-set entry at the restart; a host rule
+// agent was down loses its probe-set entry at the restart; a probe entry
+// deleted by hand comes back (both counted as probe_set repairs); a host rule
 // deleted by hand comes back; a node with an earlier terminal POSTROUTING
 // rule still SNATs probes.
 func TestHostSideAfterRestartAndDrift(t *testing.T) {
@@ -347,6 +384,19 @@ func TestHostSideAfterRestartAndDrift(t *testing.T) {
 	if !probeSetHas(t, stays.IP()) {
 		t.Errorf("probe set lost live pod %s (%s)", stays.Name, stays.IP())
 	}
+	if n := metricValue(t, ctx, a, "ambientd_repairs_total", `what="probe_set"`); n < 1 {
+		t.Errorf("repairs_total{what=probe_set} = %v after the restart's prune removed an entry, want >= 1", n)
+	}
+
+	// A probe entry deleted by hand is put back by the drift pass, counted.
+	before := metricValue(t, ctx, a, "ambientd_repairs_total", `what="probe_set"`)
+	if b, err := exec.Command("ipset", "del", iptables.ProbeSetV4, stays.IP().String()).CombinedOutput(); err != nil {
+		t.Fatalf("delete probe entry by hand: %v: %s", err, b)
+	}
+	waitFor(t, ctx, "the probe entry put back", func() bool { return probeSetHas(t, stays.IP()) })
+	waitFor(t, ctx, "the probe-set repair counted", func() bool {
+		return metricValue(t, ctx, a, "ambientd_repairs_total", `what="probe_set"`) >= before+1
+	})
 
 	// A host rule deleted by hand comes back (drift pass).
 	want := natPostrouting(t)
