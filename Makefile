@@ -6,7 +6,7 @@ BIN       := bin
 PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 
-.PHONY: all build deps test e2e e2e-node bench demo generate lint check clean image image-test
+.PHONY: all build deps test e2e e2e-node bench bench-e2e demo generate lint check clean image image-test
 
 all: build
 
@@ -34,6 +34,11 @@ e2e-node: build
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+
+# Enrollment benchmark on the real control plane and CNI chain (root):
+# BENCH_PODS=300 make bench-e2e; results go in bench/results-<date>.md.
+bench-e2e: deps build
+	hack/bench-e2e.sh
 
 # The agent image as an OCI archive (bin/ambientd-image.tar), without Docker:
 # Debian packages + both binaries, assembled by hack/mkimage. Reproducible.

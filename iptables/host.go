@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+
+	"golang.org/x/sys/unix"
 )
 
 // Host side: these act on the calling goroutine's network namespace, which
@@ -16,6 +18,7 @@ import (
 // on a node whose host rules are intact (ours, or the same ones Istio's agent
 // set up) it changes nothing.
 func (m *Manager) EnsureHostRules(ctx context.Context) error {
+	defer m.dropProbeCache()
 	return m.be.ensureHost(ctx)
 }
 
@@ -38,6 +41,7 @@ func (m *Manager) RepairHostRules(ctx context.Context) (Drift, error) {
 		return d, err
 	}
 	m.log.Warn("host probe rules drifted; repairing", "backend", string(m.mode), "drift", d.String())
+	defer m.dropProbeCache()
 	if err := m.be.ensureHost(ctx); err != nil {
 		return d, fmt.Errorf("repairing host rules: %w", err)
 	}
@@ -47,6 +51,7 @@ func (m *Manager) RepairHostRules(ctx context.Context) (Drift, error) {
 // DeleteHostRules removes the probe SNAT rules, then the probe sets. Absent
 // is fine.
 func (m *Manager) DeleteHostRules(ctx context.Context) error {
+	defer m.dropProbeCache()
 	return m.be.deleteHost(ctx)
 }
 
@@ -71,13 +76,15 @@ func (m *Manager) familyOf(a netip.Addr) (Family, error) {
 // AddProbeIPs adds the pod's IPs to the probe sets with the uid as comment.
 // An entry already present is kept and its comment set to uid.
 // A set that is gone (destroyed behind our back) is recreated, with the
-// host rules, by EnsureHostRules.
+// host rules, by EnsureHostRules. Each IP costs one write, whatever the
+// size of the set: whether an entry must be relabelled comes from the
+// manager's copy of the sets (see probeCache), re-read from the kernel when
+// it is missing or a write based on it fails.
 func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error {
 	if uid == "" {
 		return errors.New("add probe IPs: empty pod uid")
 	}
-	return m.withProbeSets(func(s probeStore) error {
-		sets := map[Family]map[netip.Addr]string{}
+	return m.withProbeSets(func(s probeStore, c *probeCache) error {
 		for _, ip := range ips {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -90,44 +97,113 @@ func (m *Manager) AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr)
 				return fmt.Errorf("add probe IP for pod %s: %w", uid, err)
 			}
 			ip = ip.Unmap()
-			if sets[f] == nil {
-				set, err := s.list(f)
-				if isNoSet(err) {
-					if err = m.recreateHostRules(ctx, f); err == nil {
-						set, err = map[netip.Addr]string{}, nil
-					}
+			set, err := c.set(s, f)
+			if isNoSet(err) {
+				if err = m.recreateHostRules(ctx, f); err == nil {
+					set, err = c.fresh(f), nil
 				}
-				if err != nil {
-					return err
-				}
-				sets[f] = set
 			}
-			c, ok := sets[f][ip]
-			if ok && c == uid {
-				continue
-			}
-			if err := s.add(f, ip, uid, ok); err != nil {
+			if err != nil {
 				return err
 			}
-			sets[f][ip] = uid
+			// Written even when the copy says it is there: an add is one
+			// idempotent write, and re-asserts an entry lost behind our back.
+			cur, ok := set[ip]
+			if err := s.add(f, ip, uid, ok && cur != uid); err != nil {
+				return err
+			}
+			set[ip] = uid
 		}
 		return nil
 	})
 }
 
-// withProbeSets runs fn with the backend's probe store, holding probeMu: the
-// probe-set operations list then change, so they must not interleave (a
-// removal could otherwise delete an entry an add just relabelled for another
-// pod whose IP was reused).
-func (m *Manager) withProbeSets(fn func(probeStore) error) error {
+// probeCache is the probe sets (family → ip → uid) as this manager last
+// read or wrote them in the network namespace netns (the node's): adding or
+// removing one pod's entries needs no listing of the whole set, which grows
+// with the node's pods. Only ambientd writes these sets; a copy gone stale
+// behind its back (an entry deleted or relabelled by hand, a set
+// recreated) makes a write fail, which drops the copy and retries from the
+// kernel, or is put right by the drift pass's PruneProbeIPs, which always
+// reads the kernel. Guarded by Manager.probeMu.
+type probeCache struct {
+	netns uint64
+	sets  map[Family]map[netip.Addr]string
+	// hit is set when an operation used a copy it did not read itself.
+	hit bool
+}
+
+// set returns f's entries, from the copy or read from the kernel.
+func (c *probeCache) set(s probeStore, f Family) (map[netip.Addr]string, error) {
+	if set, ok := c.sets[f]; ok {
+		c.hit = true
+		return set, nil
+	}
+	set, err := s.list(f)
+	if err != nil {
+		return nil, err
+	}
+	c.sets[f] = set
+	return set, nil
+}
+
+// fresh records f's set as (re)created empty and returns it.
+func (c *probeCache) fresh(f Family) map[netip.Addr]string {
+	c.sets[f] = map[netip.Addr]string{}
+	return c.sets[f]
+}
+
+// currentNetns is the inode of the calling thread's network namespace.
+func currentNetns() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return 0, fmt.Errorf("reading the current network namespace: %w", err)
+	}
+	return st.Ino, nil
+}
+
+// withProbeSets runs fn with the backend's probe store and the probe-set
+// copy, holding probeMu: the probe-set operations read then change, so they
+// must not interleave (a removal could otherwise delete an entry an add
+// just relabelled for another pod whose IP was reused). When fn fails
+// after using a copy it did not read, the copy may be stale: it is dropped
+// and fn runs once more against the kernel's sets (the writes are
+// idempotent). A failure always drops the copy.
+func (m *Manager) withProbeSets(fn func(probeStore, *probeCache) error) error {
 	m.probeMu.Lock()
 	defer m.probeMu.Unlock()
+	ino, err := currentNetns()
+	if err != nil {
+		return err
+	}
+	if m.probeCache == nil || m.probeCache.netns != ino {
+		m.probeCache = &probeCache{netns: ino, sets: map[Family]map[netip.Addr]string{}}
+	}
 	s, closeFn, err := m.be.probes()
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	return fn(s)
+	c := m.probeCache
+	c.hit = false
+	err = fn(s, c)
+	if err != nil && c.hit {
+		c = &probeCache{netns: ino, sets: map[Family]map[netip.Addr]string{}}
+		m.probeCache = c
+		err = fn(s, c)
+	}
+	if err != nil {
+		m.probeCache = nil
+	}
+	return err
+}
+
+// dropProbeCache forgets the probe-set copy (the sets were created,
+// recreated or destroyed).
+func (m *Manager) dropProbeCache() {
+	m.probeMu.Lock()
+	m.probeCache = nil
+	m.probeMu.Unlock()
 }
 
 // recreateHostRules restores the probe sets and SNAT rules after f's set
@@ -142,8 +218,7 @@ func (m *Manager) recreateHostRules(ctx context.Context, f Family) error {
 // that does not exist holds nothing to remove. Every IP is tried; the errors
 // are joined.
 func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error {
-	return m.withProbeSets(func(s probeStore) error {
-		sets := map[Family]map[netip.Addr]string{}
+	return m.withProbeSets(func(s probeStore, c *probeCache) error {
 		var errs []error
 		for _, ip := range ips {
 			if err := ctx.Err(); err != nil {
@@ -157,35 +232,46 @@ func (m *Manager) RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Ad
 				errs = append(errs, fmt.Errorf("remove probe IP for pod %s: %w", uid, err))
 				continue
 			}
-			if sets[f] == nil {
-				set, err := s.list(f)
-				switch {
-				case isNoSet(err):
-					set = map[netip.Addr]string{}
-				case err != nil:
-					errs = append(errs, err)
-					continue
-				}
-				sets[f] = set
+			set, err := c.set(s, f)
+			switch {
+			case isNoSet(err):
+				set = c.fresh(f)
+			case err != nil:
+				errs = append(errs, err)
+				continue
 			}
 			ip = ip.Unmap()
-			if c, ok := sets[f][ip]; !ok || c != uid {
+			if cur, ok := set[ip]; !ok || cur != uid {
 				continue
 			}
 			if err := s.del(f, ip); err != nil && !isNoSet(err) {
 				errs = append(errs, err)
+				continue
 			}
+			delete(set, ip)
 		}
 		return errors.Join(errs...)
 	})
 }
 
+// ProbeChanges counts what PruneProbeIPs changed in the probe sets.
+type ProbeChanges struct {
+	Added, Relabelled, Removed int
+}
+
+// Total is the number of entries changed.
+func (p ProbeChanges) Total() int { return p.Added + p.Relabelled + p.Removed }
+
 // PruneProbeIPs makes the probe sets equal to live (uid -> IPs) by
 // difference: entries of pods not in live are removed, missing ones added,
-// entries with another uid re-labelled. Live entries are never removed, so
-// probes keep working during the prune.
-func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) error {
-	return m.withProbeSets(func(s probeStore) error {
+// entries with another uid re-labelled; it reports how many of each. Live
+// entries are never removed, so probes keep working during the prune. It
+// always reads the kernel's sets (the drift pass's check of them), and
+// leaves the manager's copy equal to the result.
+func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) (ProbeChanges, error) {
+	var ch ProbeChanges
+	err := m.withProbeSets(func(s probeStore, c *probeCache) error {
+		ch = ProbeChanges{}
 		want := map[Family]map[netip.Addr]string{}
 		for _, f := range m.families() {
 			want[f] = map[netip.Addr]string{}
@@ -210,10 +296,11 @@ func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Add
 			}
 		}
 		for _, f := range m.families() {
-			have, err := s.list(f)
+			delete(c.sets, f) // read the kernel, never the copy
+			have, err := c.set(s, f)
 			if isNoSet(err) {
 				if err = m.recreateHostRules(ctx, f); err == nil {
-					have = map[netip.Addr]string{}
+					have, err = c.fresh(f), nil
 				}
 			}
 			if err != nil {
@@ -224,21 +311,30 @@ func (m *Manager) PruneProbeIPs(ctx context.Context, live map[string][]netip.Add
 					if err := s.del(f, ip); err != nil {
 						return err
 					}
+					delete(have, ip)
+					ch.Removed++
 				}
 			}
 			for ip, uid := range want[f] {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				c, ok := have[ip]
-				if ok && c == uid {
+				cur, ok := have[ip]
+				if ok && cur == uid {
 					continue
 				}
 				if err := s.add(f, ip, uid, ok); err != nil {
 					return err
 				}
+				have[ip] = uid
+				if ok {
+					ch.Relabelled++
+				} else {
+					ch.Added++
+				}
 			}
 		}
 		return nil
 	})
+	return ch, err
 }

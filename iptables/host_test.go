@@ -173,13 +173,31 @@ func testHostProbe(t *testing.T, mode Mode) {
 
 	// Prune by difference: stale gone, live kept, missing added, relabelled.
 	inNode(t, node, "AddProbeIPs stale", func() error { return m.AddProbeIPs(ctx, "uid-gone", addrs("10.1.1.1", "fd00::9")) })
+	var ch ProbeChanges
 	inNode(t, node, "PruneProbeIPs", func() error {
-		return m.PruneProbeIPs(ctx, map[string][]netip.Addr{
+		var err error
+		ch, err = m.PruneProbeIPs(ctx, map[string][]netip.Addr{
 			"uid-a": addrs(podIP.String()),
 			"uid-c": addrs("10.1.1.3", "fd00::3"),
 			"uid-d": addrs("10.1.1.1"), // reused IP of a gone pod
 		})
+		return err
 	})
+	if want := (ProbeChanges{Added: 2, Relabelled: 1, Removed: 1}); ch != want {
+		t.Errorf("PruneProbeIPs changes %+v, want %+v", ch, want)
+	}
+	inNode(t, node, "PruneProbeIPs again", func() error {
+		var err error
+		ch, err = m.PruneProbeIPs(ctx, map[string][]netip.Addr{
+			"uid-a": addrs(podIP.String()),
+			"uid-c": addrs("10.1.1.3", "fd00::3"),
+			"uid-d": addrs("10.1.1.1"),
+		})
+		return err
+	})
+	if ch.Total() != 0 {
+		t.Errorf("second PruneProbeIPs changed %+v, want nothing", ch)
+	}
 	want = map[string]string{podIP.String(): "uid-a", "10.1.1.3": "uid-c", "fd00::3": "uid-c", "10.1.1.1": "uid-d"}
 	if got := probeSets(t, m, node); !maps.Equal(got, want) {
 		t.Fatalf("after prune: %v, want %v", got, want)

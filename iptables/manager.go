@@ -76,8 +76,8 @@ func (c Config) Validate() error {
 		return err
 	}
 	for _, i := range c.RerouteInterfaces {
-		if i == "" || len(i) > 15 || strings.ContainsAny(i, " \t\n/!\"'") || i == "." || i == ".." {
-			return fmt.Errorf("reroute interface %q is not a valid interface name", i)
+		if err := ValidInterfaceName(i); err != nil {
+			return err
 		}
 	}
 	if c.LockWait < 0 || c.Timeout < 0 {
@@ -118,8 +118,10 @@ type Manager struct {
 	// spawned counts iptables processes started, so tests can hold the
 	// process budget of each operation.
 	spawned atomic.Int64
-	// probeMu serializes the probe-set operations, which list then change.
-	probeMu sync.Mutex
+	// probeMu serializes the probe-set operations, which read then change,
+	// and guards probeCache.
+	probeMu    sync.Mutex
+	probeCache *probeCache
 	// bg counts netlink sockets being released in the background.
 	bg sync.WaitGroup
 }
@@ -253,6 +255,9 @@ func (m *Manager) ApplyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := opts.Validate(); err != nil {
+		return fmt.Errorf("apply pod rules: %w", err)
+	}
 	return inNS(podNS, "apply pod rules", func() error {
 		if err := ensurePolicyRoute(m.cfg.IPv6); err != nil {
 			return err
@@ -307,6 +312,9 @@ func (m *Manager) othersHolding(ctx context.Context, v *nsView) ([]backend, erro
 func (m *Manager) VerifyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions) (Drift, error) {
 	if err := ctx.Err(); err != nil {
 		return Drift{}, err
+	}
+	if err := opts.Validate(); err != nil {
+		return Drift{}, fmt.Errorf("verify pod rules: %w", err)
 	}
 	var d Drift
 	err := inNS(podNS, "verify pod rules", func() error {

@@ -340,7 +340,7 @@ func BuildPodRulesNFT(cfg Config, opts PodOptions) NFTRuleSet {
 	add(&mangle, nftChainPrerouting, agnostic(mark(false, ProxyMark), setConnmark())...)
 	add(&mangle, nftChainOutput, agnostic(ctmark(ConnMark), restoreMark())...)
 
-	for _, iface := range cfg.RerouteInterfaces {
+	for _, iface := range rerouteInterfaces(cfg, opts) {
 		add(&nat, nftChainPrerouting, agnostic(ifname("iifname", false, iface), l4proto("tcp"), redirect(OutboundPort))...)
 	}
 	if !opts.BypassInbound {

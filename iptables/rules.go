@@ -9,7 +9,9 @@
 package iptables
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -101,6 +103,48 @@ type PodOptions struct {
 	BypassInbound bool
 	// DNSCapture redirects the pod's DNS to ztunnel's 15053.
 	DNSCapture bool
+	// RerouteInterfaces is a comma-separated list of the pod's virtual
+	// interfaces (e.g. a KubeVirt VM's tap0) whose TCP is sent to ztunnel's
+	// outbound port, in addition to Config.RerouteInterfaces. A string, not
+	// a slice, so PodOptions stays comparable (the rule cache's key).
+	RerouteInterfaces string
+}
+
+// Validate checks the options, naming what is wrong.
+func (o PodOptions) Validate() error {
+	if o.RerouteInterfaces == "" {
+		return nil
+	}
+	for _, i := range strings.Split(o.RerouteInterfaces, ",") {
+		if err := ValidInterfaceName(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidInterfaceName reports whether name can be a Linux interface name
+// (1-15 bytes, no whitespace, '/', quotes, '!' or ',', not . or ..): what the
+// rule tools accept and what cannot smuggle another match into a rule.
+func ValidInterfaceName(name string) error {
+	if name == "" || len(name) > 15 || strings.ContainsAny(name, " \t\n/!\"',") || name == "." || name == ".." {
+		return fmt.Errorf("reroute interface %q is not a valid interface name", name)
+	}
+	return nil
+}
+
+// rerouteInterfaces is the node's reroute interfaces followed by the pod's
+// own, each once.
+func rerouteInterfaces(cfg Config, opts PodOptions) []string {
+	out := slices.Clone(cfg.RerouteInterfaces)
+	if opts.RerouteInterfaces != "" {
+		for _, i := range strings.Split(opts.RerouteInterfaces, ",") {
+			if !slices.Contains(out, i) {
+				out = append(out, i)
+			}
+		}
+	}
+	return out
 }
 
 // Rule is one rule appended to one of our chains. Args are in the canonical
@@ -229,7 +273,7 @@ func podRules(f Family, cfg Config, opts PodOptions) []Rule {
 	add("mangle", ChainOutput, "-m", "connmark", "--mark", connmark, "-j", "CONNMARK", "--restore-mark", "--nfmask", "0xffffffff", "--ctmask", "0xffffffff")
 
 	// nat PREROUTING: traffic arriving at the pod.
-	for _, iface := range cfg.RerouteInterfaces {
+	for _, iface := range rerouteInterfaces(cfg, opts) {
 		add("nat", ChainPrerouting, "-i", iface, "-p", "tcp", "-j", "REDIRECT", "--to-ports", strconv.Itoa(OutboundPort))
 	}
 	if !opts.BypassInbound {

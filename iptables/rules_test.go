@@ -29,6 +29,37 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+func TestPodOptionsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		reroute string
+		ok      bool
+	}{
+		{"", true},
+		{"tap0", true},
+		{"tap0,vm-eth1", true},
+		{"tap0,", false},
+		{",tap0", false},
+		{"tap 0", false},
+		{"waytoolonginterfacename", false},
+		{"eth0!", false},
+		{"..", false},
+	} {
+		err := PodOptions{RerouteInterfaces: tc.reroute}.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("Validate(RerouteInterfaces %q) = %v, want ok=%v", tc.reroute, err, tc.ok)
+		}
+	}
+	// Invalid options never reach the rule tools.
+	m := &Manager{}
+	bad := PodOptions{RerouteInterfaces: "a b"}
+	if err := m.ApplyPod(t.Context(), nil, bad); err == nil || !strings.Contains(err.Error(), `"a b"`) {
+		t.Errorf("ApplyPod with an invalid interface: %v, want an error naming it", err)
+	}
+	if _, err := m.VerifyPod(t.Context(), nil, bad); err == nil || !strings.Contains(err.Error(), `"a b"`) {
+		t.Errorf("VerifyPod with an invalid interface: %v, want an error naming it", err)
+	}
+}
+
 type goldenCase struct {
 	name string
 	fam  Family
@@ -55,6 +86,13 @@ func goldenPodCases() []goldenCase {
 		fam:  IPv4,
 		cfg:  Config{RerouteInterfaces: []string{"tap0", "tap1"}},
 		opts: PodOptions{DNSCapture: true},
+	}, goldenCase{
+		// The pod's istio.io/reroute-virtual-interfaces: merged after the
+		// node's, each interface once.
+		name: "pod_v4_dns-on_bypass-off_pod-reroute",
+		fam:  IPv4,
+		cfg:  Config{RerouteInterfaces: []string{"tap0"}},
+		opts: PodOptions{DNSCapture: true, RerouteInterfaces: "tap0,vm-eth1"},
 	})
 }
 

@@ -12,6 +12,7 @@ const usage = `usage: ambientd <command> [flags]
 
 commands:
   run      run the node agent (the default when the first argument is a flag)
+  status   ask the running agent about this node's pods (root)
   uninstall remove the CNI plugin, its config entry and the host rules from this node
   rules    print the exact in-pod and host rules for given options, touching nothing
   version  print the version
@@ -29,6 +30,8 @@ func main() {
 	switch cmd {
 	case "run":
 		os.Exit(runCmd(args))
+	case "status":
+		os.Exit(statusCmd(args))
 	case "rules":
 		os.Exit(rulesCmd(args))
 	case "uninstall":

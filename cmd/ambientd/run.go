@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
@@ -31,39 +33,51 @@ import (
 // that sets it when the flag is not given (flags win).
 type runFlags struct {
 	kubeconfig, nodeName, ztunnelSocket, cniSocket  string
+	adminSocket                                     string
 	healthAddr, metricsAddr, hostProc, iptablesMode string
-	excludeNamespaces, logLevel                     string
-	podConditionType                                string
+	excludeNamespaces, logLevel, runDir             string
+	podConditionType, ztunnelSocketMode             string
+	kubeletUID                                      string
+	verifyInterval                                  time.Duration
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
+	iptablesLockWait                                time.Duration
 	kubeQPS                                         float64
-	kubeBurst                                       int
+	kubeBurst, workers, maxParallelAdds             int
 	install                                         installFlags
 	nodeReady                                       nodeready.Config
 }
 
 // envOf maps flag names to their environment variables.
 var envOf = map[string]string{
-	"kubeconfig":         "KUBECONFIG",
-	"node-name":          "NODE_NAME",
-	"ztunnel-socket":     "ZTUNNEL_UDS_ADDRESS",
-	"cni-socket":         "AMBIENTD_CNI_SOCKET",
-	"health-addr":        "AMBIENTD_HEALTH_ADDR",
-	"metrics-addr":       "AMBIENTD_METRICS_ADDR",
-	"host-proc":          "AMBIENTD_HOST_PROC",
-	"iptables":           "AMBIENTD_IPTABLES",
-	"exclude-namespaces": "AMBIENTD_EXCLUDE_NAMESPACES",
-	"dns-capture":        "AMBIENTD_DNS_CAPTURE",
-	"ipv6":               "AMBIENTD_IPV6",
-	"install-cni":        "AMBIENTD_INSTALL_CNI",
-	"fail-pending":       "AMBIENTD_FAIL_PENDING",
-	"pod-lookup-timeout": "AMBIENTD_POD_LOOKUP_TIMEOUT",
-	"retry-base-delay":   "AMBIENTD_RETRY_BASE_DELAY",
-	"retry-max-delay":    "AMBIENTD_RETRY_MAX_DELAY",
-	"log-level":          "AMBIENTD_LOG_LEVEL",
-	"kube-qps":           "AMBIENTD_KUBE_QPS",
-	"kube-burst":         "AMBIENTD_KUBE_BURST",
-	"pod-condition-type": "AMBIENTD_POD_CONDITION_TYPE",
+	"kubeconfig":          "KUBECONFIG",
+	"node-name":           "NODE_NAME",
+	"ztunnel-socket":      "ZTUNNEL_UDS_ADDRESS",
+	"cni-socket":          "AMBIENTD_CNI_SOCKET",
+	"health-addr":         "AMBIENTD_HEALTH_ADDR",
+	"metrics-addr":        "AMBIENTD_METRICS_ADDR",
+	"host-proc":           "AMBIENTD_HOST_PROC",
+	"iptables":            "AMBIENTD_IPTABLES",
+	"exclude-namespaces":  "AMBIENTD_EXCLUDE_NAMESPACES",
+	"dns-capture":         "AMBIENTD_DNS_CAPTURE",
+	"ipv6":                "AMBIENTD_IPV6",
+	"install-cni":         "AMBIENTD_INSTALL_CNI",
+	"fail-pending":        "AMBIENTD_FAIL_PENDING",
+	"pod-lookup-timeout":  "AMBIENTD_POD_LOOKUP_TIMEOUT",
+	"retry-base-delay":    "AMBIENTD_RETRY_BASE_DELAY",
+	"retry-max-delay":     "AMBIENTD_RETRY_MAX_DELAY",
+	"log-level":           "AMBIENTD_LOG_LEVEL",
+	"kube-qps":            "AMBIENTD_KUBE_QPS",
+	"kube-burst":          "AMBIENTD_KUBE_BURST",
+	"verify-interval":     "AMBIENTD_VERIFY_INTERVAL",
+	"run-dir":             "AMBIENTD_RUN_DIR",
+	"ztunnel-socket-mode": "AMBIENTD_ZTUNNEL_SOCKET_MODE",
+	"pod-condition-type":  "AMBIENTD_POD_CONDITION_TYPE",
+	"kubelet-uid":         "AMBIENTD_KUBELET_UID",
+	"admin-socket":        "AMBIENTD_ADMIN_SOCKET",
+	"iptables-lock-wait":  "AMBIENTD_IPTABLES_LOCK_WAIT",
+	"workers":             "AMBIENTD_WORKERS",
+	"max-parallel-adds":   "AMBIENTD_MAX_PARALLEL_ADDS",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -84,13 +98,19 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (required)")
 	fs.StringVar(&f.ztunnelSocket, "ztunnel-socket", ztunnelproto.DefaultSocketPath, "Unix socket ztunnel connects to")
 	fs.StringVar(&f.cniSocket, "cni-socket", cniapi.DefaultSocketPath, "Unix socket the CNI plugin calls")
+	fs.StringVar(&f.adminSocket, "admin-socket", admin.DefaultSocketPath, "Unix socket the status command asks (root only)")
 	fs.StringVar(&f.healthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
 	fs.StringVar(&f.hostProc, "host-proc", def.HostProc, "host /proc, scanned for running pods' network namespaces")
 	fs.StringVar(&f.iptablesMode, "iptables", "auto", "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
+	fs.DurationVar(&f.iptablesLockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
 	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(def.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
 	fs.BoolVar(&f.dnsCapture, "dns-capture", def.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
-	fs.BoolVar(&f.ipv6, "ipv6", false, "also program IPv6 rules")
+	fs.BoolVar(&f.ipv6, "ipv6", def.IPv6, "also capture IPv6 (harmless in IPv4-only pods); with --ipv6=false a pod with an IPv6 address fails its CNI ADD rather than run with IPv6 uncaptured")
+	fs.DurationVar(&f.verifyInterval, "verify-interval", def.VerifyInterval, "period of the drift pass that reads back enrolled pods' rules and the host rules and repairs drift (jittered ±10%; 0 = off)")
+	fs.StringVar(&f.runDir, "run-dir", def.RunDir, "the agent's run directory (tmpfs): holds the pod state file (netns path and inode per pod), tried before the /proc scan on restart")
+	fs.StringVar(&f.kubeletUID, "kubelet-uid", "", "uid of the kubelet, whose probes the nftables backend's host SNAT matches (meta skuid); empty = found by scanning --host-proc for kubelet, kubelite or k3s")
+	fs.StringVar(&f.ztunnelSocketMode, "ztunnel-socket-mode", "0600", "permission bits of the ztunnel socket (octal); widen it (e.g. 0660) for a non-root ztunnel")
 	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin into the host's bin dir and config, keep it there, report it in readiness (see docs/install.md)")
 	fs.BoolVar(&f.failPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
 	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", def.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
@@ -99,6 +119,8 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Float64Var(&f.kubeQPS, "kube-qps", defaultKubeQPS, "Kubernetes API requests per second the agent may make (client-go rate limit)")
 	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
+	fs.IntVar(&f.workers, "workers", def.Workers, "pod syncs run at once from the workqueue (informer events, retries)")
+	fs.IntVar(&f.maxParallelAdds, "max-parallel-adds", def.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
 	f.install.register(fs)
 	fs.StringVar(&f.podConditionType, "pod-condition-type", def.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
 	nodeReady := nodeReadyFlags(fs)
@@ -132,20 +154,35 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	return f, f.validate()
 }
 
+// kubeletUIDValue is --kubelet-uid as the rule manager takes it (nil: scan).
+func (f runFlags) kubeletUIDValue() *uint32 {
+	if f.kubeletUID == "" {
+		return nil
+	}
+	u, _ := strconv.ParseUint(f.kubeletUID, 10, 32) // validated
+	v := uint32(u)
+	return &v
+}
+
 func (f runFlags) validate() error {
+	if f.kubeletUID != "" {
+		if _, err := strconv.ParseUint(f.kubeletUID, 10, 32); err != nil {
+			return fmt.Errorf("--kubelet-uid %q: must be a numeric uid", f.kubeletUID)
+		}
+	}
 	if f.nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
 	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
 		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
 	}
-	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc, "--cni-conf-dir": f.install.confDir} {
+	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc, "--cni-conf-dir": f.install.confDir, "--run-dir": f.runDir, "--admin-socket": f.adminSocket} {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("%s %q: must be an absolute path", flagName, p)
 		}
 	}
-	if f.ztunnelSocket == f.cniSocket {
-		return fmt.Errorf("--ztunnel-socket and --cni-socket must differ (both %q)", f.cniSocket)
+	if f.ztunnelSocket == f.cniSocket || f.adminSocket == f.cniSocket || f.adminSocket == f.ztunnelSocket {
+		return fmt.Errorf("--ztunnel-socket %q, --cni-socket %q and --admin-socket %q must differ", f.ztunnelSocket, f.cniSocket, f.adminSocket)
 	}
 	if fi, err := os.Stat(f.hostProc); err != nil || !fi.IsDir() {
 		return fmt.Errorf("--host-proc %q: not a readable directory: %v", f.hostProc, err)
@@ -169,6 +206,9 @@ func (f runFlags) validate() error {
 	if _, err := f.install.config(f.cniSocket, f.excluded()); f.installCNI && err != nil {
 		return err
 	}
+	if f.iptablesLockWait < time.Second || f.iptablesLockWait > time.Minute {
+		return fmt.Errorf("--iptables-lock-wait %v: want between 1s and 1m", f.iptablesLockWait)
+	}
 	if f.podLookupTimeout <= 0 || f.podLookupTimeout > 5*time.Minute {
 		return fmt.Errorf("--pod-lookup-timeout %v: want between 0 and 5m", f.podLookupTimeout)
 	}
@@ -178,6 +218,15 @@ func (f runFlags) validate() error {
 	if f.retryMax < f.retryBase {
 		return fmt.Errorf("--retry-max-delay %v: must not be below --retry-base-delay %v", f.retryMax, f.retryBase)
 	}
+	if f.verifyInterval < 0 || (f.verifyInterval > 0 && f.verifyInterval < 100*time.Millisecond) {
+		return fmt.Errorf("--verify-interval %v: want 0 (off) or at least 100ms", f.verifyInterval)
+	}
+	if _, err := f.socketMode(); err != nil {
+		return err
+	}
+	if f.workers < 1 || f.workers > 256 || f.maxParallelAdds < 1 || f.maxParallelAdds > 1024 {
+		return fmt.Errorf("--workers %d / --max-parallel-adds %d: want 1..256 / 1..1024", f.workers, f.maxParallelAdds)
+	}
 	if f.kubeQPS <= 0 || f.kubeBurst < 1 {
 		return fmt.Errorf("--kube-qps %v / --kube-burst %d: must be positive", f.kubeQPS, f.kubeBurst)
 	}
@@ -185,6 +234,16 @@ func (f runFlags) validate() error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	return nil
+}
+
+// socketMode parses --ztunnel-socket-mode: octal permission bits, owner
+// read-write at least (the agent is the owner), nothing beyond 0777.
+func (f runFlags) socketMode() (os.FileMode, error) {
+	m, err := strconv.ParseUint(f.ztunnelSocketMode, 8, 32)
+	if err != nil || m > 0o777 || m&0o600 != 0o600 {
+		return 0, fmt.Errorf("--ztunnel-socket-mode %q: want octal permission bits including owner rw (e.g. 0600, 0660)", f.ztunnelSocketMode)
+	}
+	return os.FileMode(m), nil
 }
 
 func (f runFlags) excluded() []string {
@@ -236,7 +295,10 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	rulesCfg := iptables.Config{IPv6: f.ipv6, DNSCapture: f.dnsCapture, Mode: iptables.Mode(f.iptablesMode)}
+	// The backend choice is persisted in the run dir (tmpfs: it survives
+	// restarts, not reboots — as the rules themselves).
+	rulesCfg := iptables.Config{IPv6: f.ipv6, DNSCapture: f.dnsCapture, Mode: iptables.Mode(f.iptablesMode),
+		StateDir: f.runDir, HostProc: f.hostProc, KubeletUID: f.kubeletUIDValue(), LockWait: f.iptablesLockWait}
 	rules, err := iptables.NewManager(ctx, rulesCfg, log.With("component", "iptables"))
 	if err != nil {
 		return fmt.Errorf("--iptables %s: %w", f.iptablesMode, err)
@@ -253,6 +315,9 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac.PodLookupTimeout = f.podLookupTimeout
 	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
 	ac.PodConditionType = f.podConditionType
+	ac.VerifyInterval, ac.IPv6, ac.RunDir = f.verifyInterval, f.ipv6, f.runDir
+	ac.Workers, ac.MaxParallelAdds = f.workers, f.maxParallelAdds
+	mode, _ := f.socketMode() // validated
 	// With --install-cni the installer's own check (our entry last in the
 	// config the runtime uses) feeds /readyz and the node condition;
 	// without it the daemon reads the conf dir itself.
@@ -267,14 +332,17 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		pluginInstalled = ci.Check
 	}
 	node, err := daemon.New(daemon.Config{
-		Agent:           ac,
-		ZtunnelSocket:   f.ztunnelSocket,
-		CNISocket:       f.cniSocket,
-		HealthAddr:      f.healthAddr,
-		MetricsAddr:     f.metricsAddr,
-		NodeReady:       f.nodeReady,
-		CNIConfDir:      f.install.confDir,
-		PluginInstalled: pluginInstalled,
+		Agent:             ac,
+		ZtunnelSocketMode: mode,
+		ZtunnelSocket:     f.ztunnelSocket,
+		CNISocket:         f.cniSocket,
+		HealthAddr:        f.healthAddr,
+		MetricsAddr:       f.metricsAddr,
+		NodeReady:         f.nodeReady,
+		CNIConfDir:        f.install.confDir,
+		PluginInstalled:   pluginInstalled,
+		AdminSocket:       f.adminSocket,
+		Version:           version,
 	}, client, rules, log)
 	if err != nil {
 		return err

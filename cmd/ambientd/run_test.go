@@ -25,7 +25,8 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "defaults", args: []string{"--node-name=n1"}, env: env(), check: func(t *testing.T, f runFlags) {
 			if f.ztunnelSocket != "/var/run/ztunnel/ztunnel.sock" || f.cniSocket != "/var/run/ambientd/cni.sock" ||
 				f.healthAddr != ":8000" || f.metricsAddr != ":15014" || f.hostProc != "/proc" || f.iptablesMode != "auto" ||
-				f.excludeNamespaces != "kube-system" || f.installCNI || !f.dnsCapture || f.ipv6 || f.podLookupTimeout != 10*time.Second {
+				f.excludeNamespaces != "kube-system" || f.installCNI || !f.dnsCapture || !f.ipv6 || f.podLookupTimeout != 10*time.Second ||
+				f.verifyInterval != time.Minute || f.runDir != "/var/run/ambientd" || f.ztunnelSocketMode != "0600" {
 				t.Errorf("defaults: %+v", f)
 			}
 		}},
@@ -80,6 +81,26 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "bad pod condition type", args: []string{"--node-name=n", "--pod-condition-type=a/b/c"}, env: env(), wantErr: "--pod-condition-type"},
 		{name: "relative cni conf dir", args: []string{"--node-name=n", "--cni-conf-dir=net.d"}, env: env(), wantErr: "--cni-conf-dir"},
 		{name: "bad taint grace", args: []string{"--node-name=n", "--taint-grace-period=0s"}, env: env(), wantErr: "--taint-grace-period"},
+		{name: "verify interval from env", env: env("NODE_NAME", "n", "AMBIENTD_VERIFY_INTERVAL", "0"), check: func(t *testing.T, f runFlags) {
+			if f.verifyInterval != 0 {
+				t.Errorf("verify interval %v, want 0 (off)", f.verifyInterval)
+			}
+		}},
+		{name: "verify interval too short", args: []string{"--node-name=n", "--verify-interval=1ms"}, env: env(), wantErr: "--verify-interval"},
+		{name: "relative run dir", args: []string{"--node-name=n", "--run-dir=run"}, env: env(), wantErr: "--run-dir"},
+		{name: "socket mode from env", env: env("NODE_NAME", "n", "AMBIENTD_ZTUNNEL_SOCKET_MODE", "0660"), check: func(t *testing.T, f runFlags) {
+			if m, err := f.socketMode(); err != nil || m != 0o660 {
+				t.Errorf("socket mode %v, %v; want 0660", m, err)
+			}
+		}},
+		{name: "socket mode without owner rw", args: []string{"--node-name=n", "--ztunnel-socket-mode=0066"}, env: env(), wantErr: "--ztunnel-socket-mode"},
+		{name: "socket mode not octal", args: []string{"--node-name=n", "--ztunnel-socket-mode=rw"}, env: env(), wantErr: "--ztunnel-socket-mode"},
+		{name: "kubelet uid not numeric", args: []string{"--node-name=n", "--kubelet-uid=kubelet"}, env: env(), wantErr: "--kubelet-uid"},
+		{name: "kubelet uid from env", env: env("NODE_NAME", "n", "AMBIENTD_KUBELET_UID", "0"), check: func(t *testing.T, f runFlags) {
+			if u := f.kubeletUIDValue(); u == nil || *u != 0 {
+				t.Errorf("kubelet uid %v, want 0", u)
+			}
+		}},
 		{name: "stray argument", args: []string{"--node-name=n", "extra"}, env: env(), wantErr: "unexpected"},
 		{name: "exclude list", args: []string{"--node-name=n", "--exclude-namespaces= a, b ,,"}, env: env(), check: func(t *testing.T, f runFlags) {
 			if got := strings.Join(f.excluded(), ","); got != "a,b" {

@@ -39,6 +39,7 @@ func (e *Env) DefaultAgentArgs(healthAddr, metricsAddr string) []string {
 		"--node-name=" + e.NodeName,
 		"--ztunnel-socket=" + e.ZtunnelSocket,
 		"--cni-socket=" + e.CNISocket,
+		"--admin-socket=" + e.AdminSocket,
 		"--health-addr=" + healthAddr,
 		"--metrics-addr=" + metricsAddr,
 		"--host-proc=/proc",
@@ -73,7 +74,9 @@ func (e *Env) StartAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 	}
 	args := append(e.DefaultAgentArgs(health, metrics), cfg.Args...)
 	p := newProcess(e.sp, cfg.Name, e.Bins.Agent, e.logPath(cfg.Name), args...)
-	p.Env = cfg.Env
+	// The run dir (pod state file) through the environment, never the
+	// machine's /var/run/ambientd; a flag in cfg.Args wins.
+	p.Env = append([]string{"AMBIENTD_RUN_DIR=" + e.AgentRunDir}, cfg.Env...)
 	if err := p.Start(); err != nil {
 		return nil, err
 	}

@@ -38,6 +38,9 @@ type ChainConfig struct {
 	// Subnet host-local assigns from (default 10.88.0.0/24); the bridge
 	// gets the first address as gateway.
 	Subnet netip.Prefix
+	// Subnet6, when set, is a second host-local range (IPv6): pods get
+	// both families (dual-stack) and an IPv6 default route.
+	Subnet6 netip.Prefix
 	// AmbientPlugin is our plugin's entry, appended last; nil leaves it out.
 	// See AmbientPluginConf.
 	AmbientPlugin map[string]any
@@ -107,6 +110,14 @@ func NewChain(cfg ChainConfig) (*Chain, error) {
 	return c, nil
 }
 
+// DualStack returns a chain like c (same bridge, leases and plugin) whose
+// pods also get an IPv6 address from subnet6; its conflist is confFile.
+func (c *Chain) DualStack(subnet6 netip.Prefix, confFile string) (*Chain, error) {
+	cfg := c.cfg
+	cfg.Subnet6, cfg.ConfFile = subnet6, confFile
+	return NewChain(cfg)
+}
+
 // Bridge is the bridge device's name.
 func (c *Chain) Bridge() string { return c.cfg.Bridge }
 
@@ -116,6 +127,7 @@ func (c *Chain) Subnet() netip.Prefix { return c.cfg.Subnet }
 // SetAmbientPlugin rewrites the conflist with conf as the last plugin, or
 // without our plugin when conf is nil. Pods added later use the new list.
 func (c *Chain) SetAmbientPlugin(conf map[string]any) error {
+	c.cfg.AmbientPlugin = conf
 	b, err := json.MarshalIndent(c.conflist(conf), "", "  ")
 	if err != nil {
 		return err
@@ -128,6 +140,12 @@ func (c *Chain) SetAmbientPlugin(conf map[string]any) error {
 }
 
 func (c *Chain) conflist(ambient map[string]any) map[string]any {
+	ranges := []any{[]any{map[string]any{"subnet": c.cfg.Subnet.String()}}}
+	routes := []any{map[string]any{"dst": "0.0.0.0/0"}}
+	if c.cfg.Subnet6.IsValid() {
+		ranges = append(ranges, []any{map[string]any{"subnet": c.cfg.Subnet6.String()}})
+		routes = append(routes, map[string]any{"dst": "::/0"})
+	}
 	plugins := []any{
 		map[string]any{
 			"type":        "bridge",
@@ -138,8 +156,8 @@ func (c *Chain) conflist(ambient map[string]any) map[string]any {
 			"ipam": map[string]any{
 				"type":    "host-local",
 				"dataDir": c.IPAMDir,
-				"ranges":  []any{[]any{map[string]any{"subnet": c.cfg.Subnet.String()}}},
-				"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
+				"ranges":  ranges,
+				"routes":  routes,
 			},
 		},
 	}

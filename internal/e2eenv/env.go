@@ -64,6 +64,10 @@ type Env struct {
 	// CNI plugin to CNISocket).
 	ZtunnelSocket string
 	CNISocket     string
+	// AgentRunDir is the agent's --run-dir (its pod state file).
+	AgentRunDir string
+	// AdminSocket is the agent's admin socket (`ambientd status`).
+	AdminSocket string
 	// CNIPluginLog is where bin/ambientd-cni logs when in the chain.
 	CNIPluginLog string
 
@@ -104,6 +108,8 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		Root: root, Bins: bins, Dir: dir, NodeName: opts.NodeName,
 		ZtunnelSocket: filepath.Join(dir, "run", "ztunnel", "ztunnel.sock"),
 		CNISocket:     filepath.Join(dir, "run", "ambientd", "cni.sock"),
+		AgentRunDir:   filepath.Join(dir, "run", "ambientd"),
+		AdminSocket:   filepath.Join(dir, "run", "ambientd", "admin.sock"),
 		CNIPluginLog:  filepath.Join(dir, "logs", "ambientd-cni.log"),
 		log:           opts.Log, sp: newSpawner(), netnsDir: filepath.Join(dir, "netns"),
 		pods: map[*Pod]struct{}{},

@@ -40,6 +40,9 @@ type Pod struct {
 	NetnsPath       string
 	IPs             []netip.Addr
 	Result          *current.Result
+	// AddDuration is how long the chain's CNI ADD took (libcni, every
+	// plugin of the chain), for benchmarks.
+	AddDuration time.Duration
 	// Object is the Pod as last written by CreatePod (status Running).
 	Object *corev1.Pod
 
@@ -140,7 +143,10 @@ func (e *Env) AttachPod(ctx context.Context, obj *corev1.Pod, chain *Chain) (*Po
 	if err := e.startSandbox(ctx, p); err != nil {
 		return fail(err)
 	}
-	if p.Result, err = p.chain.Add(ctx, p.attachment()); err != nil {
+	addStart := time.Now()
+	p.Result, err = p.chain.Add(ctx, p.attachment())
+	p.AddDuration = time.Since(addStart)
+	if err != nil {
 		return fail(err)
 	}
 	for _, ipc := range p.Result.IPs {

@@ -210,3 +210,16 @@ func (p *Pod) SandboxPid() int {
 	}
 	return p.sandbox.Pid()
 }
+
+// StopSandbox kills the pod's pause process and removes its cgroup, as a
+// runtime that keeps no process in the sandbox netns would look: the netns
+// itself stays (bind-mounted at NetnsPath), but a /proc scan cannot find it.
+func (e *Env) StopSandbox(p *Pod) error { return p.stopSandbox() }
+
+// RestartSandbox starts the pod's pause process again (after StopSandbox).
+func (e *Env) RestartSandbox(ctx context.Context, p *Pod) error {
+	if p.sandbox != nil {
+		return fmt.Errorf("pod %s/%s: sandbox still running", p.Namespace, p.Name)
+	}
+	return e.startSandbox(ctx, p)
+}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -57,8 +59,11 @@ type Ztunnel interface {
 type Rules interface {
 	ApplyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) error
 	DeletePod(ctx context.Context, podNS ns.NetNS) error
+	VerifyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) (iptables.Drift, error)
 	AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
 	RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
+	PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) (iptables.ProbeChanges, error)
+	EnsureHostRules(ctx context.Context) error
 }
 
 // Config configures an Agent. DefaultConfig holds the defaults; New takes a
@@ -84,11 +89,24 @@ type Config struct {
 	// RetryBaseDelay..RetryMaxDelay is the per-pod backoff of failed syncs,
 	// including pending pods.
 	RetryBaseDelay, RetryMaxDelay time.Duration
-	// Workers sync pods concurrently.
+	// Workers sync pods concurrently (informer events, retries).
 	Workers int
 	// PodConditionType is the pod condition the agent maintains on the
 	// pods it enrolls (in the same write as the annotation).
 	PodConditionType string
+	// VerifyInterval is the period of the drift pass (jittered); 0 = off.
+	VerifyInterval time.Duration
+	// IPv6 says the rule manager captures IPv6: when false, a pod with an
+	// IPv6 address is refused (its IPv6 traffic would bypass ztunnel).
+	IPv6 bool
+	// RunDir holds the pod state file (netns path and inode per pod,
+	// recorded at CNI ADD; tmpfs, so gone after a reboot like the
+	// namespaces). Empty: no state file.
+	RunDir string
+	// MaxParallelAdds bounds the CNI ADDs enrolling at once; more wait
+	// (within their deadline). Each runs iptables-restore in the pod's
+	// netns, so this bounds the processes a burst of new pods forks.
+	MaxParallelAdds int
 }
 
 // DefaultPodConditionType is the pod condition a readiness gate names.
@@ -106,6 +124,10 @@ func DefaultConfig() Config {
 		RetryMaxDelay:    30 * time.Second,
 		Workers:          4,
 		PodConditionType: DefaultPodConditionType,
+		VerifyInterval:   60 * time.Second,
+		IPv6:             true,
+		RunDir:           "/var/run/ambientd",
+		MaxParallelAdds:  16,
 	}
 }
 
@@ -132,6 +154,9 @@ func (c Config) withDefaults() Config {
 	if c.PodConditionType == "" {
 		c.PodConditionType = d.PodConditionType
 	}
+	if c.MaxParallelAdds <= 0 {
+		c.MaxParallelAdds = d.MaxParallelAdds
+	}
 	return c
 }
 
@@ -144,6 +169,7 @@ type Agent struct {
 	rules   Rules
 	reg     *registry.Registry
 	finder  *podnetns.Finder
+	state   *podnetns.State // nil without a RunDir
 	status  *podstatus.Patcher
 	metrics *metrics
 
@@ -158,6 +184,8 @@ type Agent struct {
 	podSeen               broadcast                                    // fires on every pod event
 
 	locks keyedMutex
+	// adds holds a token per CNI ADD enrolling (Config.MaxParallelAdds).
+	adds chan struct{}
 
 	// refused holds the uids a ztunnel refused in its snapshot, until
 	// their next sync takes them (under the per-pod lock) back to pending.
@@ -192,6 +220,7 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		rules:  rules,
 		reg:    reg,
 		finder: podnetns.New(cfg.HostProc),
+		adds:   make(chan struct{}, cfg.MaxParallelAdds),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
@@ -200,10 +229,20 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		return nil, fmt.Errorf("agent: pod condition type %q: %s", cfg.PodConditionType, strings.Join(errs, "; "))
 	}
 	a.events, a.recorder = newEventRecorder(cfg.NodeName)
-	a.metrics = newMetrics(reg)
+	if cfg.RunDir != "" {
+		st, err := podnetns.OpenState(filepath.Join(cfg.RunDir, "pods.json"))
+		if err != nil {
+			log.Warn("pod state file unusable; restarts fall back to the /proc scan", "error", err)
+		}
+		a.state = st
+	}
+	a.metrics = newMetrics(reg, a.queue.Len)
 	a.status = podstatus.New(client, log.With("component", "podstatus"), podstatus.Options{
 		ConditionType: cfg.PodConditionType,
-		OnResult:      func(r podstatus.Result) { a.metrics.annotations.WithLabelValues(string(r)).Inc() },
+		OnResult: func(r podstatus.Result, took time.Duration) {
+			a.metrics.annotations.WithLabelValues(string(r)).Inc()
+			a.metrics.steps.WithLabelValues("status_write").Observe(took.Seconds())
+		},
 	})
 
 	// Pods of this node only: the field selector keeps the cache small on
@@ -214,6 +253,11 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		}))
 	a.nsFactory = informers.NewSharedInformerFactory(client, 0)
 	a.podInformer = a.podFactory.Core().V1().Pods().Informer()
+	// The agent never reads managed fields; dropping them from the cache
+	// saves memory at hundreds of pods (docs/scale.md).
+	if err := a.podInformer.SetTransform(dropManagedFields); err != nil {
+		return nil, fmt.Errorf("agent: pod informer transform: %w", err)
+	}
 	if err := a.podInformer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
 			return []string{string(p.UID)}, nil
@@ -227,6 +271,9 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		Help: "Pods of this node in the agent's informer cache.",
 	}, func() float64 { return float64(len(a.podInformer.GetStore().ListKeys())) }))
 	a.nsInformer = a.nsFactory.Core().V1().Namespaces().Informer()
+	if err := a.nsInformer.SetTransform(dropManagedFields); err != nil {
+		return nil, fmt.Errorf("agent: namespace informer transform: %w", err)
+	}
 	a.nsLister = a.nsFactory.Core().V1().Namespaces().Lister()
 
 	// Event handlers only enqueue keys; all decisions happen in sync.
@@ -249,6 +296,15 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		return nil, fmt.Errorf("agent: namespace event handler: %w", err)
 	}
 	return a, nil
+}
+
+// dropManagedFields is the informers' transform: objects are cached without
+// their managed fields.
+func dropManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 func (a *Agent) enqueuePod(obj any) {
@@ -349,6 +405,7 @@ func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
 				a.log.Info("ztunnel snapshot acked, retrying pending pods", "pending", len(pending))
 			}
 			for _, uid := range pending {
+				a.metrics.retries.WithLabelValues("snapshot_ack").Inc()
 				a.queue.Add(uid)
 			}
 		}
@@ -369,6 +426,7 @@ func (a *Agent) worker(ctx context.Context) {
 		case ctx.Err() != nil:
 			a.queue.Forget(uid)
 		default:
+			a.metrics.retry(err)
 			a.queue.AddRateLimited(uid)
 		}
 		a.queue.Done(uid)
@@ -377,31 +435,40 @@ func (a *Agent) worker(ctx context.Context) {
 
 // keyedMutex serialises work on one pod (CNI ADD/DEL, sync, snapshot
 // refusals) without blocking other pods. Entries are dropped when unused.
+// The map's mutex is held only to find an entry, never while waiting for one
+// or across I/O.
 type keyedMutex struct {
 	mu sync.Mutex
 	m  map[string]*keyedEntry
 }
 
 type keyedEntry struct {
-	mu   sync.Mutex
+	held chan struct{} // capacity 1: full while locked
 	refs int
 }
 
+// lock waits for key's lock as long as it takes (background work).
 func (k *keyedMutex) lock(key string) func() {
+	unlock, _ := k.lockCtx(context.Background(), key)
+	return unlock
+}
+
+// lockCtx waits for key's lock until ctx ends: a CNI ADD or DEL stuck
+// behind a slow sync of the same pod gives up within its own deadline
+// instead of past it.
+func (k *keyedMutex) lockCtx(ctx context.Context, key string) (func(), error) {
 	k.mu.Lock()
 	if k.m == nil {
 		k.m = make(map[string]*keyedEntry)
 	}
 	e := k.m[key]
 	if e == nil {
-		e = &keyedEntry{}
+		e = &keyedEntry{held: make(chan struct{}, 1)}
 		k.m[key] = e
 	}
 	e.refs++
 	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
+	drop := func() {
 		k.mu.Lock()
 		e.refs--
 		if e.refs == 0 {
@@ -409,6 +476,16 @@ func (k *keyedMutex) lock(key string) func() {
 		}
 		k.mu.Unlock()
 	}
+	select {
+	case e.held <- struct{}{}:
+	case <-ctx.Done():
+		drop()
+		return func() {}, fmt.Errorf("waiting for the lock of pod %s: %w", key, ctx.Err())
+	}
+	return func() {
+		<-e.held
+		drop()
+	}, nil
 }
 
 // broadcast wakes every waiter once per fire (a closed channel, replaced).

@@ -163,6 +163,8 @@ type fakeRules struct {
 	applyErr error
 	applied  int
 	deleted  int
+	verified int
+	drift    int // how many VerifyPod calls still report drift
 	probes   map[string][]netip.Addr
 }
 
@@ -199,6 +201,51 @@ func (r *fakeRules) RemoveProbeIPs(_ context.Context, uid string, _ []netip.Addr
 	delete(r.probes, uid)
 	return nil
 }
+
+// VerifyPod reports drift once per drifted() call, as wiped rules would.
+func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) (iptables.Drift, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verified++
+	if r.drift > 0 {
+		r.drift--
+		return iptables.Drift{Missing: []string{"-A OUTPUT -j ISTIO_OUTPUT"}}, nil
+	}
+	return iptables.Drift{}, nil
+}
+
+func (r *fakeRules) PruneProbeIPs(_ context.Context, live map[string][]netip.Addr) (iptables.ProbeChanges, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	owner := func(m map[string][]netip.Addr) map[netip.Addr]string {
+		out := map[netip.Addr]string{}
+		for uid, ips := range m {
+			for _, ip := range ips {
+				out[ip] = uid
+			}
+		}
+		return out
+	}
+	have, want := owner(r.probes), owner(live)
+	var ch iptables.ProbeChanges
+	for ip := range have {
+		if _, ok := want[ip]; !ok {
+			ch.Removed++
+		}
+	}
+	for ip, uid := range want {
+		switch cur, ok := have[ip]; {
+		case !ok:
+			ch.Added++
+		case cur != uid:
+			ch.Relabelled++
+		}
+	}
+	r.probes = maps.Clone(live)
+	return ch, nil
+}
+
+func (r *fakeRules) EnsureHostRules(context.Context) error { return nil }
 
 func (r *fakeRules) counts() (applied, deleted, probes int) {
 	r.mu.Lock()
@@ -454,8 +501,9 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 
 func TestCNIAddBadInput(t *testing.T) {
 	badDNS := pod("app", "dns", "uid-d", map[string]string{podmeta.AnnotationDNSCapture: "maybe"})
+	badTap := pod("app", "vm", "uid-vm", map[string]string{podmeta.AnnotationRerouteVirtualInterfaces: "tap0,tap 1"})
 	ok := pod("app", "ok", "uid-ok", nil)
-	h := newHarness(t, namespace("app", true), badDNS, ok)
+	h := newHarness(t, namespace("app", true), badDNS, badTap, ok)
 	h.zt.connect()
 	fdsBefore := openFDs(t)
 
@@ -468,6 +516,9 @@ func TestCNIAddBadInput(t *testing.T) {
 	}
 	if _, err := h.agent.HandleAdd(context.Background(), event(badDNS)); err == nil {
 		t.Error("invalid dns-capture: no error")
+	}
+	if _, err := h.agent.HandleAdd(context.Background(), event(badTap)); err == nil || !strings.Contains(err.Error(), `"tap 1" is not a valid interface name`) {
+		t.Errorf("invalid reroute-virtual-interfaces: %v, want an error naming the interface", err)
 	}
 	missing := event(ok)
 	missing.NetnsPath = "/var/run/netns/does-not-exist"
@@ -494,7 +545,7 @@ func TestCNIAddBadInput(t *testing.T) {
 	if after := openFDs(t); after > fdsBefore {
 		t.Errorf("open fds %d → %d: a netns handle leaked", fdsBefore, after)
 	}
-	for reason, want := range map[string]float64{"pod_unknown": 1, "bad_annotation": 1, "netns": 2, "rules": 1} {
+	for reason, want := range map[string]float64{"pod_unknown": 1, "bad_annotation": 2, "netns": 2, "rules": 1} {
 		var m dto.Metric
 		if err := h.agent.metrics.failures.WithLabelValues(reason).Write(&m); err != nil {
 			t.Fatal(err)
@@ -591,23 +642,42 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 		}
 		got = append(got, e.Workload.UID+"/"+e.Workload.ServiceAccount)
 	}
-	if want := []string{"uid-a/sa-a", "uid-b/sa-b"}; !slices.Equal(got, want) {
+	// Every live in-mesh pod is kept (ztunnel may serve it), the
+	// unannotated one too; none is enabled while its netns is unknown.
+	if want := []string{"uid-a/sa-a", "uid-b/sa-b", "uid-c/sa-c"}; !slices.Equal(got, want) {
 		t.Errorf("snapshot after rebuild %v, want %v (Keep entries)", got, want)
 	}
-	if h.state("uid-a") != "enabled" || h.state("uid-b") != "pending" {
-		t.Errorf("states a=%s b=%s, want enabled, pending", h.state("uid-a"), h.state("uid-b"))
+	for _, uid := range []string{"uid-a", "uid-b", "uid-c"} {
+		if st := h.state(uid); st != "pending" {
+			t.Errorf("%s: state %s, want pending (netns not found)", uid, st)
+		}
 	}
+	h.waitFor("enabled pod whose netns is not found shows pending", func() bool { v, _ := h.annotation("app", "a"); return v == "pending" })
 	if applied, _, _ := h.rules.counts(); applied != 0 {
-		t.Errorf("rebuild applied rules %d times, want 0 (rules are left as they are)", applied)
+		t.Errorf("rebuild applied rules %d times, want 0 (no netns to apply them in)", applied)
 	}
+}
+
+// firstSnapshot waits until the ztunnel server took its first snapshot
+// (it runs in its own goroutine: "agent running" does not mean it has) and
+// returns it.
+func (h *harness) firstSnapshot() []ztunnel.SnapshotEntry {
+	var first []ztunnel.SnapshotEntry
+	h.waitFor("ztunnel server took its first snapshot", func() bool {
+		h.zt.mu.Lock()
+		defer h.zt.mu.Unlock()
+		first = h.zt.firstSnap
+		return h.zt.snapTaken
+	})
+	return first
 }
 
 // TestRestartRestoresUnannotatedPods: the agent died after ztunnel took a pod
 // but before its annotation landed. The restarted agent's first snapshot must
 // still hold the pod (with its netns, found in /proc), and the reconcile must
-// re-apply its rules and enable it without ever sending a Del. In-mesh pods
-// without annotation whose netns is not found, pods outside the mesh and
-// terminal pods are not restored.
+// verify its rules and enable it without ever sending a Del. An in-mesh pod
+// without annotation whose netns is not found is kept (Keep); pods outside
+// the mesh and terminal pods are not restored.
 func TestRestartRestoresUnannotatedPods(t *testing.T) {
 	// The fake host proc: one "sandbox process" per pod, whose cgroup names
 	// the pod uid and whose netns is this test's, which holds 127.0.0.1.
@@ -627,20 +697,12 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 
 	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc },
 		namespace("app", true), namespace("plain", false), lost, enabled, nowhere, outside, optOut, done)
-	// The ztunnel server runs in its own goroutine: "agent running" does not
-	// mean it has taken its snapshot yet.
-	var first []ztunnel.SnapshotEntry
-	h.waitFor("ztunnel server took its first snapshot", func() bool {
-		h.zt.mu.Lock()
-		defer h.zt.mu.Unlock()
-		first = h.zt.firstSnap
-		return h.zt.snapTaken
-	})
+	first := h.firstSnapshot()
 	got := map[string]bool{} // uid → netns present
 	for _, e := range first {
 		got[e.Workload.UID] = e.Netns != nil
 	}
-	if want := map[string]bool{"uid-lost": true, "uid-on": true}; !maps.Equal(got, want) {
+	if want := map[string]bool{"uid-lost": true, "uid-on": true, "uid-nowhere": false}; !maps.Equal(got, want) {
 		t.Errorf("first snapshot after restart (uid → has netns) %v, want %v", got, want)
 	}
 
@@ -653,8 +715,14 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 	if e, _ := h.reg.Get("uid-lost"); e.Phase == registry.Unverified {
 		t.Error("restored pod still has unverified rules after being enabled")
 	}
-	if applied, _, _ := h.rules.counts(); applied < 1 {
-		t.Errorf("rules applied %d times, want the restored pod's rules re-applied", applied)
+	if applied, _, _ := h.rules.counts(); applied != 0 {
+		t.Errorf("rules applied %d times, want 0: intact rules are verified, not rewritten", applied)
+	}
+	h.rules.mu.Lock()
+	verified := h.rules.verified
+	h.rules.mu.Unlock()
+	if verified < 2 {
+		t.Errorf("rules verified %d times, want both restored pods' rules read back", verified)
 	}
 	if h.zt.added("uid-lost") < 1 {
 		t.Error("no fresh Add for the restored pod")
@@ -727,19 +795,16 @@ func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
 	p := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.5")
 	h := newHarness(t, namespace("app", true), p) // empty host proc: no netns is ever found
 	h.zt.connect()
-	if h.state("uid-a") != "enabled" {
-		t.Fatalf("restored pod state %s, want enabled", h.state("uid-a"))
+	if h.state("uid-a") != "pending" {
+		t.Fatalf("restored pod state %s, want pending (netns not found)", h.state("uid-a"))
 	}
 	h.setNamespace("app", false)
 	h.waitFor("removal tried twice", func() bool { return h.failures("removal") >= 2 })
 	if h.zt.deleted("uid-a") {
 		t.Error("Del sent for a pod whose rules are still in place")
 	}
-	if st := h.state("uid-a"); st != "enabled" {
-		t.Errorf("registry state %s, want enabled (still captured, retried)", st)
-	}
-	if v, _ := h.annotation("app", "a"); v != "enabled" {
-		t.Errorf("annotation %q, want enabled (the pod is still captured)", v)
+	if st := h.state("uid-a"); st != "pending" {
+		t.Errorf("registry state %s, want pending (still registered, retried)", st)
 	}
 }
 
@@ -962,5 +1027,98 @@ func TestLookupIsGentle(t *testing.T) {
 	t.Logf("%d GETs for an unknown pod over %v", gets.Load(), 2*time.Second)
 	if n := gets.Load(); n < 1 || n > 6 {
 		t.Errorf("%d GETs for an unknown pod, want between 1 and 6 (capped exponential backoff)", n)
+	}
+}
+
+// TestCNIAddAbandonedIsNotFinished: an ADD that waits for the pod's lock
+// (another operation on the pod is slow) past its caller's deadline fails
+// and leaves nothing behind, and does not run once the lock is free.
+func TestCNIAddAbandonedIsNotFinished(t *testing.T) {
+	p := pod("app", "slow", "uid-slow", nil)
+	h := newHarness(t, namespace("app", true), p)
+	h.zt.connect()
+	unlock := h.agent.locks.lock("uid-slow") // a slow sync of the same pod
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := h.agent.HandleAdd(ctx, event(p)); done <- err }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		unlock() // the old behaviour: the ADD runs once the lock is free
+		err = <-done
+		t.Errorf("HandleAdd kept waiting for the pod's lock past its deadline")
+	}
+	unlock()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("HandleAdd = %v; want an error wrapping context.DeadlineExceeded", err)
+	}
+	if applied, _, _ := h.rules.counts(); applied != 0 {
+		t.Errorf("rules applied %d times for an abandoned ADD; want 0", applied)
+	}
+	if _, ok := h.reg.Get("uid-slow"); ok || h.zt.tried("uid-slow") != 0 {
+		t.Errorf("abandoned ADD registered the pod (%v) or told ztunnel (%d tries)", ok, h.zt.tried("uid-slow"))
+	}
+	if got := h.failures("deadline"); got != 1 {
+		t.Errorf("ambientd_failures_total{reason=deadline} = %v, want 1", got)
+	}
+}
+
+// TestCNIAddsRunInParallel: ADDs of different pods do not wait for each
+// other: while one pod's lock is held, another pod enrolls.
+func TestCNIAddsRunInParallel(t *testing.T) {
+	a, b := pod("app", "a", "uid-a", nil), pod("app", "b", "uid-b", nil)
+	h := newHarness(t, namespace("app", true), a, b)
+	h.zt.connect()
+	unlock := h.agent.locks.lock("uid-a")
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := h.agent.HandleAdd(ctx, event(b)); err != nil || out != Enrolled {
+		t.Fatalf("HandleAdd(b) while a is locked = %v, %v; want Enrolled", out, err)
+	}
+}
+
+// TestRestartDeletesRulesOfStaleUnannotatedPod: the agent stopped while
+// enrolling a pod (its netns recorded, rules programmed, no annotation yet)
+// and the pod's namespace left the mesh meanwhile. The restarted agent
+// deletes that pod's rules and forgets it, without registering it (not in
+// ztunnel's snapshot); an out-of-mesh pod the state file does not record is
+// not touched.
+func TestRestartDeletesRulesOfStaleUnannotatedPod(t *testing.T) {
+	runDir := t.TempDir()
+	st, err := podnetns.OpenState(filepath.Join(runDir, "pods.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h0, err := podnetns.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put("uid-stale", h0); err != nil {
+		t.Fatal(err)
+	}
+	h0.Close()
+	stale := runningPod(pod("plain", "stale", "uid-stale", nil), "127.0.0.1")
+	other := runningPod(pod("plain", "other", "uid-other", nil), "127.0.0.1")
+
+	h := newHarnessWith(t, func(c *Config) { c.RunDir = runDir }, namespace("plain", false), stale, other)
+	first := h.firstSnapshot()
+	if len(first) != 0 {
+		t.Errorf("first snapshot %v, want empty (no pod is in the mesh)", first)
+	}
+	if _, deleted, _ := h.rules.counts(); deleted != 1 {
+		t.Errorf("rules deleted %d times, want 1 (the stale pod's)", deleted)
+	}
+	after, err := podnetns.OpenState(filepath.Join(runDir, "pods.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Has("uid-stale") {
+		t.Error("stale pod still in the state file after its rules were deleted")
+	}
+	if h.reg.Len() != 0 {
+		t.Errorf("registry holds %d pods, want 0", h.reg.Len())
 	}
 }

@@ -15,7 +15,6 @@ import (
 )
 
 // Reasons of the Events the agent records on pods (docs/readiness.md).
-// Drift repair records "RulesRepaired" (Normal) through podEvent too.
 const (
 	// EventPending (Warning): the pod moved to pending; the message has
 	// the pod condition's reason and message.
@@ -26,6 +25,9 @@ const (
 	// EventRemovalFailed (Warning): taking a pod out of the mesh failed; it
 	// stays in the mesh and is retried.
 	EventRemovalFailed = "RemovalFailed"
+	// EventRulesRepaired (Warning): the drift pass found the pod's
+	// redirection rules changed by someone else and put them back.
+	EventRulesRepaired = "RulesRepaired"
 )
 
 // newEventRecorder returns the agent's pod event broadcaster and recorder.

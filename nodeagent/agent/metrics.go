@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,38 +11,85 @@ import (
 )
 
 // metrics are the agent's own collectors, in a registry of their own (no
-// global state; tests can run several agents).
+// global state; tests can run several agents). docs/metrics.md is the
+// reference of every name, label and label value; the e2e suite scrapes a
+// running agent against it.
 type metrics struct {
 	reg         *prometheus.Registry
 	failures    *prometheus.CounterVec
+	retries     *prometheus.CounterVec
+	enrollments prometheus.Counter
 	cniAdds     *prometheus.CounterVec
+	cniAddTime  *prometheus.HistogramVec
 	removals    *prometheus.CounterVec
 	annotations *prometheus.CounterVec
 	steps       *prometheus.HistogramVec
 	// ackToEnabled is the agent's own measure of how fast a pending pod is
 	// enabled once a ztunnel acked its snapshot.
 	ackToEnabled prometheus.Histogram
+	// repairs counts drift found and repaired, by what (pod_rules,
+	// host_rules, probe_set); ruleWrites every pod rule write the agent
+	// ran (an intact pod costs none: it is only read).
+	repairs    *prometheus.CounterVec
+	ruleWrites prometheus.Counter
+	// verifyPass is the duration of one drift pass.
+	verifyPass prometheus.Histogram
 }
 
-// failure reasons (label values of ambientd_enrollment_failures_total).
-var failureReasons = []string{
-	"pod_unknown", "bad_annotation", "netns", "netns_not_found", "rules",
-	"no_ztunnel", "ztunnel_nack", "ztunnel", "probe_ips", "removal", "api",
-}
+// repair kinds (label values of ambientd_repairs_total).
+var repairKinds = []string{"pod_rules", "host_rules", "probe_set"}
 
-func newMetrics(reg *registry.Registry) *metrics {
+// The fixed label values (docs/metrics.md lists them; a value outside these
+// sets is a bug).
+var (
+	// failureReasons label ambientd_failures_total.
+	failureReasons = []string{
+		"pod_unknown", "bad_annotation", "netns", "netns_not_found", "rules",
+		"no_ztunnel", "ztunnel_nack", "ztunnel", "probe_ips", "removal", "api", "deadline",
+	}
+	// retryReasons label ambientd_retries_total.
+	retryReasons = []string{"pending", "api", "netns", "rules", "removal", "snapshot_ack", "other"}
+	// removalReasons label ambientd_removals_total.
+	removalReasons = []string{"left_mesh", "deleted", "sandbox_deleted", "fail_pending"}
+	// steps label ambientd_enrollment_step_duration_seconds.
+	steps = []string{"lookup", "netns", "rules", "ztunnel_ack", "probe_ips", "status_write"}
+	// cniOutcomes label ambientd_cni_add_total and ambientd_cni_add_duration_seconds.
+	cniOutcomes = []string{"enrolled", "pending", "not-in-mesh", "unknown", "error"}
+	// phases label ambientd_pods (a pod the agent does not hold is absent
+	// and not counted).
+	phases = []registry.Phase{registry.Unverified, registry.Pending, registry.Enabled, registry.Releasing}
+)
+
+// durationBuckets span 0.5 ms .. 12 s: a CNI step takes milliseconds, a
+// pod lookup of a pod the API does not know yet takes up to its timeout.
+var durationBuckets = prometheus.ExponentialBuckets(0.0005, 2.5, 12)
+
+func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ambientd_enrollment_failures_total",
+			Name: "ambientd_failures_total",
 			Help: "Failures while enrolling or removing pods, by reason.",
 		}, []string{"reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ambientd_retries_total",
+			Help: "Pod syncs queued again, by reason.",
+		}, []string{"reason"}),
+		enrollments: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ambientd_enrollments_total",
+			Help: "Pods moved to enabled (ztunnel acked them and their probe IPs are in place).",
+		}),
 		cniAdds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ambientd_cni_add_total",
-			Help: "CNI ADD events handled, by outcome (enrolled, pending, not-in-mesh, error).",
+			Help: "CNI ADD events handled, by outcome.",
+		}, []string{"outcome"}),
+		cniAddTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ambientd_cni_add_duration_seconds",
+			Help:    "Time the agent took to handle a CNI ADD, by outcome.",
+			Buckets: durationBuckets,
 		}, []string{"outcome"}),
 		removals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ambientd_pod_removals_total",
+			Name: "ambientd_removals_total",
 			Help: "Pods taken out of the mesh, by reason.",
 		}, []string{"reason"}),
 		annotations: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -50,38 +98,122 @@ func newMetrics(reg *registry.Registry) *metrics {
 		}, []string{"result"}),
 		steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ambientd_enrollment_step_duration_seconds",
-			Help:    "Duration of enrollment steps (lookup, rules, ztunnel_add, probe).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
+			Help:    "Duration of enrollment steps, by step.",
+			Buckets: durationBuckets,
 		}, []string{"step"}),
 	}
 	m.ackToEnabled = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ambientd_snapshot_ack_to_enabled_seconds",
 		Help:    "From a ztunnel's snapshot ack to a pending pod being enabled.",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
+		Buckets: durationBuckets,
 	})
+	m.repairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ambientd_repairs_total",
+		Help: "Drift found and repaired (restart verification and the periodic drift pass), by what: pod_rules, host_rules, probe_set.",
+	}, []string{"what"})
+	for _, k := range repairKinds {
+		m.repairs.WithLabelValues(k)
+	}
+	m.ruleWrites = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ambientd_pod_rule_writes_total",
+		Help: "Pod rule writes (enrollments and repairs); verifying intact rules writes nothing.",
+	})
+	m.verifyPass = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ambientd_verify_pass_duration_seconds",
+		Help:    "Duration of one drift-verification pass over the enrolled pods and the host rules.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+	})
+	// Every fixed label value exists from the start, so a rate() or an
+	// alert sees 0, not an absent series.
 	for _, r := range failureReasons {
 		m.failures.WithLabelValues(r)
 	}
-	count := func(phases ...registry.Phase) func() float64 {
-		return func() float64 {
-			n := 0
-			for _, p := range phases {
-				n += len(reg.UIDs(p))
-			}
-			return float64(n)
-		}
+	for _, r := range retryReasons {
+		m.retries.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.failures, m.cniAdds, m.removals, m.annotations, m.steps, m.ackToEnabled,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_pending", Help: "Registered pods ztunnel has not acked."}, count(registry.Pending, registry.Unverified)),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ambientd_pods_enabled", Help: "Registered pods ztunnel has acked."}, count(registry.Enabled)),
+	for _, r := range removalReasons {
+		m.removals.WithLabelValues(r)
+	}
+	for _, o := range cniOutcomes {
+		m.cniAdds.WithLabelValues(o)
+		m.cniAddTime.WithLabelValues(o)
+	}
+	for _, s := range steps {
+		m.steps.WithLabelValues(s)
+	}
+	for _, r := range []string{"ok", "retry", "dropped"} {
+		m.annotations.WithLabelValues(r)
+	}
+	m.reg.MustRegister(m.failures, m.retries, m.enrollments, m.cniAdds, m.cniAddTime, m.removals,
+		m.annotations, m.steps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass,
+		&podsCollector{reg: reg, desc: prometheus.NewDesc("ambientd_pods", "Registered pods by lifecycle phase.", []string{"phase"}, nil)},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ambientd_workqueue_depth",
+			Help: "Pod syncs waiting in the agent's workqueue.",
+		}, func() float64 { return float64(queueDepth()) }),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
 }
 
+// podsCollector counts registered pods per phase in one pass at scrape time.
+type podsCollector struct {
+	reg  *registry.Registry
+	desc *prometheus.Desc
+}
+
+func (c *podsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *podsCollector) Collect(ch chan<- prometheus.Metric) {
+	n := map[registry.Phase]int{}
+	for _, e := range c.reg.List() {
+		n[e.Phase]++
+	}
+	for _, p := range phases {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n[p]), p.String())
+	}
+}
+
 func (m *metrics) failure(reason string) { m.failures.WithLabelValues(reason).Inc() }
 
 func (m *metrics) step(name string, start time.Time) {
 	m.steps.WithLabelValues(name).Observe(time.Since(start).Seconds())
+}
+
+// removal counts a pod leaving the mesh; a policy reason (the pod or its
+// namespace no longer enrolled) is left_mesh.
+func (m *metrics) removal(reason string) {
+	switch reason {
+	case "deleted", "sandbox_deleted", "fail_pending":
+	default:
+		reason = "left_mesh"
+	}
+	m.removals.WithLabelValues(reason).Inc()
+}
+
+// retry counts a sync queued again after err.
+func (m *metrics) retry(err error) {
+	reason := "other"
+	switch {
+	case errors.Is(err, ErrPending):
+		reason = "pending"
+	case errors.Is(err, ErrAPIUnavailable):
+		reason = "api"
+	case errors.Is(err, ErrNetnsUnusable):
+		reason = "netns"
+	case errors.Is(err, ErrNotCaptured):
+		reason = "rules"
+	}
+	m.retries.WithLabelValues(reason).Inc()
+}
+
+func outcomeLabel(o Outcome, err error) string {
+	switch {
+	case err != nil:
+		return "error"
+	case o == Enrolled, o == Pending, o == NotInMesh:
+		return o.String()
+	}
+	return "unknown"
 }

@@ -19,6 +19,9 @@ func (a *Agent) update(uid string, fn func(*registry.Entry)) (registry.Entry, er
 	e, err := a.reg.Update(uid, fn)
 	if err == nil && e.Phase != before.Phase {
 		a.moved.add(uid)
+		if e.Phase == registry.Enabled {
+			a.metrics.enrollments.Inc()
+		}
 	}
 	return e, err
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,8 +44,16 @@ type podSync struct {
 // in == nil; CNI ADD with what only it knows, and gets the sync's outcome.
 // It is idempotent; an error requeues the pod (workqueue) or fails the ADD.
 // It runs under the pod's lock, like every change of the pod's phase.
+//
+// A CNI ADD waits for the lock only within its deadline (the plugin's, which
+// gRPC carries here): one whose caller gave up fails without touching the
+// pod, rather than enrolling later a sandbox the runtime already abandoned.
 func (a *Agent) sync(ctx context.Context, uid string, in *cniInput) (Outcome, error) {
-	unlock := a.locks.lock(uid)
+	unlock, err := a.locks.lockCtx(ctx, uid)
+	if err != nil {
+		a.metrics.failure("deadline")
+		return OutcomeUnknown, err
+	}
 	defer unlock()
 	var s podSync
 	out, err := a.syncLocked(ctx, uid, in, &s)
@@ -124,9 +133,12 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		case registry.Unverified:
 			return a.verifyRestored(ctx, log, entry, opts, optsErr)
 		case registry.Enabled:
+			if ips := podIPs(pod); len(ips) > 0 && !sameIPs(ips, entry.IPs) {
+				return a.changeIPs(ctx, log, entry, ips)
+			}
 			return Enrolled, nil // the status, if off, is healed by publish
 		default:
-			return a.retryPending(ctx, log, entry)
+			return a.retryPending(ctx, log, entry, opts, optsErr)
 		}
 	}
 
@@ -141,7 +153,9 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		log.Warn("cannot enroll pod", "error", optsErr)
 		return OutcomeUnknown, nil // retrying cannot help; the next pod update will
 	}
+	start := time.Now()
 	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: uid, IPs: ips})
+	a.metrics.step("netns", start)
 	if err != nil {
 		a.metrics.failure("netns_not_found")
 		log.Warn("cannot find the pod's network namespace", "error", err)
@@ -160,7 +174,15 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod
 		a.metrics.failure("bad_annotation")
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: %w", pod.Namespace, pod.Name, ErrInvalidPod, optsErr)
 	}
+	if err := ctx.Err(); err != nil {
+		// The plugin gave up while this ADD waited: enrolling now would
+		// act on a sandbox the runtime abandoned.
+		a.metrics.failure("deadline")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: CNI ADD abandoned by its caller: %w", pod.Namespace, pod.Name, err)
+	}
+	start := time.Now()
 	h, err := podnetns.Open(in.netnsPath)
+	a.metrics.step("netns", start)
 	if err != nil {
 		a.metrics.failure("netns")
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: netns %q: %w", pod.Namespace, pod.Name, ErrNetnsUnusable, in.netnsPath, err)
@@ -182,12 +204,14 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod
 		cctx := context.WithoutCancel(ctx)
 		e, _ := a.reg.Get(uid)
 		if rerr := a.removeFromMesh(cctx, log, pod, e, "fail_pending"); rerr != nil {
+			a.metrics.retries.WithLabelValues("removal").Inc()
 			a.queue.AddRateLimited(uid)
 		}
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w (--fail-pending is set)", pod.Namespace, pod.Name, err)
 	default:
 		// Rules are in place: traffic is captured and held by the redirect
 		// until ztunnel takes the pod, so the pod may start. Retry it.
+		a.metrics.retries.WithLabelValues("pending").Inc()
 		a.queue.AddRateLimited(uid)
 		return Pending, nil
 	}
@@ -199,10 +223,11 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod
 // failure: the pod stays registered as pending and an error wrapping
 // ErrPending is returned.
 func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h *podnetns.Handle, ips []netip.Addr, opts iptables.PodOptions) (Outcome, error) {
-	start := time.Now()
-	err := a.rules.ApplyPod(ctx, h, opts)
-	a.metrics.step("rules", start)
-	if err != nil {
+	if err := a.checkFamilies(pod, ips); err != nil {
+		h.Close()
+		return OutcomeUnknown, err
+	}
+	if err := a.writeRules(ctx, h, opts); err != nil {
 		a.metrics.failure("rules")
 		// Apply is atomic per family, but one family may have landed.
 		if derr := a.rules.DeletePod(context.WithoutCancel(ctx), h); derr != nil {
@@ -225,7 +250,59 @@ func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h
 	if err != nil {
 		return OutcomeUnknown, err
 	}
+	a.recordNetns(e.UID, h)
 	return a.activate(ctx, log, e)
+}
+
+// changeIPs follows an enabled pod's IPs as the API now shows them (e.g. the
+// ADD carried none, or a family was added): the probe set drops the old
+// addresses, so a reused IP never keeps probe SNAT, and gets the new ones.
+func (a *Agent) changeIPs(ctx context.Context, log *slog.Logger, e registry.Entry, ips []netip.Addr) (Outcome, error) {
+	if err := a.rules.RemoveProbeIPs(ctx, e.UID, e.IPs); err != nil {
+		a.metrics.failure("probe_ips")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: remove old probe IPs: %w", e.Namespace, e.Name, err)
+	}
+	e, err := a.update(e.UID, func(x *registry.Entry) { x.IPs = ips })
+	if err != nil {
+		return OutcomeUnknown, err
+	}
+	if err := a.rules.AddProbeIPs(ctx, e.UID, ips); err != nil {
+		a.metrics.failure("probe_ips")
+		a.unrepaired(log, e.UID, fmt.Errorf("add probe IPs %v: %w", ips, err))
+		return Pending, nil
+	}
+	a.metrics.repairs.WithLabelValues("probe_set").Inc()
+	log.Info("pod IPs changed; probe set follows", "ips", ips)
+	return Enrolled, nil
+}
+
+// sameIPs compares two address lists as sets.
+func sameIPs(a, b []netip.Addr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.SortFunc(x, func(p, q netip.Addr) int { return p.Compare(q) })
+	slices.SortFunc(y, func(p, q netip.Addr) int { return p.Compare(q) })
+	return slices.Equal(x, y)
+}
+
+// checkFamilies refuses a pod with an IPv6 address when IPv6 capture is
+// off: its IPv6 traffic would bypass ztunnel while the pod shows enabled.
+// Failing closed is the only honest outcome (the CNI ADD fails, so the pod
+// does not start uncaptured); run with --ipv6 (the default) instead.
+func (a *Agent) checkFamilies(pod *corev1.Pod, ips []netip.Addr) error {
+	if a.cfg.IPv6 {
+		return nil
+	}
+	for _, ip := range ips {
+		if ip.Is6() && !ip.Is4In6() {
+			a.metrics.failure("rules")
+			return fmt.Errorf("%w: pod %s/%s has IPv6 address %s but IPv6 capture is off (--ipv6=false): its IPv6 traffic would bypass ztunnel",
+				ErrNotCaptured, pod.Namespace, pod.Name, ip)
+		}
+	}
+	return nil
 }
 
 // activate tells ztunnel about a registered pod and, once acked, adds its
@@ -244,7 +321,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	}
 	start := time.Now()
 	err := a.zt.AddWorkload(ctx, ztunnel.Workload{UID: e.UID, Name: e.Name, Namespace: e.Namespace, ServiceAccount: e.ServiceAccount}, e.Netns)
-	a.metrics.step("ztunnel_add", start)
+	a.metrics.step("ztunnel_ack", start)
 	if err != nil {
 		reason := "ztunnel"
 		var nack *ztunnel.NackError
@@ -258,7 +335,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	}
 	start = time.Now()
 	err = a.rules.AddProbeIPs(ctx, e.UID, e.IPs)
-	a.metrics.step("probe", start)
+	a.metrics.step("probe_ips", start)
 	if err != nil {
 		return setPending("probe_ips", err)
 	}
@@ -272,11 +349,10 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	return Enrolled, nil
 }
 
-// verifyRestored finishes a pod that rebuild restored as Unverified: it
-// applies the pod's rules, which may or may not be in place (re-applying
-// identical rules is a no-op), then activates it like a new enrollment. The
-// pod stays registered throughout, so ztunnel, which may already serve it,
-// is never told to drop it.
+// verifyRestored finishes a pod that rebuild restored as Unverified: its
+// rules are read back and repaired only where they differ, then it is
+// activated like a new enrollment. The pod stays registered throughout, so
+// ztunnel, which may already serve it, is never told to drop it.
 func (a *Agent) verifyRestored(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions, optsErr error) (Outcome, error) {
 	if optsErr != nil {
 		a.metrics.failure("bad_annotation")
@@ -287,25 +363,30 @@ func (a *Agent) verifyRestored(ctx context.Context, log *slog.Logger, e registry
 	if err != nil {
 		return OutcomeUnknown, err
 	}
-	start := time.Now()
-	err = a.rules.ApplyPod(ctx, e.Netns, opts)
-	a.metrics.step("rules", start)
-	if err != nil {
-		a.metrics.failure("rules")
-		return OutcomeUnknown, fmt.Errorf("%w: program in-pod rules of restored pod %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
+	if _, err := a.checkRules(ctx, log, e, opts); err != nil {
+		return OutcomeUnknown, err
 	}
 	if e, err = a.update(e.UID, func(x *registry.Entry) { x.Phase = registry.Pending }); err != nil {
 		return OutcomeUnknown, err
 	}
-	log.Info("rules of restored unannotated pod applied")
+	log.Info("rules of restored unannotated pod verified")
 	return a.activate(ctx, log, e)
 }
 
-// retryPending re-activates a pending pod, finding its netns first if a
-// restart left it without one.
-func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, e registry.Entry) (Outcome, error) {
+// retryPending re-activates a pending pod: its netns is found first if a
+// restart left it without one, and its rules are read back and repaired
+// where they differ (a pod goes pending when a repair failed, and a pod
+// whose netns was not found may have lost its rules meanwhile).
+func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions, optsErr error) (Outcome, error) {
+	if optsErr != nil {
+		a.metrics.failure("bad_annotation")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: %w", e.Namespace, e.Name, ErrInvalidPod, optsErr)
+	}
 	e, err := a.ensureNetns(ctx, e)
 	if err != nil {
+		return OutcomeUnknown, err
+	}
+	if _, err := a.checkRules(ctx, log, e, opts); err != nil {
 		return OutcomeUnknown, err
 	}
 	return a.activate(ctx, log, e)
@@ -317,11 +398,16 @@ func (a *Agent) ensureNetns(ctx context.Context, e registry.Entry) (registry.Ent
 	if e.Netns != nil {
 		return e, nil
 	}
-	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: e.UID, IPs: e.IPs})
+	found, err := a.findNetns(ctx, []podnetns.Target{{UID: e.UID, IPs: e.IPs}})
+	h := found[e.UID]
+	if err == nil && h == nil {
+		err = fmt.Errorf("pod %s/%s (IPs %v): %w", e.Namespace, e.Name, e.IPs, podnetns.ErrNotFound)
+	}
 	if err != nil {
 		a.metrics.failure("netns_not_found")
 		return e, fmt.Errorf("%w: %w", ErrNetnsUnusable, err)
 	}
+	a.recordNetns(e.UID, h)
 	return a.update(e.UID, func(x *registry.Entry) { x.Netns = h })
 }
 
@@ -392,7 +478,8 @@ func (a *Agent) release(ctx context.Context, log *slog.Logger, uid, reason strin
 	if _, err := a.update(uid, func(x *registry.Entry) { x.Phase = registry.Absent }); err != nil {
 		return err
 	}
-	a.metrics.removals.WithLabelValues(reason).Inc()
+	a.forgetNetns(uid)
+	a.metrics.removal(reason)
 	return nil
 }
 
@@ -401,19 +488,25 @@ func (a *Agent) release(ctx context.Context, log *slog.Logger, uid, reason strin
 // containers start. A pod whose rules cannot be programmed gets an error, so
 // the runtime retries the sandbox and the pod never runs uncaptured.
 func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err error) {
-	defer func() {
-		if err == nil {
-			a.metrics.cniAdds.WithLabelValues(out.String()).Inc()
-		} else {
-			a.metrics.cniAdds.WithLabelValues("error").Inc()
-		}
-	}()
 	start := time.Now()
+	defer func() {
+		l := outcomeLabel(out, err)
+		a.metrics.cniAdds.WithLabelValues(l).Inc()
+		a.metrics.cniAddTime.WithLabelValues(l).Observe(time.Since(start).Seconds())
+	}()
 	pod, err := a.lookupPod(ctx, ev)
 	a.metrics.step("lookup", start)
 	if err != nil {
 		a.metrics.failure("pod_unknown")
 		return OutcomeUnknown, err
+	}
+	// The bounded pool: wait for a slot within the caller's deadline.
+	select {
+	case a.adds <- struct{}{}:
+		defer func() { <-a.adds }()
+	case <-ctx.Done():
+		a.metrics.failure("deadline")
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: waiting for one of %d enrollment slots: %w", pod.Namespace, pod.Name, cap(a.adds), ctx.Err())
 	}
 	ips := make([]netip.Addr, 0, len(ev.IPs))
 	for _, p := range ev.IPs {
@@ -430,11 +523,8 @@ func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
 	switch {
 	case ev.UID != "":
 		uids = uids[:0]
-		if e, ok := a.reg.Get(ev.UID); ok && !otherSandbox(e, ev.NetnsPath) {
+		if _, ok := a.reg.Get(ev.UID); ok {
 			uids = append(uids, ev.UID)
-		} else if ok {
-			a.log.Info("CNI DEL for another sandbox of the pod; its enrollment stays",
-				"namespace", ev.Namespace, "name", ev.Name, "uid", ev.UID, "netns", ev.NetnsPath, "enrolled_netns", e.Netns.Path())
 		}
 	case len(uids) > 1:
 		// No uid from the runtime and several pods of that name (a
@@ -447,8 +537,17 @@ func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
 	}
 	var errs []error
 	for _, uid := range uids {
-		unlock := a.locks.lock(uid)
-		if e, ok := a.reg.Get(uid); ok {
+		unlock, err := a.locks.lockCtx(ctx, uid)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if e, ok := a.reg.Get(uid); ok && a.otherNetns(e, ev.NetnsPath) {
+			// A late DEL of an earlier sandbox of this pod (the runtime
+			// recreated it): the live one must not lose its enrollment.
+			a.podLog(e.Namespace, e.Name, uid).Info("CNI DEL names another network namespace than the pod's; ignored",
+				"del_netns", ev.NetnsPath, "pod_netns", e.Netns.Path())
+		} else if ok {
 			if err := a.forget(ctx, e, "sandbox_deleted"); err != nil {
 				errs = append(errs, err)
 			}
@@ -459,23 +558,24 @@ func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
 	return errors.Join(errs...)
 }
 
-// otherSandbox reports whether a CNI DEL naming pod e's uid is about a
-// sandbox other than the one e is enrolled with, so it must not drop e: a
-// DEL naming another netns, or one with an empty netns while e's netns is
-// still where the runtime put it. containerd 1.6 repeats DEL with an empty
-// CNI_NETNS when kubelet removes a dead sandbox, which for a pod whose
-// sandbox was recreated comes while the new one runs (seen on a real node:
-// it dropped the live pod from ztunnel, then the informer re-added it).
-func otherSandbox(e registry.Entry, netnsPath string) bool {
+// otherNetns reports whether a DEL naming path is about another sandbox
+// than e's: path still exists and is not the namespace e holds; or path is
+// empty while e's namespace is still where it was opened. containerd 1.6
+// repeats DEL with an empty CNI_NETNS when kubelet removes a dead sandbox,
+// which for a recreated pod comes while the new sandbox runs (seen on a real
+// node: the live pod was dropped from ztunnel, then re-added by the
+// informer). A DEL whose namespace is gone cannot tell, and counts.
+func (a *Agent) otherNetns(e registry.Entry, path string) bool {
 	if e.Netns == nil {
 		return false
 	}
-	if netnsPath != "" {
-		// A path that is gone cannot tell: the DEL is taken as ours.
-		_, err := os.Stat(netnsPath)
-		return err == nil && !e.Netns.SameAs(netnsPath)
+	if path == "" {
+		return e.Netns.SameAs(e.Netns.Path())
 	}
-	return e.Netns.SameAs(e.Netns.Path())
+	if _, err := os.Stat(path); err != nil {
+		return false
+	}
+	return !e.Netns.SameAs(path)
 }
 
 // uidsWithNetns returns those of uids whose registered netns is the one at

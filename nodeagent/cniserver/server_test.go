@@ -5,17 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -331,34 +328,9 @@ func TestRefusesNonRootPeer(t *testing.T) {
 	rec := &recorder{outcome: Enrolled}
 	s, _ := startServer(t, rec, Config{})
 
-	// The child must be able to exec the test binary as uid 65534.
-	// (t.TempDir's parent is 0700, so make our own.)
-	binDir, err := os.MkdirTemp("", "cniserver-helper-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(binDir) })
-	if err := os.Chmod(binDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(binDir, "helper")
-	copyFile(t, os.Args[0], bin)
-
 	run := func(caps []uintptr) string {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = []string{helperEnv + "=" + s.cfg.SocketPath}
-		cmd.SysProcAttr = &syscall.SysProcAttr{
-			Credential:  &syscall.Credential{Uid: 65534, Gid: 65534},
-			AmbientCaps: caps,
-		}
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("helper as uid 65534: %v\n%s", err, out)
-		}
-		return string(out)
+		return testutil.RunTestBinaryAs(t, 65534, 65534, caps, []string{helperEnv + "=" + s.cfg.SocketPath})
 	}
 
 	// Without privileges the socket's mode keeps the peer out.
@@ -375,25 +347,6 @@ func TestRefusesNonRootPeer(t *testing.T) {
 	defer rec.mu.Unlock()
 	if len(rec.adds) != 0 {
 		t.Errorf("handler saw %d adds from a non-root peer", len(rec.adds))
-	}
-}
-
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	in, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -7,13 +7,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
@@ -27,6 +30,8 @@ import (
 type Config struct {
 	Agent                    agent.Config
 	ZtunnelSocket, CNISocket string
+	// ZtunnelSocketMode is the ztunnel socket's permission bits (0: 0600).
+	ZtunnelSocketMode os.FileMode
 	// HealthAddr serves /healthz and /readyz; MetricsAddr serves /metrics.
 	HealthAddr, MetricsAddr string
 	// NodeReady configures the node condition and the taint controller
@@ -38,6 +43,11 @@ type Config struct {
 	// CNIConfDir is the container runtime's CNI config dir
 	// (DefaultCNIConfDir when empty).
 	CNIConfDir string
+	// AdminSocket serves `ambientd status` (admin.DefaultSocketPath when
+	// empty). StatusProviders add what other parts know to its answers.
+	AdminSocket     string
+	StatusProviders []admin.Provider
+	Version         string
 }
 
 // Node is the whole node agent process: the agent core, its two socket
@@ -66,7 +76,7 @@ var _ ztunnel.SnapshotRefusalObserver = (*snapshotSource)(nil)
 // with the agent behind them.
 func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.Logger) (*Node, error) {
 	src := &snapshotSource{}
-	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket}, src, log)
+	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode}, src, log)
 	a, err := agent.New(cfg.Agent, client, zs, rules, registry.New(), log)
 	if err != nil {
 		return nil, err
@@ -75,15 +85,18 @@ func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.L
 	if err := a.Metrics().Register(zs.Metrics()); err != nil {
 		return nil, fmt.Errorf("register ztunnel metrics: %w", err)
 	}
-	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
-	n := &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs, pluginInstalled: cfg.PluginInstalled}
-	if n.pluginInstalled == nil {
+	if cfg.PluginInstalled == nil {
 		dir := cfg.CNIConfDir
 		if dir == "" {
 			dir = DefaultCNIConfDir
 		}
-		n.pluginInstalled = func() error { return PluginInConfDir(dir, cniapi.PluginType) }
+		cfg.PluginInstalled = func() error { return PluginInConfDir(dir, cniapi.PluginType) }
 	}
+	if err := registerPluginCheck(&cfg, a.Metrics()); err != nil {
+		return nil, err
+	}
+	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
+	n := &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs, pluginInstalled: cfg.PluginInstalled}
 	nrCfg := cfg.NodeReady
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
@@ -103,6 +116,23 @@ func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.L
 	if err != nil {
 		return nil, err
 	}
+	// `ambientd status` shows the node condition and the taint as the
+	// readiness controller last saw them.
+	taintKey := nrCfg.TaintKey
+	if taintKey == "" {
+		taintKey = nodeready.DefaultTaintKey
+	}
+	n.cfg.StatusProviders = append(n.cfg.StatusProviders, func(st *admin.NodeStatus) {
+		rs := n.ready.Status()
+		st.NodeReadiness = string(rs.Condition)
+		if rs.Condition != corev1.ConditionTrue && rs.Reason != "" {
+			st.Readiness = append(st.Readiness, rs.Reason+": "+rs.Message)
+		}
+		st.Taint = "untainted"
+		if rs.TaintPresent {
+			st.Taint = "tainted (" + taintKey + ")"
+		}
+	})
 	return n, nil
 }
 
@@ -140,11 +170,13 @@ func (n *Node) components() []Component {
 		cs = append(cs, HTTP("--metrics-addr server", n.cfg.MetricsAddr, promhttp.HandlerFor(n.agent.Metrics(), promhttp.HandlerOpts{})))
 	}
 	return append(cs,
+		n.adminServer(),
 		Func("status writer", n.agent.RunStatusWriter),
 		Func("node readiness", n.runNodeReady),
 		Staged("agent", func(ctx context.Context, ready func()) error {
 			return n.agent.Run(ctx, func() { ready(); n.ready.Notify() }) // caches synced
 		}),
+		Func("drift repair", n.agent.RunDrift),
 		Func("ztunnel server", n.zt.Run),
 		Func("CNI server", n.cni.Run),
 	)
@@ -199,17 +231,22 @@ func HTTP(name, addr string, h http.Handler) Component {
 		if err != nil {
 			return fmt.Errorf("%s: %w", addr, err)
 		}
-		hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-		stop := context.AfterFunc(ctx, func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			hs.Shutdown(sctx)
-		})
-		defer stop()
-		ready()
-		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
+		return serveHTTP(ctx, ready, ln, &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second})
 	})
+}
+
+// serveHTTP calls ready, then serves hs on ln until ctx ends, and shuts it
+// down gracefully (2 s grace).
+func serveHTTP(ctx context.Context, ready func(), ln net.Listener, hs *http.Server) error {
+	stop := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		hs.Shutdown(sctx)
+	})
+	defer stop()
+	ready()
+	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }

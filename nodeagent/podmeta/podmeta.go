@@ -5,6 +5,8 @@ package podmeta
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/ambientd/ambientd/iptables"
 )
@@ -28,6 +30,11 @@ const (
 	AnnotationBypassInbound = "ambient.istio.io/bypass-inbound-capture"
 	// AnnotationDNSCapture overrides the node's DNS capture default.
 	AnnotationDNSCapture = "ambient.istio.io/dns-capture"
+	// AnnotationRerouteVirtualInterfaces lists (comma separated) the pod's
+	// virtual interfaces, e.g. a KubeVirt VM's tap0, whose incoming TCP is
+	// sent to ztunnel's outbound port (the VM's traffic is the pod's
+	// outbound traffic).
+	AnnotationRerouteVirtualInterfaces = "istio.io/reroute-virtual-interfaces"
 )
 
 // PodOptions derives a pod's capture options from the node's DNS capture
@@ -50,7 +57,31 @@ func PodOptions(dnsCaptureDefault bool, annotations map[string]string) (iptables
 		}
 		opts.DNSCapture = b
 	}
+	if v, ok := annotations[AnnotationRerouteVirtualInterfaces]; ok {
+		r, err := parseInterfaces(v)
+		if err != nil {
+			return iptables.PodOptions{}, err
+		}
+		opts.RerouteInterfaces = r
+	}
 	return opts, nil
+}
+
+// parseInterfaces turns "tap0, tap1" into the canonical "tap0,tap1"
+// (spaces around names and empty items dropped), each name checked.
+func parseInterfaces(v string) (string, error) {
+	var names []string
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" || slices.Contains(names, f) {
+			continue
+		}
+		if err := iptables.ValidInterfaceName(f); err != nil {
+			return "", fmt.Errorf("annotation %s has invalid value %q: %w", AnnotationRerouteVirtualInterfaces, v, err)
+		}
+		names = append(names, f)
+	}
+	return strings.Join(names, ","), nil
 }
 
 func parseBool(name, v string) (bool, error) {

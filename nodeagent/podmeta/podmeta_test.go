@@ -25,6 +25,11 @@ func TestPodOptions(t *testing.T) {
 		{name: "bypass yes", ann: map[string]string{AnnotationBypassInbound: "yes"}, wantErr: `annotation ambient.istio.io/bypass-inbound-capture has invalid value "yes"`},
 		{name: "bypass True", ann: map[string]string{AnnotationBypassInbound: "True"}, wantErr: `"True"`},
 		{name: "dns empty", ann: map[string]string{AnnotationDNSCapture: ""}, wantErr: `annotation ambient.istio.io/dns-capture has invalid value ""`},
+		{name: "reroute", ann: map[string]string{AnnotationRerouteVirtualInterfaces: "tap0"}, want: iptables.PodOptions{RerouteInterfaces: "tap0"}},
+		{name: "reroute list canonical", ann: map[string]string{AnnotationRerouteVirtualInterfaces: " tap0, tap1,,tap0 "}, want: iptables.PodOptions{RerouteInterfaces: "tap0,tap1"}},
+		{name: "reroute empty", ann: map[string]string{AnnotationRerouteVirtualInterfaces: ""}, want: iptables.PodOptions{}},
+		{name: "reroute bad name", ann: map[string]string{AnnotationRerouteVirtualInterfaces: "tap0,eth0!"}, wantErr: `annotation istio.io/reroute-virtual-interfaces has invalid value "tap0,eth0!": reroute interface "eth0!" is not a valid interface name`},
+		{name: "reroute too long", ann: map[string]string{AnnotationRerouteVirtualInterfaces: "waytoolonginterfacename"}, wantErr: `"waytoolonginterfacename" is not a valid interface name`},
 		{name: "dns 1", ann: map[string]string{AnnotationDNSCapture: "1"}, wantErr: `ambient.istio.io/dns-capture has invalid value "1"`},
 	}
 	for _, tt := range tests {

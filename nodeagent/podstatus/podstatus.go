@@ -84,8 +84,9 @@ type Options struct {
 	// ConditionType is the pod condition Status.Condition is written as;
 	// empty writes no condition at all.
 	ConditionType string
-	// OnResult, when set, is called after each attempt (metrics hook).
-	OnResult func(r Result)
+	// OnResult, when set, is called after each attempt with how long the
+	// write took (metrics hook).
+	OnResult func(r Result, took time.Duration)
 }
 
 // Patcher queues annotation writes. Create with New, then Run.
@@ -179,7 +180,9 @@ func (p *Patcher) next(ctx context.Context) bool {
 		p.queue.Forget(k)
 		return true
 	}
+	start := time.Now()
 	err := p.patch(ctx, k, w)
+	took := time.Since(start)
 	res := ResultOK
 	switch {
 	case err == nil:
@@ -192,7 +195,7 @@ func (p *Patcher) next(ctx context.Context) bool {
 		res = ResultRetry
 	}
 	if p.opts.OnResult != nil {
-		p.opts.OnResult(res)
+		p.opts.OnResult(res, took)
 	}
 	if res == ResultRetry {
 		if ctx.Err() == nil {

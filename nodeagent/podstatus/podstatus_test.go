@@ -68,7 +68,7 @@ func TestSetRetriesUntilLanded(t *testing.T) {
 	})
 	var results sync.Map
 	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond,
-		OnResult: func(r Result) {
+		OnResult: func(r Result, _ time.Duration) {
 			n, _ := results.LoadOrStore(r, new(atomic.Int32))
 			n.(*atomic.Int32).Add(1)
 		}})

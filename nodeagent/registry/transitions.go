@@ -11,8 +11,8 @@ const (
 	Absent Phase = iota
 	// Unverified: restored after a restart without an annotation (the agent
 	// died before that patch landed) but in the mesh and its netns found.
-	// It is in snapshots; its rules may or may not be in place, so the next
-	// sync applies them (idempotently) before telling ztunnel again.
+	// It is in snapshots; its rules may or may not be in place, so they are
+	// read back and repaired where they differ before ztunnel is told again.
 	Unverified
 	// Pending: rules are in place, ztunnel has not acked the pod (or the
 	// probe entry failed). Traffic is captured and held.
@@ -29,14 +29,15 @@ const (
 // This table is the lifecycle: read it before adding a move.
 var moves = map[Phase][]Phase{
 	// New pods: CNI ADD or a running pod found later (Pending); a
-	// restart's rebuild (Unverified, Pending or Enabled from the annotation).
+	// restart's rebuild (Unverified, Pending or Enabled from the annotation;
+	// Pending for any pod whose netns is not found).
 	Absent: {Unverified, Pending, Enabled},
 	// Rules applied: activate as a pending pod. Or the pod leaves.
 	Unverified: {Pending, Releasing},
 	// Acked (Enabled) or the pod leaves.
 	Pending: {Enabled, Releasing},
-	// A failed re-add or a ztunnel that refused the pod in its snapshot
-	// (Pending), or the pod leaves.
+	// A failed re-add, a ztunnel that refused the pod in its snapshot or a
+	// handover, or rules that cannot be repaired (Pending), or the pod leaves.
 	Enabled: {Pending, Releasing},
 	// Only a finished release leaves Releasing.
 	Releasing: {Absent},

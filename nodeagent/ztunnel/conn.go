@@ -61,6 +61,20 @@ type zconn struct {
 	in            chan readResult // from the reader
 	done          chan struct{}   // closed when the owner has stopped taking requests
 	snapshotAcked atomic.Bool
+	// held are the pods this ztunnel acked an Add or Keep for and was not
+	// told to drop since: what must move elsewhere when it goes away.
+	// Only the owner goroutine touches it until done is closed.
+	held map[string]struct{}
+}
+
+// track records what an acked request did to the pods this ztunnel holds.
+func (c *zconn) track(r *request) {
+	switch r.op {
+	case zp.OpAdd, zp.OpKeep:
+		c.held[r.uid] = struct{}{}
+	case zp.OpDel:
+		delete(c.held, r.uid)
+	}
 }
 
 // do hands r to the connection's owner and waits for the answer.
@@ -91,7 +105,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 	// Shutdown must not wait out a hello or ack timeout.
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	log := s.log.With("peer_pid", peerPID(uc))
+	log := s.log.With(peerAttrs(uc)...)
 	hello, err := c.ReadHello(time.Now().Add(s.cfg.HelloTimeout))
 	if err != nil {
 		log.Warn("dropping ztunnel connection: no valid hello", "err", err)
@@ -104,6 +118,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		reqs: make(chan *request),
 		in:   make(chan readResult),
 		done: make(chan struct{}),
+		held: map[string]struct{}{},
 	}
 	// Registered before the snapshot is taken: from here on new Adds are
 	// queued on this connection, so no pod can fall between snapshot and
@@ -122,7 +137,8 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		close(zc.done)
 		c.Close() // unblocks the reader
 		<-readerDone
-		log.Info("ztunnel connection closed")
+		log.Info("ztunnel connection closed", "held", len(zc.held))
+		s.handOver(ctx, log, zc.held)
 	}()
 
 	if !zc.sendSnapshot(ctx, log) {
@@ -135,6 +151,9 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		select {
 		case r := <-zc.reqs:
 			err, fatal := zc.roundTrip(ctx, r)
+			if err == nil {
+				zc.track(r)
+			}
 			r.res <- err
 			if fatal {
 				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "err", err)
@@ -184,6 +203,7 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 			}
 			continue
 		}
+		c.track(r)
 		if r.op == zp.OpAdd {
 			adds++
 		} else {
@@ -281,11 +301,12 @@ func (c *zconn) read() {
 	}
 }
 
-// peerPID names the connecting process in logs (SO_PEERCRED); 0 if unknown.
-func peerPID(uc *net.UnixConn) int32 {
+// peerAttrs names the connecting process in logs (SO_PEERCRED: pid, uid,
+// gid), so an unexpected peer on the socket is visible.
+func peerAttrs(uc *net.UnixConn) []any {
 	cred, err := unixsock.PeerCred(uc)
 	if err != nil {
-		return 0
+		return []any{"peer_cred_error", err.Error()}
 	}
-	return cred.Pid
+	return []any{"peer_pid", cred.Pid, "peer_uid", cred.Uid, "peer_gid", cred.Gid}
 }

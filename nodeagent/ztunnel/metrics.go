@@ -10,6 +10,7 @@ type Metrics struct {
 	retries     prometheus.Counter
 	requests    *prometheus.CounterVec
 	ackSeconds  *prometheus.HistogramVec
+	handovers   *prometheus.CounterVec
 }
 
 func newMetrics() *Metrics {
@@ -35,6 +36,10 @@ func newMetrics() *Metrics {
 			Help:    "Time from sending a ZDS request to its ack.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}, []string{"op"}),
+		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ambientd_ztunnel_handovers_total",
+			Help: "Pods of a closed ztunnel connection re-added to the newest remaining one, by result (ok, failed).",
+		}, []string{"result"}),
 	}
 }
 
@@ -45,6 +50,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.retries.Describe(ch)
 	m.requests.Describe(ch)
 	m.ackSeconds.Describe(ch)
+	m.handovers.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -54,4 +60,5 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.retries.Collect(ch)
 	m.requests.Collect(ch)
 	m.ackSeconds.Collect(ch)
+	m.handovers.Collect(ch)
 }

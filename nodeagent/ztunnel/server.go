@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -70,6 +71,7 @@ type SnapshotRefusalObserver interface {
 // Config tunes the server; zero fields take the defaults in brackets.
 type Config struct {
 	SocketPath        string        // [ztunnelproto.DefaultSocketPath]
+	SocketMode        os.FileMode   // permission bits of the socket file [0600]
 	AckTimeout        time.Duration // per request, from the start of its send to its ack [5s]
 	HelloTimeout      time.Duration // from accept to ztunnel's hello [5s]
 	KeepaliveInterval time.Duration // renewal period of the idle read [5s]
@@ -80,6 +82,9 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.SocketPath == "" {
 		c.SocketPath = zp.DefaultSocketPath
+	}
+	if c.SocketMode == 0 {
+		c.SocketMode = 0o600
 	}
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = 5 * time.Second
@@ -158,11 +163,11 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // the server: it closes every connection, removes the socket and returns the
 // error.
 func (s *Server) Run(ctx context.Context) error {
-	l, sock, err := unixsock.Listen(s.cfg.SocketPath, "unixpacket", 0)
+	l, sock, err := unixsock.Listen(s.cfg.SocketPath, "unixpacket", s.cfg.SocketMode)
 	if err != nil {
 		return fmt.Errorf("ztunnel socket: %w", err)
 	}
-	s.log.Info("listening for ztunnel", "socket", s.cfg.SocketPath)
+	s.log.Info("listening for ztunnel", "socket", s.cfg.SocketPath, "mode", s.cfg.SocketMode.String())
 
 	// Connections live until ctx is done or accepting fails for good.
 	connCtx, closeConns := context.WithCancel(ctx)
@@ -391,4 +396,45 @@ func signal(m map[int]chan struct{}) {
 		default: // a signal is already pending
 		}
 	}
+}
+
+// handOver re-Adds the pods a closed connection held to the now-newest
+// connection, so a pod whose ztunnel went away (the newest one of a rolling
+// update or a crash-looping one) is served by the one that remains instead
+// of staying captured with nobody behind its redirect. The netns handles come
+// from the snapshot source (the registry owns them). A pod that cannot be
+// handed over (no netns known, refused, no ztunnel left) is reported to the
+// source like a snapshot refusal, so the agent takes it back to pending and
+// retries it. Nothing happens when no connection remains (a new ztunnel gets
+// a snapshot) or the server is stopping.
+func (s *Server) handOver(ctx context.Context, log *slog.Logger, held map[string]struct{}) {
+	if len(held) == 0 || ctx.Err() != nil || s.src == nil || s.newest() == nil {
+		return
+	}
+	start := s.now()
+	obs, _ := s.src.(SnapshotRefusalObserver)
+	moved, failed := 0, 0
+	for _, e := range s.src.Snapshot() {
+		if _, ok := held[e.Workload.UID]; !ok {
+			continue
+		}
+		var err error
+		if e.Netns == nil {
+			err = fmt.Errorf("hand over workload %s: no netns known", e.Workload.UID)
+		} else {
+			err = s.AddWorkload(ctx, e.Workload, e.Netns)
+		}
+		if err != nil {
+			failed++
+			s.metrics.handovers.WithLabelValues("failed").Inc()
+			log.Warn("handing pod over to the remaining ztunnel failed", "uid", e.Workload.UID, "err", err)
+			if obs != nil {
+				obs.SnapshotRefused(e.Workload.UID, err)
+			}
+			continue
+		}
+		moved++
+		s.metrics.handovers.WithLabelValues("ok").Inc()
+	}
+	log.Info("pods of the closed ztunnel handed over to the newest", "moved", moved, "failed", failed, "took", s.now().Sub(start))
 }

@@ -52,7 +52,13 @@ func uniqueNS(prefix string) string {
 // when the test ends (after the test's pods are deleted, registered later).
 func startAgent(t *testing.T, ctx context.Context, args ...string) *e2eenv.Agent {
 	t.Helper()
-	a, err := testEnv.StartAgent(ctx, e2eenv.AgentConfig{Args: args})
+	return startAgentWith(t, ctx, e2eenv.AgentConfig{Args: args})
+}
+
+// startAgentWith is startAgent with the whole AgentConfig (environment too).
+func startAgentWith(t *testing.T, ctx context.Context, cfg e2eenv.AgentConfig) *e2eenv.Agent {
+	t.Helper()
+	a, err := testEnv.StartAgent(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start agent: %v", err)
 	}
@@ -992,11 +998,11 @@ func TestAgentBadInput(t *testing.T) {
 	}
 
 	for _, r := range []string{`reason="pod_unknown"`, `reason="bad_annotation"`, `reason="netns"`} {
-		if v := metricValue(t, ctx, a, "ambientd_enrollment_failures_total", r); v < 1 {
-			t.Errorf("ambientd_enrollment_failures_total{%s} = %v, want ≥ 1", r, v)
+		if v := metricValue(t, ctx, a, "ambientd_failures_total", r); v < 1 {
+			t.Errorf("ambientd_failures_total{%s} = %v, want ≥ 1", r, v)
 		}
 	}
-	if v := metricValue(t, ctx, a, "ambientd_pods_pending", "") + metricValue(t, ctx, a, "ambientd_pods_enabled", ""); v != float64(len(annotatedUIDs(t, ctx))) {
+	if v := metricValue(t, ctx, a, "ambientd_pods", `phase="pending"`) + metricValue(t, ctx, a, "ambientd_pods", `phase="unverified"`) + metricValue(t, ctx, a, "ambientd_pods", `phase="enabled"`); v != float64(len(annotatedUIDs(t, ctx))) {
 		t.Errorf("registry holds %v pods, the node has %d enrolled: an entry leaked", v, len(annotatedUIDs(t, ctx)))
 	}
 	st := emuState(t, ctx, em)

@@ -1,0 +1,234 @@
+package agent
+
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/registry"
+)
+
+// HostRepairer is implemented by a rule manager that can verify and repair
+// the node's host rules and report what it repaired. Without it the drift
+// pass re-asserts them with EnsureHostRules (idempotent, but uncounted).
+type HostRepairer interface {
+	RepairHostRules(ctx context.Context) (iptables.Drift, error)
+}
+
+// writeRules programs the pod's rules in h: every write the agent makes.
+func (a *Agent) writeRules(ctx context.Context, h *podnetns.Handle, opts iptables.PodOptions) error {
+	a.metrics.ruleWrites.Inc()
+	start := time.Now()
+	err := a.rules.ApplyPod(ctx, h, opts)
+	a.metrics.step("rules", start)
+	return err
+}
+
+// checkRules reads the pod's rules back and compares them with what it
+// should have; only when they differ are they rewritten (an intact pod sees
+// no write, so no rule churn and no traffic blip). It reports whether it
+// repaired; an error wraps ErrNotCaptured (the pod's capture is not known
+// to be in place).
+func (a *Agent) checkRules(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions) (bool, error) {
+	d, err := a.rules.VerifyPod(ctx, e.Netns, opts)
+	if err != nil {
+		a.metrics.failure("rules")
+		return false, fmt.Errorf("%w: verify in-pod rules of %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
+	}
+	if d.Empty() {
+		return false, nil
+	}
+	log.Warn("in-pod rules drifted; repairing", "missing", len(d.Missing), "unexpected", len(d.Unexpected), "drift", d.String())
+	if err := a.writeRules(ctx, e.Netns, opts); err != nil {
+		a.metrics.failure("rules")
+		return false, fmt.Errorf("%w: repair in-pod rules of %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
+	}
+	a.metrics.repairs.WithLabelValues("pod_rules").Inc()
+	a.podEvent(e.UID, corev1.EventTypeWarning, EventRulesRepaired, "in-pod traffic redirection rules had drifted and were repaired: "+driftSummary(d))
+	log.Info("in-pod rules repaired")
+	return true, nil
+}
+
+// driftSummary is a short, bounded description of d for an event.
+func driftSummary(d iptables.Drift) string {
+	s := fmt.Sprintf("%d missing, %d unexpected", len(d.Missing), len(d.Unexpected))
+	if len(d.Missing) > 0 {
+		s += "; first missing: " + strings.TrimSpace(d.Missing[0])
+	}
+	return s
+}
+
+// unrepaired takes a pod whose rules could not be verified or repaired out
+// of Enabled: it is Pending with the reason, and retried with backoff. The
+// caller holds the pod's lock.
+func (a *Agent) unrepaired(log *slog.Logger, uid string, err error) {
+	if _, uerr := a.update(uid, func(x *registry.Entry) {
+		if x.Phase == registry.Enabled {
+			x.Phase = registry.Pending
+		}
+		x.LastError = err.Error()
+	}); uerr != nil {
+		log.Warn("marking unrepaired pod pending", "error", uerr)
+	}
+	log.Warn("pod rules cannot be repaired; pod pending and retried", "error", err)
+	a.queue.AddRateLimited(uid)
+}
+
+// verifyPod checks one registered pod's rules under its lock, taking the
+// pod to pending when they cannot be repaired.
+func (a *Agent) verifyPod(ctx context.Context, uid string, opts iptables.PodOptions) {
+	unlock := a.locks.lock(uid)
+	defer unlock()
+	e, ok := a.reg.Get(uid)
+	if !ok || e.Netns == nil || e.Phase == registry.Releasing {
+		return
+	}
+	log := a.podLog(e.Namespace, e.Name, uid)
+	if _, err := a.checkRules(ctx, log, e, opts); err != nil && ctx.Err() == nil {
+		a.unrepaired(log, uid, err)
+	}
+}
+
+// podOptions returns the capture options of a registered pod from the
+// informer cache; false when the pod is not cached or its annotations are
+// invalid (its sync reports that).
+func (a *Agent) podOptions(uid string) (iptables.PodOptions, bool) {
+	p := a.podByUID(uid)
+	if p == nil {
+		return iptables.PodOptions{}, false
+	}
+	opts, err := podmeta.PodOptions(a.cfg.DNSCapture, p.Annotations)
+	return opts, err == nil
+}
+
+// verifyAll verifies the given pods with up to Workers at a time.
+func (a *Agent) verifyAll(ctx context.Context, uids []string, opts map[string]iptables.PodOptions) {
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range min(a.cfg.Workers, max(len(uids), 1)) {
+		wg.Go(func() {
+			for uid := range work {
+				a.verifyPod(ctx, uid, opts[uid])
+			}
+		})
+	}
+	for _, uid := range uids {
+		work <- uid
+	}
+	close(work)
+	wg.Wait()
+}
+
+// RunDrift runs the drift pass every VerifyInterval (jittered ±10%, so
+// the nodes of a cluster do not verify in step) until ctx ends. With a zero
+// interval it only waits for ctx.
+func (a *Agent) RunDrift(ctx context.Context) error {
+	if a.cfg.VerifyInterval <= 0 {
+		<-ctx.Done()
+		return nil
+	}
+	for {
+		d := time.Duration(float64(a.cfg.VerifyInterval) * (0.9 + 0.2*rand.Float64()))
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		a.VerifyPass(ctx)
+	}
+}
+
+// VerifyPass is one drift pass: the host rules are re-asserted, every
+// enrolled pod's rules read back and repaired where they differ, and the
+// probe set made equal to the enabled pods. Drift is counted in
+// ambientd_repairs_total{what}; a pod that cannot be repaired goes pending
+// and is retried, so it is never left enabled while uncaptured.
+func (a *Agent) VerifyPass(ctx context.Context) {
+	start := time.Now()
+	defer func() { a.metrics.verifyPass.Observe(time.Since(start).Seconds()) }()
+	a.repairHost(ctx)
+	a.verifyEnrolled(ctx, a.podOptions)
+	a.pruneProbes(ctx)
+}
+
+// verifyEnrolled verifies the enabled and pending pods one at a time (the
+// drift pass is background work: gentle on the node beats fast).
+func (a *Agent) verifyEnrolled(ctx context.Context, optsOf func(uid string) (iptables.PodOptions, bool)) {
+	uids := append(a.reg.UIDs(registry.Enabled), a.reg.UIDs(registry.Pending)...)
+	for _, uid := range uids {
+		if ctx.Err() != nil {
+			return
+		}
+		if opts, ok := optsOf(uid); ok {
+			a.verifyPod(ctx, uid, opts)
+		}
+	}
+}
+
+// repairHost re-asserts the node's host rules (probe SNAT and its jump).
+func (a *Agent) repairHost(ctx context.Context) {
+	hr, ok := a.rules.(HostRepairer)
+	if !ok {
+		// TODO(coordinator): the nft branch's Manager implements
+		// HostRepairer (VerifyHostRules/RepairHostRules, jump at position
+		// 1); until it is merged, re-assert without knowing what changed.
+		if err := a.rules.EnsureHostRules(ctx); err != nil {
+			a.log.Warn("re-asserting host rules failed", "error", err)
+		}
+		return
+	}
+	d, err := hr.RepairHostRules(ctx)
+	if err != nil {
+		a.log.Warn("repairing host rules failed", "error", err)
+		return
+	}
+	if !d.Empty() {
+		a.metrics.repairs.WithLabelValues("host_rules").Inc()
+		a.log.Warn("host rules drifted and were repaired", "drift", d.String())
+	}
+}
+
+// pruneProbes makes the node's probe set hold exactly the enabled pods'
+// IPs: entries of pods gone (deleted while the agent was down, an IP since
+// reused by a pending pod) are removed, missing ones added.
+func (a *Agent) pruneProbes(ctx context.Context) {
+	live := map[string][]netip.Addr{}
+	for _, e := range a.reg.List() {
+		if e.Phase == registry.Enabled {
+			live[e.UID] = e.IPs
+		}
+	}
+	ch, err := a.rules.PruneProbeIPs(ctx, live)
+	if err != nil {
+		a.log.Warn("pruning the probe set failed", "error", err)
+		return
+	}
+	if n := ch.Total(); n > 0 {
+		// Entries, not passes: each one a probe that was or would have
+		// been wrong. (A pod enabled while the prune ran can be counted
+		// once, as its entry is removed and given back below.)
+		a.metrics.repairs.WithLabelValues("probe_set").Add(float64(n))
+		a.log.Warn("probe set drifted and was repaired", "added", ch.Added, "relabelled", ch.Relabelled, "removed", ch.Removed)
+	}
+	// A pod enabled while the prune ran may have lost the entry it had just
+	// been given: add it back (AddProbeIPs is idempotent).
+	for _, e := range a.reg.List() {
+		if _, ok := live[e.UID]; !ok && e.Phase == registry.Enabled {
+			if err := a.rules.AddProbeIPs(ctx, e.UID, e.IPs); err != nil {
+				a.log.Warn("re-adding probe IPs after the prune", "uid", e.UID, "error", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,58 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/registry"
+)
+
+// BenchmarkVerifyPass100 is the pod part of one drift pass at 100 enrolled
+// pods, on real network namespaces with the real rule manager (every pod's
+// rules read back and compared; all intact, so nothing is written). The
+// host step is one more read of the node's rules and is left out: a
+// benchmark must not touch the machine's own netns.
+func BenchmarkVerifyPass100(b *testing.B) {
+	testutil.RequireRoot(b)
+	const pods = 100
+	ctx := context.Background()
+	m, err := iptables.NewManager(ctx, iptables.Config{IPv6: true, DNSCapture: true}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg := registry.New()
+	a := &Agent{cfg: DefaultConfig(), rules: m, reg: reg, log: slog.New(slog.DiscardHandler), metrics: newMetrics(reg, func() int { return 0 })}
+	opts := iptables.PodOptions{DNSCapture: true}
+	for i := range pods {
+		n := testutil.NewNetNSWith(b, testutil.NetNSOptions{IgnoreRemovalErr: true})
+		h, err := podnetns.Open(n.NS.Path())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := m.ApplyPod(ctx, h, opts); err != nil {
+			b.Fatal(err)
+		}
+		uid := fmt.Sprintf("uid-%03d", i)
+		if _, err := reg.Update(uid, func(e *registry.Entry) { e.Netns, e.Phase = h, registry.Enabled }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(reg.Close)
+	optsOf := func(string) (iptables.PodOptions, bool) { return opts, true }
+	b.ResetTimer()
+	for b.Loop() {
+		a.verifyEnrolled(ctx, optsOf)
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/pass")
+	var w dto.Metric
+	if err := a.metrics.ruleWrites.Write(&w); err != nil || w.GetCounter().GetValue() != 0 {
+		b.Fatalf("rule writes for intact pods: %v (%v)", w.GetCounter().GetValue(), err)
+	}
+}

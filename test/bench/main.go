@@ -1,0 +1,568 @@
+// Command bench is the enrollment benchmark (`make bench-e2e`): on the real
+// control plane (kube-apiserver + etcd), the libcni chain and the ztunnel
+// emulator in netns mode, it creates N pods in bursts twice — first through
+// the chain without our plugin (the baseline), then through the chain with
+// it in an ambient namespace — and prints one Markdown table: CNI ADD
+// latency through the chain and the part our plugin + agent add, time until
+// every pod is enabled, the agent's CPU and peak RSS, restart → snapshot
+// acked with all N enrolled, one rule verification pass, and the removal of
+// all N. It measures; it asserts nothing but that every step finished.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/internal/e2eenv"
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+)
+
+// config is the benchmark's settings; each flag has an environment variable.
+type config struct {
+	pods, burst, verifyWorkers int
+	out                        string
+	timeout                    time.Duration
+	agentArgs                  string
+}
+
+func main() {
+	var c config
+	flag.IntVar(&c.pods, "pods", envInt("BENCH_PODS", 100), "pods to create (env BENCH_PODS)")
+	flag.IntVar(&c.burst, "burst", envInt("BENCH_BURST", 50), "pods created at once in each burst (env BENCH_BURST)")
+	flag.IntVar(&c.verifyWorkers, "verify-workers", envInt("BENCH_VERIFY_WORKERS", 4), "pods verified at once in the verification pass (env BENCH_VERIFY_WORKERS)")
+	flag.StringVar(&c.out, "out", os.Getenv("BENCH_OUT"), "also append the result table to this file (env BENCH_OUT)")
+	flag.DurationVar(&c.timeout, "timeout", envDuration("BENCH_TIMEOUT", 30*time.Minute), "give up after this long (env BENCH_TIMEOUT)")
+	flag.StringVar(&c.agentArgs, "agent-args", os.Getenv("BENCH_AGENT_ARGS"), "extra flags for `ambientd run`, space separated (env BENCH_AGENT_ARGS)")
+	flag.Parse()
+	if c.pods < 1 || c.pods > 4000 || c.burst < 1 || c.verifyWorkers < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -pods must be 1..4000, -burst and -verify-workers positive")
+		os.Exit(2)
+	}
+	// A /20 holds 4094 pods: host-local never runs out, whatever N.
+	opts := e2eenv.Options{NodeName: "bench-node", AmbientPlugin: true, Subnet: netip.MustParsePrefix("10.88.0.0/20")}
+	os.Exit(e2eenv.Program(opts, func(ctx context.Context, env *e2eenv.Env) int {
+		ctx, cancel := context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+		res, err := run(ctx, env, c)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			return 1
+		}
+		table := res.markdown()
+		fmt.Print(table)
+		if c.out != "" {
+			f, err := os.OpenFile(c.out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+			if err == nil {
+				_, err = io.WriteString(f, table)
+				err = errors.Join(err, f.Close())
+			}
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "bench: write %s: %v\n", c.out, err)
+				return 1
+			}
+		}
+		return 0
+	}))
+}
+
+// result holds every number the table shows.
+type result struct {
+	cfg                         config
+	machine, mode               string
+	plainAdd, meshAdd           []time.Duration
+	addErrors                   int
+	createWall, allEnabledAgent time.Duration
+	allAnnotated                time.Duration
+	agentAddMean                time.Duration
+	cpu1, cpu2                  time.Duration
+	rss0, rss1, rss2            int64 // KiB
+	restartAck, restartEnabled  time.Duration
+	snapshotAdds                int
+	verify                      time.Duration
+	verifyDrift                 int
+	removal                     time.Duration
+	steps                       map[string]time.Duration // mean per enrollment step
+	execOurs, execBridge        time.Duration            // p50 of a plugin's VERSION exec
+	pluginCall                  []time.Duration          // the plugin's agent call, from its log
+}
+
+// pluginCalls reads how long each of our plugin's agent calls for pods of
+// namespace took, from the plugin's log ("agent answered ... took=").
+func pluginCalls(logFile, namespace string) []time.Duration {
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		return nil
+	}
+	var out []time.Duration
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, `msg="agent answered"`) || !strings.Contains(l, " pod="+namespace+"/") {
+			continue
+		}
+		_, took, ok := strings.Cut(l, " took=")
+		if !ok {
+			continue
+		}
+		if d, err := time.ParseDuration(strings.Fields(took)[0]); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// enrollment steps of ambientd_enrollment_step_duration_seconds, in order.
+var stepNames = []string{"lookup", "netns", "rules", "ztunnel_ack", "probe_ips", "status_write"}
+
+// execCost is the p50 of 20 runs of a CNI plugin's VERSION command: what
+// exec'ing the binary alone costs on this machine now.
+func execCost(ctx context.Context, bin string) time.Duration {
+	var d []time.Duration
+	for range 20 {
+		cmd := exec.CommandContext(ctx, bin)
+		cmd.Env = []string{"CNI_COMMAND=VERSION"}
+		cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
+		start := time.Now()
+		if err := cmd.Run(); err != nil {
+			return 0
+		}
+		d = append(d, time.Since(start))
+	}
+	return pct(d, .5)
+}
+
+func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
+	r := &result{cfg: c, machine: machine()}
+	em, err := env.StartEmulator(ctx, e2eenv.EmulatorConfig{NetnsMode: true, Name: "ztunnel"})
+	if err != nil {
+		return nil, err
+	}
+	a, err := env.StartAgent(ctx, e2eenv.AgentConfig{Args: strings.Fields(c.agentArgs)})
+	if err != nil {
+		return nil, err
+	}
+	if err := a.WaitReady(ctx); err != nil {
+		return nil, fmt.Errorf("agent not ready: %w\n%s", err, a.LogTail(20))
+	}
+	r.rss0 = peakRSS(a.Pid())
+	if _, err := env.CreateNamespace(ctx, "bench-plain", nil); err != nil {
+		return nil, err
+	}
+	if _, err := env.CreateNamespace(ctx, "bench", map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}); err != nil {
+		return nil, err
+	}
+
+	// Baseline: the same chain without our plugin, same bursts, same run.
+	step(fmt.Sprintf("baseline: %d pods through the chain without ambientd-cni", c.pods))
+	plain, durs, errs := createPods(ctx, env, "bench-plain", env.PlainChain, c)
+	if errs > 0 {
+		return nil, fmt.Errorf("baseline: %d of %d pods failed", errs, c.pods)
+	}
+	r.plainAdd = durs
+	if err := deletePods(ctx, env, plain, c.burst); err != nil {
+		return nil, err
+	}
+
+	// Ambient pods through the chain with our plugin.
+	step(fmt.Sprintf("ambient: %d pods through the chain with ambientd-cni", c.pods))
+	cpu0 := cpuOf(a.Pid())
+	start := time.Now()
+	pods, durs, errs := createPods(ctx, env, "bench", nil, c)
+	r.createWall = time.Since(start)
+	r.meshAdd, r.addErrors = durs, errs
+	if errs > 0 {
+		return nil, fmt.Errorf("ambient: %d of %d CNI ADDs failed", errs, c.pods)
+	}
+	if err := waitEnabled(ctx, env, a, c.pods, start, r); err != nil {
+		return nil, err
+	}
+	r.cpu1, r.rss1 = cpuOf(a.Pid())-cpu0, peakRSS(a.Pid())
+	if sum, n := metric(ctx, a, "ambientd_cni_add_duration_seconds_sum", `outcome="enrolled"`), metric(ctx, a, "ambientd_cni_add_duration_seconds_count", `outcome="enrolled"`); n > 0 {
+		r.agentAddMean = time.Duration(sum / n * float64(time.Second))
+	}
+	r.steps = map[string]time.Duration{}
+	for _, st := range stepNames {
+		l := `step="` + st + `"`
+		if sum, n := metric(ctx, a, "ambientd_enrollment_step_duration_seconds_sum", l), metric(ctx, a, "ambientd_enrollment_step_duration_seconds_count", l); n > 0 {
+			r.steps[st] = time.Duration(sum / n * float64(time.Second))
+		}
+	}
+	r.pluginCall = pluginCalls(env.CNIPluginLog, "bench")
+	r.execOurs = execCost(ctx, env.Bins.CNIPlugin)
+	r.execBridge = execCost(ctx, filepath.Join(env.Bins.CNIRefDir, "bridge"))
+
+	// One verification pass over every pod's rules.
+	step("verification pass")
+	if r.verify, r.verifyDrift, r.mode, err = verifyAll(ctx, pods, c.verifyWorkers); err != nil {
+		return nil, err
+	}
+
+	// Restart with all N enrolled: time to the new ztunnel snapshot's ack
+	// (/readyz) and to every pod enabled again (rules re-applied).
+	step("restart")
+	if err := a.Stop(30 * time.Second); err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	if err := a.Start(); err != nil {
+		return nil, err
+	}
+	if _, err := pollUntil(ctx, 5*time.Millisecond, func() bool { return ready(ctx, a) }); err != nil {
+		return nil, fmt.Errorf("restart: never ready: %w", err)
+	}
+	r.restartAck = time.Since(start)
+	if _, err := pollUntil(ctx, 10*time.Millisecond, func() bool {
+		return metric(ctx, a, "ambientd_pods", `phase="enabled"`) == float64(c.pods)
+	}); err != nil {
+		return nil, fmt.Errorf("restart: pods never all enabled again: %w", err)
+	}
+	r.restartEnabled = time.Since(start)
+	r.snapshotAdds = lastSnapshotSize(ctx, em)
+
+	// Removal of all N: CNI DEL, sandbox and object, until the agent and
+	// the emulator hold none.
+	step("removal")
+	start = time.Now()
+	if err := deletePods(ctx, env, pods, c.burst); err != nil {
+		return nil, err
+	}
+	if _, err := pollUntil(ctx, 10*time.Millisecond, func() bool {
+		n := 0.0
+		for _, p := range []string{"pending", "unverified", "enabled", "releasing"} {
+			n += metric(ctx, a, "ambientd_pods", `phase="`+p+`"`)
+		}
+		return n == 0
+	}); err != nil {
+		return nil, fmt.Errorf("removal: agent still holds pods: %w", err)
+	}
+	r.removal = time.Since(start)
+	r.cpu2, r.rss2 = cpuOf(a.Pid()), peakRSS(a.Pid()) // the restarted process's whole life
+	return r, nil
+}
+
+func step(s string) { fmt.Fprintf(os.Stderr, "bench: %s (%s)\n", s, time.Now().Format(time.TimeOnly)) }
+
+// createPods creates c.pods pods in namespace through chain (nil: the env's
+// chain with our plugin), c.burst at once per burst, and returns them with
+// each chain ADD's duration and the number that failed.
+func createPods(ctx context.Context, env *e2eenv.Env, namespace string, chain *e2eenv.Chain, c config) ([]*e2eenv.Pod, []time.Duration, int) {
+	var (
+		mu    sync.Mutex
+		pods  []*e2eenv.Pod
+		durs  []time.Duration
+		fails atomic.Int32
+	)
+	for first := 0; first < c.pods; first += c.burst {
+		var wg sync.WaitGroup
+		for i := first; i < min(first+c.burst, c.pods); i++ {
+			wg.Go(func() {
+				p, err := env.CreatePod(ctx, e2eenv.PodSpec{Namespace: namespace, Name: fmt.Sprintf("p-%04d", i), Chain: chain})
+				if err != nil {
+					if fails.Add(1) <= 3 {
+						fmt.Fprintf(os.Stderr, "bench: pod %s/p-%04d: %v\n", namespace, i, err)
+					}
+					return
+				}
+				mu.Lock()
+				pods, durs = append(pods, p), append(durs, p.AddDuration)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	return pods, durs, int(fails.Load())
+}
+
+func deletePods(ctx context.Context, env *e2eenv.Env, pods []*e2eenv.Pod, burst int) error {
+	var errs []error
+	var mu sync.Mutex
+	for first := 0; first < len(pods); first += burst {
+		var wg sync.WaitGroup
+		for _, p := range pods[first:min(first+burst, len(pods))] {
+			wg.Go(func() {
+				if err := env.DeletePod(ctx, p); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%d pods not deleted, first: %w", len(errs), errs[0])
+	}
+	return nil
+}
+
+// waitEnabled polls the agent (registry: ambientd_pods) and the API
+// (annotation) until all n pods are enabled, recording when each got there.
+func waitEnabled(ctx context.Context, env *e2eenv.Env, a *e2eenv.Agent, n int, start time.Time, r *result) error {
+	_, err := pollUntil(ctx, 20*time.Millisecond, func() bool {
+		if r.allEnabledAgent == 0 && metric(ctx, a, "ambientd_pods", `phase="enabled"`) == float64(n) {
+			r.allEnabledAgent = time.Since(start)
+		}
+		list, err := env.CP.Admin.CoreV1().Pods("bench").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		k := 0
+		for _, p := range list.Items {
+			if p.Annotations[podmeta.AnnotationRedirection] == podmeta.RedirectionEnabled {
+				k++
+			}
+		}
+		if k == n && r.allAnnotated == 0 {
+			r.allAnnotated = time.Since(start)
+		}
+		return r.allEnabledAgent != 0 && r.allAnnotated != 0
+	})
+	if err != nil {
+		return fmt.Errorf("pods never all enabled (agent %v, annotated %v): %w", r.allEnabledAgent, r.allAnnotated, err)
+	}
+	return nil
+}
+
+// verifyAll runs iptables.VerifyPod (what the agent's drift verification
+// runs per pod) over every pod, workers at once, with the agent's defaults.
+func verifyAll(ctx context.Context, pods []*e2eenv.Pod, workers int) (time.Duration, int, string, error) {
+	m, err := iptables.NewManager(ctx, iptables.Config{DNSCapture: true, IPv6: true}, nil)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	opts, err := podmeta.PodOptions(true, nil)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	var drift atomic.Int32
+	var firstErr error
+	var mu sync.Mutex
+	work := make(chan *e2eenv.Pod)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for p := range work {
+				d, err := m.VerifyPod(ctx, p.Netns, opts)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+				if !d.Empty() {
+					drift.Add(1)
+				}
+			}
+		})
+	}
+	for _, p := range pods {
+		work <- p
+	}
+	close(work)
+	wg.Wait()
+	return time.Since(start), int(drift.Load()), string(m.Mode()), firstErr
+}
+
+func pollUntil(ctx context.Context, every time.Duration, cond func() bool) (time.Duration, error) {
+	start := time.Now()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return time.Since(start), ctx.Err()
+		case <-time.After(every):
+		}
+	}
+	return time.Since(start), nil
+}
+
+var httpClient = &http.Client{Timeout: 5 * time.Second}
+
+func ready(ctx context.Context, a *e2eenv.Agent) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.HealthAddr+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// metric reads one sample of the agent's /metrics (0 when absent).
+func metric(ctx context.Context, a *e2eenv.Agent, name, labels string) float64 {
+	body, err := a.Metrics(ctx)
+	if err != nil {
+		return 0
+	}
+	prefix := name
+	if labels != "" {
+		prefix += "{" + labels + "}"
+	}
+	for _, l := range strings.Split(body, "\n") {
+		if rest, ok := strings.CutPrefix(l, prefix+" "); ok {
+			v, _ := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// lastSnapshotSize is how many Adds/Keeps the newest ztunnel connection got
+// in its snapshot.
+func lastSnapshotSize(ctx context.Context, em *e2eenv.Emulator) int {
+	var st struct {
+		Connections []struct {
+			Snapshot []struct{} `json:"snapshot"`
+		} `json:"connections"`
+	}
+	if err := em.State(ctx, &st); err != nil || len(st.Connections) == 0 {
+		return -1
+	}
+	return len(st.Connections[len(st.Connections)-1].Snapshot)
+}
+
+// cpuOf returns the process's user+system CPU time (/proc/pid/stat).
+func cpuOf(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on Linux
+}
+
+// peakRSS returns VmHWM of the process in KiB.
+func peakRSS(pid int) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			v, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+func machine() string {
+	mem := "?"
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(l, "MemTotal:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				mem = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+			}
+		}
+	}
+	kernel, _ := exec.Command("uname", "-r").Output()
+	model := "?"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(l, "model name"); ok {
+				model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(rest), ":"))
+				break
+			}
+		}
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	return fmt.Sprintf("%d CPUs (%s), %s RAM, kernel %s, %s; load average at start %s",
+		runtime.NumCPU(), model, mem, strings.TrimSpace(string(kernel)), runtime.Version(), strings.Join(strings.Fields(string(load))[:3], " "))
+}
+
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[int(float64(len(s)-1)*p+0.5)]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+func sec(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+func (r *result) markdown() string {
+	var b strings.Builder
+	n := r.cfg.pods
+	fmt.Fprintf(&b, "\n### %d pods, bursts of %d — %s\n\n", n, r.cfg.burst, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Machine: %s. iptables backend: %s.", r.machine, r.mode)
+	if r.cfg.agentArgs != "" {
+		fmt.Fprintf(&b, " Agent flags: `%s`.", r.cfg.agentArgs)
+	}
+	b.WriteString("\n\n| measure | value |\n|---|---|\n")
+	row := func(k, v string) { fmt.Fprintf(&b, "| %s | %s |\n", k, v) }
+	for _, q := range []struct {
+		name string
+		p    float64
+	}{{"p50", .5}, {"p90", .9}, {"p99", .99}} {
+		pl, me := pct(r.plainAdd, q.p), pct(r.meshAdd, q.p)
+		row("CNI ADD through the chain "+q.name+": without our plugin → with it (added)",
+			fmt.Sprintf("%s → %s (**+%s**)", ms(pl), ms(me), ms(me-pl)))
+	}
+	row("our plugin's agent call (gRPC connect + agent) p50 / p90 / p99, from its log",
+		ms(pct(r.pluginCall, .5))+" / "+ms(pct(r.pluginCall, .9))+" / "+ms(pct(r.pluginCall, .99)))
+	row("agent's own time per enrolled ADD (mean of ambientd_cni_add_duration_seconds)", ms(r.agentAddMean))
+	var st []string
+	for _, name := range stepNames {
+		st = append(st, name+" "+ms(r.steps[name]))
+	}
+	row("agent's enrollment steps (means; status_write is async, after the ADD answered)", strings.Join(st, ", "))
+	row("exec of a plugin binary alone (VERSION, p50 of 20): ambientd-cni / bridge", ms(r.execOurs)+" / "+ms(r.execBridge))
+	row("ADD errors / timeouts", strconv.Itoa(r.addErrors))
+	row("create all N (API object, sandbox, chain, status Running)", sec(r.createWall))
+	row("first create → all N enabled in the agent (ambientd_pods)", sec(r.allEnabledAgent))
+	row("first create → all N annotated enabled (API)", sec(r.allAnnotated))
+	row("agent CPU during create + enable", sec(r.cpu1))
+	row("agent peak RSS (VmHWM): ready with 0 pods → with N enrolled", fmt.Sprintf("%.1f MiB → %.1f MiB", float64(r.rss0)/1024, float64(r.rss1)/1024))
+	row(fmt.Sprintf("one verification pass (VerifyPod ×N with the agent's defaults, %d at once, timed by the bench; the agent's own pass is ambientd_verify_pass_duration_seconds)", r.cfg.verifyWorkers),
+		fmt.Sprintf("%s (%d pods with drift)", sec(r.verify), r.verifyDrift))
+	row("restart → snapshot acked (/readyz), N enrolled", fmt.Sprintf("%s (snapshot of %d)", sec(r.restartAck), r.snapshotAdds))
+	row("restart → all N enabled in the new registry (every restored pod's rules verified first)", sec(r.restartEnabled))
+	row("removal of all N (CNI DEL + sandbox + object) → agent holds none", sec(r.removal))
+	row("agent CPU from restart through removal; peak RSS after restart", fmt.Sprintf("%s; %.1f MiB", sec(r.cpu2), float64(r.rss2)/1024))
+	return b.String()
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
