@@ -66,6 +66,7 @@ type Chain struct {
 	CacheDir     string
 	IPAMDir      string
 	cni          *libcni.CNIConfig
+	exec         *timedExec
 }
 
 // Attachment identifies one pod sandbox for the chain.
@@ -103,7 +104,8 @@ func NewChain(cfg ChainConfig) (*Chain, error) {
 			return nil, err
 		}
 	}
-	c.cni = libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, c.CacheDir, nil)
+	c.exec = newTimedExec()
+	c.cni = libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, c.CacheDir, c.exec)
 	if err := c.SetAmbientPlugin(cfg.AmbientPlugin); err != nil {
 		return nil, err
 	}

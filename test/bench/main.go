@@ -103,6 +103,11 @@ type result struct {
 	steps                       map[string]time.Duration // mean per enrollment step
 	execOurs, execBridge        time.Duration            // p50 of a plugin's VERSION exec
 	pluginCall                  []time.Duration          // the plugin's agent call, from its log
+	// Each plugin process's ADD (exec to exit, as libcni ran it): p for
+	// the plain chain, m for the chain with our plugin.
+	execLoP, execLoM, execBrP, execBrM, execOursAdd []time.Duration
+	rssAnon1, rssFile1                              int64   // KiB, with N enrolled
+	heap0, heap1                                    float64 // go_memstats_heap_inuse_bytes: 0 pods, N enrolled
 }
 
 // pluginCalls reads how long each of our plugin's agent calls for pods of
@@ -162,6 +167,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 		return nil, fmt.Errorf("agent not ready: %w\n%s", err, a.LogTail(20))
 	}
 	r.rss0 = peakRSS(a.Pid())
+	r.heap0 = metric(ctx, a, "go_memstats_heap_inuse_bytes", "")
 	if _, err := env.CreateNamespace(ctx, "bench-plain", nil); err != nil {
 		return nil, err
 	}
@@ -176,6 +182,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 		return nil, fmt.Errorf("baseline: %d of %d pods failed", errs, c.pods)
 	}
 	r.plainAdd = durs
+	r.execLoP, r.execBrP = env.PlainChain.ExecDurations("loopback", "ADD"), env.PlainChain.ExecDurations("bridge", "ADD")
 	if err := deletePods(ctx, env, plain, c.burst); err != nil {
 		return nil, err
 	}
@@ -194,6 +201,10 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 		return nil, err
 	}
 	r.cpu1, r.rss1 = cpuOf(a.Pid())-cpu0, peakRSS(a.Pid())
+	r.rssAnon1, r.rssFile1 = statusKiB(a.Pid(), "RssAnon:"), statusKiB(a.Pid(), "RssFile:")
+	r.heap1 = metric(ctx, a, "go_memstats_heap_inuse_bytes", "")
+	r.execLoM, r.execBrM = env.Chain.ExecDurations("loopback", "ADD"), env.Chain.ExecDurations("bridge", "ADD")
+	r.execOursAdd = env.Chain.ExecDurations("ambientd-cni", "ADD")
 	if sum, n := metric(ctx, a, "ambientd_cni_add_duration_seconds_sum", `outcome="enrolled"`), metric(ctx, a, "ambientd_cni_add_duration_seconds_count", `outcome="enrolled"`); n > 0 {
 		r.agentAddMean = time.Duration(sum / n * float64(time.Second))
 	}
@@ -457,7 +468,10 @@ func cpuOf(pid int) time.Duration {
 }
 
 // peakRSS returns VmHWM of the process in KiB.
-func peakRSS(pid int) int64 {
+func peakRSS(pid int) int64 { return statusKiB(pid, "VmHWM:") }
+
+// statusKiB reads one "<key> N kB" line of /proc/<pid>/status (0 if absent).
+func statusKiB(pid int, key string) int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
@@ -465,7 +479,7 @@ func peakRSS(pid int) int64 {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), key); ok {
 			v, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			return v
 		}
@@ -531,6 +545,8 @@ func (r *result) markdown() string {
 	}
 	row("our plugin's agent call (gRPC connect + agent) p50 / p90 / p99, from its log",
 		ms(pct(r.pluginCall, .5))+" / "+ms(pct(r.pluginCall, .9))+" / "+ms(pct(r.pluginCall, .99)))
+	row("each plugin process's ADD as libcni ran it (exec to exit), p50: loopback / bridge without → with our plugin / ambientd-cni",
+		fmt.Sprintf("%s → %s / %s → %s / %s", ms(pct(r.execLoP, .5)), ms(pct(r.execLoM, .5)), ms(pct(r.execBrP, .5)), ms(pct(r.execBrM, .5)), ms(pct(r.execOursAdd, .5))))
 	row("agent's own time per enrolled ADD (mean of ambientd_cni_add_duration_seconds)", ms(r.agentAddMean))
 	var st []string
 	for _, name := range stepNames {
@@ -544,6 +560,9 @@ func (r *result) markdown() string {
 	row("first create → all N annotated enabled (API)", sec(r.allAnnotated))
 	row("agent CPU during create + enable", sec(r.cpu1))
 	row("agent peak RSS (VmHWM): ready with 0 pods → with N enrolled", fmt.Sprintf("%.1f MiB → %.1f MiB", float64(r.rss0)/1024, float64(r.rss1)/1024))
+	row("agent RSS with N enrolled: anonymous (heap, stacks) / file-backed (its executable's pages, shared and reclaimable)",
+		fmt.Sprintf("%.1f MiB / %.1f MiB", float64(r.rssAnon1)/1024, float64(r.rssFile1)/1024))
+	row("agent Go heap in use (go_memstats_heap_inuse_bytes): 0 pods → N enrolled", fmt.Sprintf("%.1f MiB → %.1f MiB", r.heap0/(1<<20), r.heap1/(1<<20)))
 	row(fmt.Sprintf("one verification pass (VerifyPod ×N with the agent's defaults, %d at once, timed by the bench; the agent's own pass is ambientd_verify_pass_duration_seconds)", r.cfg.verifyWorkers),
 		fmt.Sprintf("%s (%d pods with drift)", sec(r.verify), r.verifyDrift))
 	row("restart → snapshot acked (/readyz), N enrolled", fmt.Sprintf("%s (snapshot of %d)", sec(r.restartAck), r.snapshotAdds))
