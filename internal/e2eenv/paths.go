@@ -113,15 +113,25 @@ func EnsureBinaries(ctx context.Context, root string, log io.Writer) (Binaries, 
 		d := lines[len(lines)-1]
 		b.KubeAPIServer, b.Etcd = filepath.Join(d, "kube-apiserver"), filepath.Join(d, "etcd")
 	}
-	dir, err := cniRefDir(root)
+	dir, err := EnsureCNIRefPlugins(ctx, root, log)
 	if err != nil {
 		return b, err
 	}
 	b.CNIRefDir = dir
+	return b, b.checkExternal()
+}
+
+// EnsureCNIRefPlugins builds the CNI reference plugins (loopback, bridge,
+// host-local) into their cache dir when one is missing and returns the dir.
+func EnsureCNIRefPlugins(ctx context.Context, root string, log io.Writer) (string, error) {
+	dir, err := cniRefDir(root)
+	if err != nil {
+		return "", err
+	}
 	if missing(dir, "loopback", "bridge", "host-local") {
 		fmt.Fprintf(log, "e2eenv: building CNI reference plugins into %s\n", dir)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return b, err
+			return "", err
 		}
 		args := append([]string{"build", "-o", dir + "/"}, cniRefPlugins...)
 		cmd := exec.CommandContext(ctx, "go", args...)
@@ -129,10 +139,10 @@ func EnsureBinaries(ctx context.Context, root string, log io.Writer) (Binaries, 
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		cmd.Stdout, cmd.Stderr = log, log
 		if err := cmd.Run(); err != nil {
-			return b, fmt.Errorf("go build CNI reference plugins: %w", err)
+			return "", fmt.Errorf("go build CNI reference plugins: %w", err)
 		}
 	}
-	return b, b.checkExternal()
+	return dir, nil
 }
 
 // LocateBinaries finds the binaries EnsureBinaries built, without building
