@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/ambientd/ambientd/internal/testutil"
 )
 
 // flipInputs are inputs a test changes between reconciles.
@@ -281,12 +283,8 @@ func TestRunNotifyAndStop(t *testing.T) {
 	go func() { done <- h.c.Run(ctx) }()
 	waitStatus := func(what string, ok func(Status) bool) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !ok(h.c.Status()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; status %+v", what, h.c.Status())
-			}
-			time.Sleep(5 * time.Millisecond)
+		if !testutil.Wait(30*time.Second, func() bool { return ok(h.c.Status()) }) {
+			t.Fatalf("timed out waiting for %s; status %+v", what, h.c.Status())
 		}
 	}
 	waitStatus("condition False written", func(s Status) bool { return s.Condition == corev1.ConditionFalse && s.Written && s.TaintPresent })
