@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -24,7 +25,6 @@ import (
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -363,8 +363,8 @@ func waitEvents(t *testing.T, ctx context.Context, node string, reasons ...strin
 	}
 }
 
-// TestNodeReadyOwnNodePolicy: the admission policy of
-// testdata/ambientd-own-node.yaml (docs/readiness.md) lets the agent's
+// TestNodeReadyOwnNodePolicy: the shipped admission policy
+// (deploy/admission-policy.yaml, docs/install.md) lets the agent's
 // identity write the node its token names and refuses any other node, on
 // top of the controller's own guarantee. The agent is impersonated with the
 // node-name extra a pod-bound service-account token carries.
@@ -374,7 +374,7 @@ func TestNodeReadyOwnNodePolicy(t *testing.T) {
 	mine := createTestNode(t, ctx, "nr-pol-mine", startupTaint)
 	other := createTestNode(t, ctx, "nr-pol-other", startupTaint)
 
-	raw, err := os.ReadFile("testdata/ambientd-own-node.yaml")
+	raw, err := os.ReadFile(filepath.Join(testEnv.Root, "deploy", "admission-policy.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func TestNodeReadyOwnNodePolicy(t *testing.T) {
 		}
 	}
 	if policy == nil || binding == nil {
-		t.Fatal("testdata/ambientd-own-node.yaml lacks the policy or its binding")
+		t.Fatal("deploy/admission-policy.yaml lacks the policy or its binding")
 	}
 	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -439,7 +439,7 @@ func TestNodeReadyOwnNodePolicy(t *testing.T) {
 	var lastErr error
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, lastErr = agent.CoreV1().Nodes().Patch(ctx, other, types.StrategicMergePatchType, probe, metav1.PatchOptions{})
-		return apierrors.IsForbidden(lastErr) && strings.Contains(lastErr.Error(), "only its own node"), nil
+		return isDenied(lastErr), nil
 	})
 	if err != nil {
 		t.Fatalf("policy never enforced; last write to %s: %v", other, lastErr)
@@ -456,7 +456,7 @@ func TestNodeReadyOwnNodePolicy(t *testing.T) {
 	// ...and one configured with the wrong node name cannot write it.
 	wrong := startNodeReady(t, ctx, nodeready.Config{NodeName: other, Untaint: true, ResyncPeriod: 200 * time.Millisecond}, sw, agentOf(mine))
 	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		return strings.Contains(wrong.Status().LastError, "only its own node"), nil
+		return strings.Contains(wrong.Status().LastError, "ambientd-own-node-only"), nil
 	})
 	if err != nil {
 		t.Fatalf("a controller for another node was not refused: status %+v", wrong.Status())
