@@ -27,7 +27,7 @@ e2e: deps build
 	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e.sh
 
 # The real node: kubelet, containerd + runc, kube-controller-manager and
-# kube-scheduler on the e2e control plane (docs/realnode.md). Not in check yet.
+# kube-scheduler on the e2e control plane (docs/realnode.md).
 e2e-node: build
 	@hack/deps.sh node
 	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e-node.sh
@@ -66,7 +66,7 @@ lint:
 	$(GO) tool staticcheck $(PKGS)
 
 # The README's test command: everything CI checks.
-check: deps lint test e2e image-test
+check: deps lint test e2e e2e-node image-test
 
 clean:
 	rm -rf $(BIN)
