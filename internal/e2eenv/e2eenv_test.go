@@ -220,7 +220,7 @@ func TestNetnsCreateDelete(t *testing.T) {
 	// Runs before TempDir's removal (cleanups run last-in first-out), so a
 	// failure below does not also leave a busy mount behind.
 	t.Cleanup(func() {
-		if err := unmountUnder(dir); err != nil {
+		if err := UnmountUnder(dir); err != nil {
 			t.Error(err)
 		}
 	})

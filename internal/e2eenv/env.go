@@ -234,7 +234,7 @@ func (e *Env) Close() error {
 		e.sp.close()
 	}
 	if e.Dir != "" {
-		errs = append(errs, unmountUnder(e.Dir))
+		errs = append(errs, UnmountUnder(e.Dir))
 		if os.Getenv(EnvKeep) == "1" {
 			fmt.Fprintf(e.log, "e2eenv: kept work dir %s (%s=1)\n", e.Dir, EnvKeep)
 		} else if err := os.RemoveAll(e.Dir); err != nil {

@@ -91,9 +91,9 @@ func DeleteNetns(n ns.NetNS) error {
 	return nil
 }
 
-// unmountUnder lazily unmounts every mount point below dir (pod netns bind
+// UnmountUnder lazily unmounts every mount point below dir (pod netns bind
 // mounts left by a test that did not delete its pods), deepest first.
-func unmountUnder(dir string) error {
+func UnmountUnder(dir string) error {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return err

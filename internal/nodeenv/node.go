@@ -125,6 +125,7 @@ type Node struct {
 
 	log            io.Writer
 	kubeletPort    int
+	kubeletHealthz int
 	registerTaints []corev1.Taint
 	cgroupRoot     string
 	cgroups        []cgroupMount
@@ -422,9 +423,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 		return err
 	}
 	n.Containerd = p
-	if err := waitFor(ctx, p, "containerd API", 100*time.Millisecond, func(ctx context.Context) error {
-		return ctrVersion(ctx, n.Bins.Ctr, n.ContainerdAddress)
-	}); err != nil {
+	if err := n.waitContainerdAPI(ctx); err != nil {
 		return err
 	}
 	tars, err := buildImages(ctx, n.Env.Root, filepath.Join(n.Dir, "images"))
@@ -432,6 +431,12 @@ func (n *Node) startContainerd(ctx context.Context) error {
 		return err
 	}
 	return importImages(ctx, n.Bins.Ctr, n.ContainerdAddress, tars)
+}
+
+func (n *Node) waitContainerdAPI(ctx context.Context) error {
+	return waitFor(ctx, n.Containerd, "containerd API", 100*time.Millisecond, func(ctx context.Context) error {
+		return ctrVersion(ctx, n.Bins.Ctr, n.ContainerdAddress)
+	})
 }
 
 func (n *Node) startKubelet(ctx context.Context) error {
@@ -450,6 +455,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	n.kubeletHealthz = healthz
 	cfg, err := kubeletConfig(kubeletPaths{
 		RootDir: root, PodLogsDir: n.PodLogsDir, VolumePluginDir: filepath.Join(dir, "volume-plugins"),
 		ResolvConf: resolv, RuntimeEndpoint: "unix://" + n.ContainerdAddress,
@@ -467,8 +473,12 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		return err
 	}
 	n.Kubelet = p
-	return waitFor(ctx, p, "kubelet /healthz", 100*time.Millisecond, func(ctx context.Context) error {
-		return httpOK(ctx, "http://127.0.0.1:"+strconv.Itoa(healthz)+"/healthz")
+	return n.waitKubeletHealthy(ctx)
+}
+
+func (n *Node) waitKubeletHealthy(ctx context.Context) error {
+	return waitFor(ctx, n.Kubelet, "kubelet /healthz", 100*time.Millisecond, func(ctx context.Context) error {
+		return httpOK(ctx, "http://127.0.0.1:"+strconv.Itoa(n.kubeletHealthz)+"/healthz")
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,8 +13,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ambientd/ambientd/internal/testutil"
 )
 
 func TestParseCgroupMounts(t *testing.T) {
@@ -145,5 +149,43 @@ func TestWriteImage(t *testing.T) {
 	}
 	if _, err := tr.Next(); err != io.EOF {
 		t.Errorf("more than one file in the image: %v", err)
+	}
+}
+
+// emptyDir leaves a "rebooted" /run dir: the dir itself, with nothing in it,
+// and nothing mounted below it any more (netns files and container root
+// filesystems are mount points).
+func TestEmptyDirUnmountsAndEmpties(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	mnt := filepath.Join(dir, "task", "rootfs")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	for _, f := range []string{filepath.Join(mnt, "inside"), filepath.Join(dir, "state.json")} {
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := emptyDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 0 {
+		t.Fatalf("after emptyDir: %v entries %v, want the dir empty", err, entries)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mi), mnt) {
+		t.Errorf("%s still mounted", mnt)
+	}
+	if err := emptyDir(filepath.Join(dir, "missing")); err != nil {
+		t.Errorf("emptyDir of a missing dir: %v", err)
 	}
 }

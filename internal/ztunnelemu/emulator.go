@@ -181,7 +181,7 @@ type sessionState struct {
 // protocol violation (then nothing is sent and the connection ends). It takes
 // ownership of files.
 func (e *Emulator) handle(s *sessionState, req *zp.WorkloadRequest, files []*os.File) (ackErr, protoErr string) {
-	rec := RequestRecord{ConnID: s.id, Op: zp.RequestOp(req), UID: zp.RequestUID(req), FDs: len(files)}
+	rec := RequestRecord{ConnID: s.id, Op: zp.RequestOp(req), UID: zp.RequestUID(req), FDs: len(files), At: time.Now()}
 	if info := req.GetAdd().GetWorkloadInfo(); info != nil {
 		rec.Name, rec.Namespace, rec.ServiceAccount = info.GetName(), info.GetNamespace(), info.GetServiceAccount()
 	}

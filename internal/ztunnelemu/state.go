@@ -1,5 +1,7 @@
 package ztunnelemu
 
+import "time"
+
 // State is a snapshot of everything the emulator has seen; it marshals to the
 // JSON served at GET /state.
 type State struct {
@@ -65,6 +67,9 @@ type RequestRecord struct {
 	// ProtocolError is set when the request was a protocol violation (no
 	// ack was sent, the connection was closed).
 	ProtocolError string `json:"protocolError,omitempty"`
+	// At is when the request arrived (wall clock: tests compare it with
+	// other processes' timestamps, e.g. an app's start in its log).
+	At time.Time `json:"at"`
 }
 
 // AcceptRecord is one TCP connection a workload listener accepted.

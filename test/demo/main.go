@@ -1,14 +1,26 @@
-// Command demo shows ambient enrollment end to end on one machine: a real
-// kube-apiserver and etcd, the agent (bin/ambientd), the ztunnel emulator and
-// a handful of pods created through the real CNI chain (bridge, host-local,
-// bin/ambientd-cni), all inside a throwaway network namespace. It prints one
-// row per pod — the redirection annotation, whether the emulator received an
-// AddWorkload with the pod's netns, and who answered a connection into and
-// out of the pod — then tears everything down. Run it with `make demo`.
+// Command demo is the main job (`make demo`): ambient enrollment on a real
+// node. On this machine, inside a throwaway network and mount namespace
+// (internal/nodeenv), it brings up etcd + kube-apiserver, containerd + runc,
+// kubelet, kube-controller-manager and kube-scheduler; the node registers
+// with the startup taint cni.istio.io/not-ready. Then, as an operator would:
 //
-// Exit status: 0 when every pod ended as the enrollment policy says it
-// should; 1 otherwise. When bin/ambientd cannot run at all (not built yet),
-// the demo shows the rest (control plane, chain, emulator) and exits 0.
+//  1. `kubectl apply -k` of deploy/ (an overlay sets the locally built image,
+//     imagePullPolicy: Never and the apiserver address: there is no registry
+//     and no kube-proxy); the DaemonSet's pod installs ambientd-cni into the
+//     node's conflist and reports not ready: no ztunnel yet;
+//  2. the ztunnel emulator starts at the node's ztunnel socket: the agent
+//     turns Ready and removes the startup taint;
+//  3. an ambient namespace gets a Deployment (HTTP readiness probe and the
+//     readiness gate ambient.istio.io/enrolled), a pod that ztunnel refuses
+//     and an opted-out pod; a plain namespace gets a pod labelled ambient and
+//     a plain client.
+//
+// It prints who answered connections into and out of each pod (the app, or
+// ztunnel after the redirect), the annotation, the AddWorkload ztunnel got,
+// the readiness condition, when each pod was enrolled and when kubelet called
+// it Ready, where kubelet's probes reached the app from, and the node's taint
+// history; then it removes everything. Exit status 0 when every pod ended as
+// the policy says and no pod was Ready before it was enrolled.
 package main
 
 import (
@@ -17,294 +29,703 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
 	"github.com/ambientd/ambientd/internal/e2eenv"
+	"github.com/ambientd/ambientd/internal/nodeenv"
 	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
-const (
-	annotation = "ambient.istio.io/redirection"
-	appPort    = 9080
-)
-
-type demoPod struct {
-	ns, name string
-	labels   map[string]string
-	inMesh   bool   // what the enrollment policy says
-	why      string // the policy reason, for the table
-}
+// nodeReadyCondition is the agent's node condition (docs/readiness.md).
+const nodeReadyCondition = corev1.NodeConditionType("ambient.istio.io/NodeReady")
 
 func main() {
-	wait := flag.Duration("wait", 30*time.Second, "how long to wait for each pod's enrollment")
-	verbose := flag.Bool("v", false, "print the agent's and the emulator's logs at the end")
+	timeout := flag.Duration("timeout", 3*time.Minute, "how long to wait for each step")
+	verbose := flag.Bool("v", false, "print the agent's log at the end")
 	flag.Parse()
-	os.Exit(e2eenv.Program(e2eenv.Options{NodeName: "demo-node", AmbientPlugin: true}, func(ctx context.Context, env *e2eenv.Env) int {
-		return run(ctx, env, *wait, *verbose)
+	os.Exit(nodeenv.Program(nodeenv.Options{RegisterTaints: []corev1.Taint{nodeenv.StartupTaint}}, func(ctx context.Context, n *nodeenv.Node) int {
+		d := &demo{n: n, out: os.Stdout, step: *timeout, start: time.Now()}
+		code := d.run(ctx)
+		if *verbose || code != 0 {
+			d.agentLog()
+		}
+		d.cleanup()
+		return code
 	}))
 }
 
-func run(ctx context.Context, env *e2eenv.Env, wait time.Duration, verbose bool) int {
-	out := os.Stdout
-	fmt.Fprintf(out, "control plane: kube-apiserver %s (etcd + apiserver ready in %s), node %q\n", env.CP.URL, env.CP.StartupTime.Round(time.Millisecond), env.NodeName)
+type demo struct {
+	n     *nodeenv.Node
+	out   io.Writer
+	step  time.Duration
+	start time.Time
+	em    *e2eenv.Emulator
+	ok    bool // nothing unexpected so far
 
-	emu, err := env.StartEmulator(ctx, e2eenv.EmulatorConfig{NetnsMode: true})
+	mu      sync.Mutex
+	history []string                // node taint / condition changes
+	pods    map[string]*podTimeline // ns/name → what was seen when
+	applied bool
+}
+
+// podTimeline is what a pod watch saw, by wall clock.
+type podTimeline struct {
+	created, enrolled, ready time.Time
+	readyBeforeEnrolled      bool
+}
+
+// expect is a pod of the demo and where the policy puts it.
+type expect struct {
+	ns, name string
+	inMesh   bool
+	refused  bool   // ztunnel refuses it (the emulator nacks its Add)
+	why      string // the policy reason, for the table
+}
+
+func (d *demo) printf(format string, args ...any) {
+	fmt.Fprintf(d.out, "[%6.1fs] "+format+"\n", append([]any{time.Since(d.start).Seconds()}, args...)...)
+}
+
+func (d *demo) fail(format string, args ...any) int {
+	d.printf("FAIL: "+format, args...)
+	return 1
+}
+
+func (d *demo) ctx(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, d.step)
+}
+
+func (d *demo) run(ctx context.Context) int {
+	d.ok = true
+	d.pods = map[string]*podTimeline{}
+	n := d.n
+	node, err := n.Env.CP.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 	if err != nil {
-		fmt.Fprintf(out, "ztunnel emulator: cannot start: %v\n", err)
-		return 1
+		return d.fail("node: %v", err)
 	}
-	fmt.Fprintf(out, "ztunnel emulator: pid %d, connecting to %s\n", emu.Pid(), emu.Socket)
+	d.printf("node %s: kubelet %s, %s, Ready in %s (bring-up of containerd, kubelet, controller-manager, scheduler)",
+		n.Name, node.Status.NodeInfo.KubeletVersion, node.Status.NodeInfo.ContainerRuntimeVersion, n.BringUp.Round(time.Millisecond))
+	d.printf("node registered with taint %s:%s (kubelet --register-with-taints): ambient pods cannot be scheduled here until the agent can mesh them",
+		nodeenv.StartupTaint.Key, nodeenv.StartupTaint.Effect)
+	go d.watchNode(ctx)
+	go d.watchPods(ctx)
 
-	agentUp := false
-	agent, err := env.StartAgent(ctx, e2eenv.AgentConfig{Args: []string{"--log-level=debug"}})
+	// 1. The DaemonSet, as an operator installs it.
+	archive, err := n.AgentImageArchive()
 	if err != nil {
-		fmt.Fprintf(out, "agent: not available (%v)\n", err)
-	} else {
-		rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		err := agent.WaitReady(rctx)
-		cancel()
-		switch {
-		case err == nil:
-			agentUp = true
-			fmt.Fprintf(out, "agent: pid %d ready (ztunnel connected, snapshot acked)\n", agent.Pid())
-		case !agent.Running():
-			fmt.Fprintf(out, "agent: exited, not available yet: %s\n", oneLine(agent.LogTail(3)))
-		default:
-			agentUp = true
-			fmt.Fprintf(out, "agent: pid %d running but not ready after 60s: %v\n", agent.Pid(), oneLine(err.Error()))
+		return d.fail("%v", err)
+	}
+	if err := n.ImportImage(ctx, archive); err != nil {
+		return d.fail("import the agent image: %v", err)
+	}
+	overlay, err := n.WriteAgentOverlay(filepath.Join(n.Dir, "demo-overlay"), nodeenv.AgentTag)
+	if err != nil {
+		return d.fail("overlay: %v", err)
+	}
+	d.printf("image %s:%s imported into the node's containerd (%s)", nodeenv.AgentImage, nodeenv.AgentTag, archive)
+	d.printf("kubectl apply -k %s   (deploy/ + image tag, imagePullPolicy: Never, KUBERNETES_SERVICE_HOST/PORT = the apiserver: no registry, no kube-proxy here)", overlay)
+	applyAt := time.Now()
+	out, err := n.Kubectl(ctx, "apply", "-k", overlay)
+	if err != nil {
+		return d.fail("%v", err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		fmt.Fprintf(d.out, "           %s\n", l)
+	}
+	d.mu.Lock()
+	d.applied = true
+	d.mu.Unlock()
+	sctx, cancel := d.ctx(ctx)
+	var readyz string
+	err = nodeenv.Poll(sctx, "the agent installs its plugin and answers /readyz", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		installed, err := n.PluginInstalled()
+		if err != nil || !installed {
+			return false, err
 		}
+		code, body, err := nodeenv.AgentReadyz(ctx)
+		readyz = fmt.Sprintf("%d %s", code, firstFailing(body))
+		return err == nil && code != 0, err
+	})
+	cancel()
+	if err != nil {
+		return d.fail("%v", err)
 	}
-	chain := env.Chain
-	if !agentUp {
-		chain = env.PlainChain
-		fmt.Fprintln(out, "chain: bridge + host-local only (our plugin needs the agent)")
+	d.printf("agent pod running: ambientd-cni installed in %s (last in the chain: %s); /readyz %s",
+		nodeenv.Conflist, chainOf(n), readyz)
+	if tainted, _ := n.Tainted(ctx, nodeenv.StartupTaint); tainted {
+		d.printf("startup taint still on the node (no ztunnel yet)")
 	} else {
-		fmt.Fprintln(out, "chain: loopback, bridge + host-local, ambientd-cni")
+		d.ok = false
+		d.printf("UNEXPECTED: the startup taint is gone before ztunnel connected")
 	}
 
+	// 2. ztunnel.
+	emAt := time.Now()
+	d.em, err = n.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
+	if err != nil {
+		return d.fail("ztunnel emulator: %v", err)
+	}
+	d.printf("ztunnel emulator started at %s", nodeenv.ZtunnelSocket)
+	var readyAfter, untaintedAfter time.Duration
+	sctx, cancel = d.ctx(ctx)
+	err = nodeenv.Poll(sctx, "DaemonSet Ready and startup taint removed", 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+		ds, err := n.Env.CP.Admin.AppsV1().DaemonSets("istio-system").Get(ctx, "ambientd", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if readyAfter == 0 && ds.Status.NumberReady == 1 {
+			readyAfter = time.Since(emAt)
+		}
+		tainted, err := n.Tainted(ctx, nodeenv.StartupTaint)
+		if untaintedAfter == 0 && err == nil && !tainted {
+			untaintedAfter = time.Since(emAt)
+		}
+		return readyAfter != 0 && untaintedAfter != 0, err
+	})
+	cancel()
+	if err != nil {
+		return d.fail("%v", err)
+	}
+	d.printf("DaemonSet ambientd 1/1 Ready %s after ztunnel started (%s after kubectl apply); startup taint removed after %s",
+		readyAfter.Round(time.Millisecond), time.Since(applyAt).Round(time.Millisecond), untaintedAfter.Round(time.Millisecond))
+
+	// 3. Workloads.
+	pods, code := d.createWorkloads(ctx)
+	if code != 0 {
+		return code
+	}
+	return d.report(ctx, pods)
+}
+
+// createWorkloads makes the namespaces and pods and waits until each is where
+// the policy puts it; it returns the pods' expectations with real names.
+func (d *demo) createWorkloads(ctx context.Context) ([]expect, int) {
+	n, c := d.n, d.n.Env.CP.Admin
 	for name, labels := range map[string]map[string]string{
-		"shop":   {"istio.io/dataplane-mode": "ambient"},
+		"shop":   {podmeta.LabelDataplaneMode: "ambient"},
 		"legacy": nil,
 	} {
-		if _, err := env.CreateNamespace(ctx, name, labels); err != nil {
-			fmt.Fprintf(out, "namespace %s: %v\n", name, err)
-			return 1
+		if _, err := n.Env.CreateNamespace(ctx, name, labels); err != nil {
+			return nil, d.fail("namespace %s: %v", name, err)
 		}
 	}
-	fmt.Fprintln(out, "namespaces: shop (istio.io/dataplane-mode=ambient), legacy (no label)")
+	d.printf("namespaces: shop (%s=ambient), legacy (no label)", podmeta.LabelDataplaneMode)
+	// ztunnel refuses this one: it must stay not Ready.
+	if err := d.em.SetNack(ctx, "shop/quarantined", "policy: workload certificate not issued (demo)"); err != nil {
+		return nil, d.fail("emulator: %v", err)
+	}
+	replicas := int32(2)
+	labels := map[string]string{"app": "productpage"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "productpage"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: nodeenv.GatedPodSpec()},
+		},
+	}
+	if _, err := c.AppsV1().Deployments("shop").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		return nil, d.fail("deployment: %v", err)
+	}
+	d.printf("deployment shop/productpage: 2 replicas, HTTP readiness probe on :%d/healthz, readinessGates: %s", nodeenv.AppPort, nodeenv.EnrolledCondition)
+	plain := func(name string, podLabels map[string]string) *corev1.Pod {
+		spec := nodeenv.GatedPodSpec()
+		spec.ReadinessGates = nil
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: podLabels}, Spec: spec}
+	}
+	bare := []struct {
+		ns  string
+		pod *corev1.Pod
+	}{
+		{"shop", nodeenv.GatedPod("quarantined")},
+		{"shop", plain("batch-job", map[string]string{podmeta.LabelDataplaneMode: "none"})},
+		{"legacy", func() *corev1.Pod {
+			p := nodeenv.GatedPod("payments")
+			p.Labels = map[string]string{podmeta.LabelDataplaneMode: "ambient"}
+			return p
+		}()},
+		{"legacy", plain("client", nil)},
+	}
+	for _, b := range bare {
+		if _, err := c.CoreV1().Pods(b.ns).Create(ctx, b.pod, metav1.CreateOptions{}); err != nil {
+			return nil, d.fail("pod %s/%s: %v", b.ns, b.pod.Name, err)
+		}
+	}
+	d.printf("pods: shop/quarantined (gated; ztunnel will refuse it), shop/batch-job (%s=none), legacy/payments (gated, pod label ambient), legacy/client (plain)", podmeta.LabelDataplaneMode)
 
-	specs := []demoPod{
-		{ns: "shop", name: "productpage", inMesh: true, why: "namespace ambient"},
-		{ns: "shop", name: "reviews", inMesh: true, why: "namespace ambient"},
-		{ns: "shop", name: "ratings", inMesh: true, why: "namespace ambient"},
-		{ns: "shop", name: "batch-job", labels: map[string]string{"istio.io/dataplane-mode": "none"}, inMesh: false, why: "pod opted out"},
-		{ns: "legacy", name: "payments", labels: map[string]string{"istio.io/dataplane-mode": "ambient"}, inMesh: true, why: "pod label ambient"},
-		{ns: "legacy", name: "client", inMesh: false, why: "not labelled"},
-	}
-	pods := make([]*e2eenv.Pod, len(specs))
-	for i, s := range specs {
-		labels := map[string]string{"app": s.name}
-		for k, v := range s.labels {
-			labels[k] = v
-		}
-		start := time.Now()
-		p, err := env.CreatePod(ctx, e2eenv.PodSpec{Namespace: s.ns, Name: s.name, Labels: labels, Chain: chain})
+	sctx, cancel := d.ctx(ctx)
+	defer cancel()
+	var deployed []string
+	if err := nodeenv.Poll(sctx, "productpage replicas Ready", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		list, err := c.CoreV1().Pods("shop").List(ctx, metav1.ListOptions{LabelSelector: "app=productpage"})
 		if err != nil {
-			fmt.Fprintf(out, "pod %s/%s: %v\n", s.ns, s.name, err)
-			return 1
+			return false, err
 		}
-		pods[i] = p
-		fmt.Fprintf(out, "pod %s/%s: sandbox up, CNI ADD gave %s in %s\n", s.ns, s.name, p.IP(), time.Since(start).Round(time.Millisecond))
+		deployed = deployed[:0]
+		for i := range list.Items {
+			if nodeenv.PodReady(&list.Items[i]) {
+				deployed = append(deployed, list.Items[i].Name)
+			}
+		}
+		return len(deployed) == 2, nil
+	}); err != nil {
+		return nil, d.fail("%v", err)
 	}
-
-	// Every pod runs a tiny "app" on :9080 that names itself, so a reply
-	// shows who answered: the app directly, or ztunnel after a redirect.
-	var wg sync.WaitGroup
-	var listeners []net.Listener
-	defer func() {
-		for _, l := range listeners {
-			l.Close()
-		}
-		wg.Wait()
-	}()
+	sort.Strings(deployed)
+	pods := []expect{
+		{ns: "shop", name: deployed[0], inMesh: true, why: "namespace ambient"},
+		{ns: "shop", name: deployed[1], inMesh: true, why: "namespace ambient"},
+		{ns: "shop", name: "quarantined", inMesh: true, refused: true, why: "namespace ambient; ztunnel refuses"},
+		{ns: "shop", name: "batch-job", why: "pod opted out"},
+		{ns: "legacy", name: "payments", inMesh: true, why: "pod label ambient"},
+		{ns: "legacy", name: "client", why: "not labelled"},
+	}
 	for _, p := range pods {
-		l, err := p.Listen("tcp4", fmt.Sprintf(":%d", appPort))
+		var cond func(*corev1.Pod) bool
+		switch {
+		case p.refused:
+			// Running, refused by ztunnel, condition False, and kubelet has
+			// probed it since: still not Ready.
+			cond = func(pod *corev1.Pod) bool {
+				c := nodeenv.Condition(pod, nodeenv.EnrolledCondition)
+				return runningFor(pod, 3*time.Second) && c != nil && c.Status == corev1.ConditionFalse && c.Reason == "ZtunnelRejected"
+			}
+		case p.inMesh:
+			cond = func(pod *corev1.Pod) bool {
+				return nodeenv.PodReady(pod) && pod.Annotations[podmeta.AnnotationRedirection] == "enabled"
+			}
+		default:
+			cond = nodeenv.PodReady
+		}
+		if _, err := n.WaitPod(sctx, p.ns, p.name, cond); err != nil {
+			return nil, d.fail("%v", err)
+		}
+	}
+	return pods, 0
+}
+
+// runningFor reports whether pod's container has been running for at least
+// d (a few of kubelet's 1-second probe periods).
+func runningFor(pod *corev1.Pod, d time.Duration) bool {
+	if len(pod.Status.ContainerStatuses) == 0 {
+		return false
+	}
+	r := pod.Status.ContainerStatuses[0].State.Running
+	return r != nil && time.Since(r.StartedAt.Time) >= d+time.Second // StartedAt has seconds
+}
+
+// report prints the tables and decides the exit status.
+func (d *demo) report(ctx context.Context, pods []expect) int {
+	n, c := d.n, d.n.Env.CP.Admin
+	objs := map[string]*corev1.Pod{}
+	for _, p := range pods {
+		obj, err := c.CoreV1().Pods(p.ns).Get(ctx, p.name, metav1.GetOptions{})
 		if err != nil {
-			fmt.Fprintf(out, "app in %s/%s: %v\n", p.Namespace, p.Name, err)
-			return 1
+			return d.fail("pod %s/%s: %v", p.ns, p.name, err)
 		}
-		listeners = append(listeners, l)
-		wg.Add(1)
-		go func() { defer wg.Done(); serveApp(l, p.Name) }()
+		objs[p.name] = obj
 	}
-
-	// Wait for each in-mesh pod's annotation (bounded), then look.
-	annotations := make([]string, len(pods))
-	for i, p := range pods {
-		want := "enabled"
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		if !specs[i].inMesh || !agentUp {
-			// Out of the mesh: give the agent a moment to (wrongly) act.
-			cancel()
-			wctx, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
-		}
-		obj, _ := env.WaitForPodAnnotation(wctx, p.Namespace, p.Name, annotation, want)
-		cancel()
-		if obj != nil {
-			annotations[i] = obj.Annotations[annotation]
-		}
+	clientIP := netip.MustParseAddr(objs["client"].Status.PodIP)
+	clientNetns, err := n.PodNetns(clientIP)
+	if err != nil {
+		return d.fail("%v", err)
 	}
-
-	client := pods[len(pods)-1]
 	var st ztunnelemu.State
-	rows := make([][]string, len(pods))
-	ok := true
-	for i, p := range pods {
-		in := probe(ctx, client, p.IP()) // client -> pod:9080 (inbound)
+	if err := d.em.State(ctx, &st); err != nil {
+		return d.fail("emulator: %v", err)
+	}
+
+	enroll := [][]string{{"POD", "IP", "POLICY", "ANNOTATION", "ADDWORKLOAD (ztunnel)", "INBOUND client→pod:8080", "OUTBOUND pod→client:8080"}}
+	ready := [][]string{{"POD", "CONDITION " + string(nodeenv.EnrolledCondition), "ENROLLED", "READY", "KUBELET PROBES REACH THE APP FROM"}}
+	gw := n.PodSubnet.Addr().Next().String()
+	for _, p := range pods {
+		obj := objs[p.name]
+		ip := netip.MustParseAddr(obj.Status.PodIP)
+		netnsPath, err := n.PodNetns(ip)
+		if err != nil {
+			return d.fail("%v", err)
+		}
+		in := who(ctx, clientNetns, netip.AddrPortFrom(ip, nodeenv.AppPort).String())
 		outb := "-"
-		if p != client {
-			outb = probe(ctx, p, client.IP()) // pod -> client:9080 (outbound)
+		if p.name != "client" {
+			outb = who(ctx, netnsPath, netip.AddrPortFrom(clientIP, nodeenv.AppPort).String())
 		}
-		if err := emu.State(ctx, &st); err != nil {
-			fmt.Fprintf(out, "emulator state: %v\n", err)
-			return 1
+		ann := obj.Annotations[podmeta.AnnotationRedirection]
+		add := addWorkload(st, string(obj.UID))
+		cond := "-"
+		if cc := nodeenv.Condition(obj, nodeenv.EnrolledCondition); cc != nil {
+			cond = fmt.Sprintf("%s %s", cc.Status, cc.Reason)
 		}
-		add := addWorkload(st, p.UID)
-		ann := annotations[i]
+		probes := d.probeSources(ctx, p.ns, p.name)
+		tl := d.timeline(p.ns + "/" + p.name)
+		enrolledAt, readyAt := "-", "-"
+		if !tl.enrolled.IsZero() {
+			enrolledAt = "+" + tl.enrolled.Sub(tl.created).Round(10*time.Millisecond).String()
+		}
+		if !tl.ready.IsZero() {
+			readyAt = "+" + tl.ready.Sub(tl.created).Round(10*time.Millisecond).String()
+		}
+		readyCol := fmt.Sprintf("%v %s", nodeenv.PodReady(obj), readyAt)
+		var bad []string
+		switch {
+		case p.refused:
+			if ann != "pending" || nodeenv.PodReady(obj) || !strings.HasPrefix(in, "refused") {
+				bad = append(bad, "a refused pod must stay pending, captured and not Ready")
+			}
+		case p.inMesh:
+			if ann != "enabled" || !strings.HasPrefix(add, "yes") || !strings.HasPrefix(in, "ztunnel :15006") || !strings.HasPrefix(outb, "ztunnel :15001") {
+				bad = append(bad, "not enrolled and captured")
+			}
+			if !strings.HasPrefix(cond, "True") || tl.readyBeforeEnrolled || tl.ready.IsZero() || tl.ready.Before(tl.enrolled) {
+				bad = append(bad, "Ready before enrolled")
+			}
+			if !strings.Contains(probes, nodeenv.ProbeSNATAddr) || strings.Contains(probes, gw) {
+				bad = append(bad, "probes not through the SNAT")
+			}
+		default:
+			if ann != "" || add != "-" || !strings.HasPrefix(in, "app") || (outb != "-" && !strings.HasPrefix(outb, "app")) || !nodeenv.PodReady(obj) {
+				bad = append(bad, "touched by the mesh")
+			}
+		}
+		why := p.why
+		if len(bad) > 0 {
+			d.ok = false
+			why += "  <-- UNEXPECTED: " + strings.Join(bad, "; ")
+		}
 		if ann == "" {
 			ann = "-"
 		}
-		rows[i] = []string{p.Namespace + "/" + p.Name, p.IP().String(), specs[i].why, ann, add, in, outb}
-		if agentUp {
-			enrolled := ann == "enabled" && add != "-" && strings.HasPrefix(in, "ztunnel")
-			untouched := ann == "-" && add == "-" && strings.HasPrefix(in, "app")
-			if (specs[i].inMesh && !enrolled) || (!specs[i].inMesh && !untouched) {
-				ok = false
-				rows[i][2] += "  <-- UNEXPECTED"
+		name := p.ns + "/" + p.name
+		enroll = append(enroll, []string{name, ip.String(), why, ann, add, in, outb})
+		ready = append(ready, []string{name, cond, enrolledAt, readyCol, probes})
+	}
+	fmt.Fprintln(d.out)
+	table(d.out, enroll)
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "Readiness (times after the pod was created; READY is kubelet's Ready, which waits for the gate):")
+	table(d.out, ready)
+	fmt.Fprintf(d.out, "\nkubelet probes: %s is the agent's probe SNAT address (past the capture, never through ztunnel); %s is the bridge gateway (pods out of the mesh).\n", nodeenv.ProbeSNATAddr, gw)
+	probedViaZtunnel := 0
+	if err := d.em.State(ctx, &st); err == nil {
+		for _, a := range st.Accepted {
+			if strings.HasPrefix(a.Remote, nodeenv.ProbeSNATAddr+":") || strings.HasPrefix(a.Remote, gw+":") {
+				probedViaZtunnel++
 			}
 		}
 	}
+	fmt.Fprintf(d.out, "ztunnel emulator: %d workloads, %d requests, %d connections captured, %d of them from kubelet's probe addresses, %d protocol errors\n",
+		len(st.Workloads), len(st.Requests), len(st.Accepted), probedViaZtunnel, len(st.ProtocolErrors))
+	if probedViaZtunnel > 0 || len(st.ProtocolErrors) > 0 {
+		d.ok = false
+	}
 
-	fmt.Fprintln(out)
-	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tIP\tPOLICY\tANNOTATION\tADDWORKLOAD (emulator)\tINBOUND client→pod:9080\tOUTBOUND pod→client:9080")
+	// ztunnel accepts the refused pod: it turns Ready only now.
+	if err := d.em.ClearNack(ctx, "shop/quarantined"); err != nil {
+		return d.fail("emulator: %v", err)
+	}
+	cleared := time.Now()
+	sctx, cancel := d.ctx(ctx)
+	_, err = n.WaitPod(sctx, "shop", "quarantined", nodeenv.PodReady)
+	cancel()
+	if err != nil {
+		d.ok = false
+		d.printf("UNEXPECTED: shop/quarantined not Ready after ztunnel accepted it: %v", err)
+	} else {
+		tl := d.timeline("shop/quarantined")
+		d.printf("ztunnel now accepts shop/quarantined: enrolled %s and Ready %s later (the agent retries the Add; kubelet's gate follows)",
+			tl.enrolled.Sub(cleared).Round(10*time.Millisecond), tl.ready.Sub(cleared).Round(10*time.Millisecond))
+	}
+
+	fmt.Fprintln(d.out, "\nNode taints and the agent's node condition over time (times after the demo started):")
+	d.mu.Lock()
+	for _, h := range d.history {
+		fmt.Fprintf(d.out, "  %s\n", h)
+	}
+	d.mu.Unlock()
+
+	if d.ok {
+		fmt.Fprintln(d.out, "\nRESULT: every pod is enrolled exactly as the policy says, and no pod was Ready before it was enrolled.")
+		return 0
+	}
+	fmt.Fprintln(d.out, "\nRESULT: FAIL: something is not where the policy puts it (marked above).")
+	return 1
+}
+
+// watchNode records the node's taints and the agent's node condition each
+// time they change.
+func (d *demo) watchNode(ctx context.Context) {
+	w, err := d.n.Env.CP.Admin.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", d.n.Name).String()})
+	if err != nil {
+		d.printf("node watch: %v", err)
+		return
+	}
+	defer w.Stop()
+	last := ""
+	for ev := range w.ResultChan() {
+		node, ok := ev.Object.(*corev1.Node)
+		if !ok {
+			continue
+		}
+		var taints []string
+		for _, t := range node.Spec.Taints {
+			taints = append(taints, t.Key+":"+string(t.Effect))
+		}
+		cond := "none"
+		for _, c := range node.Status.Conditions {
+			if c.Type == nodeReadyCondition {
+				cond = fmt.Sprintf("%s (%s)", c.Status, c.Reason)
+			}
+		}
+		s := fmt.Sprintf("taints [%s]; %s %s", strings.Join(taints, ", "), nodeReadyCondition, cond)
+		if s == last {
+			continue
+		}
+		last = s
+		d.mu.Lock()
+		label := "before kubectl apply"
+		if d.applied {
+			label = "after kubectl apply"
+		}
+		d.history = append(d.history, fmt.Sprintf("%6.1fs  %-20s %s", time.Since(d.start).Seconds(), label, s))
+		d.mu.Unlock()
+	}
+}
+
+// watchPods records, per pod of the demo's namespaces, when it was created,
+// enrolled (annotation enabled and condition True) and Ready, and whether it
+// was ever seen Ready while not enrolled.
+func (d *demo) watchPods(ctx context.Context) {
+	w, err := d.n.Env.CP.Admin.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		d.printf("pod watch: %v", err)
+		return
+	}
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok || (p.Namespace != "shop" && p.Namespace != "legacy") {
+			continue
+		}
+		now := time.Now()
+		c := nodeenv.Condition(p, nodeenv.EnrolledCondition)
+		enrolled := p.Annotations[podmeta.AnnotationRedirection] == "enabled" && c != nil && c.Status == corev1.ConditionTrue
+		ready := nodeenv.PodReady(p)
+		d.mu.Lock()
+		tl := d.pods[p.Namespace+"/"+p.Name]
+		if tl == nil {
+			// The watch runs before the demo creates pods: first sight is
+			// creation, to the millisecond (the API's timestamp has seconds).
+			tl = &podTimeline{created: now}
+			d.pods[p.Namespace+"/"+p.Name] = tl
+		}
+		if enrolled && tl.enrolled.IsZero() {
+			tl.enrolled = now
+		}
+		if ready && tl.ready.IsZero() {
+			tl.ready = now
+		}
+		if ready && !enrolled && len(p.Spec.ReadinessGates) > 0 {
+			tl.readyBeforeEnrolled = true
+		}
+		d.mu.Unlock()
+	}
+}
+
+func (d *demo) timeline(key string) podTimeline {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if tl := d.pods[key]; tl != nil {
+		return *tl
+	}
+	return podTimeline{}
+}
+
+// probeSources summarizes where kubelet's readiness probes reached the app
+// from (its log names each probe's client address).
+func (d *demo) probeSources(ctx context.Context, ns, name string) string {
+	logs, err := d.n.Kubectl(ctx, "logs", "-n", ns, name)
+	if err != nil {
+		return "log: " + oneLine(err.Error())
+	}
+	count := map[string]int{}
+	for _, l := range strings.Split(logs, "\n") {
+		_, after, ok := strings.Cut(l, "probe /healthz from ")
+		if !ok {
+			continue
+		}
+		if host, _, ok := strings.Cut(after, ":"); ok {
+			count[host]++
+		}
+	}
+	if len(count) == 0 {
+		return "none reached the app"
+	}
+	var parts []string
+	for host, k := range count {
+		parts = append(parts, fmt.Sprintf("%s (%d)", host, k))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
+}
+
+// who connects from the netns at netnsPath to dst, sends an HTTP request and
+// says who answered: the app itself, or ztunnel (the emulator writes a line
+// naming its listener as soon as it accepts).
+func who(ctx context.Context, netnsPath, dst string) string {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := nodeenv.DialFrom(dctx, netnsPath, dst)
+	if err != nil {
+		if strings.Contains(err.Error(), "connection refused") {
+			return "refused (captured; ztunnel does not serve the pod)"
+		}
+		return "error: " + oneLine(err.Error())
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: demo\r\n\r\n")
+	line, _ := bufio.NewReader(io.LimitReader(c, 4096)).ReadString('\n')
+	line = strings.TrimSpace(line)
+	switch {
+	case strings.HasPrefix(line, "HTTP/"):
+		return "app (direct)"
+	case strings.HasPrefix(line, "ztunnel-emulator"):
+		kv := map[string]string{}
+		for _, f := range strings.Fields(line) {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				kv[k] = v
+			}
+		}
+		return fmt.Sprintf("ztunnel :%s (orig dst %s)", kv["listener"], kv["orig_dst"])
+	case line == "":
+		return "no answer"
+	}
+	return "? " + oneLine(line)
+}
+
+func addWorkload(st ztunnelemu.State, uid string) string {
+	last := "-"
+	for _, r := range st.Requests {
+		if r.Op != "add" || r.UID != uid {
+			continue
+		}
+		if r.AckError != "" {
+			last = "refused: " + oneLine(r.AckError)
+			continue
+		}
+		return fmt.Sprintf("yes, netns inode %d", r.NetnsInode)
+	}
+	return last
+}
+
+// chainOf lists the plugin types of the node's conflist, in order.
+func chainOf(n *nodeenv.Node) string {
+	s, err := n.ConflistText()
+	if err != nil {
+		return "?"
+	}
+	var types []string
+	for _, l := range strings.Split(s, "\n") {
+		if _, v, ok := strings.Cut(strings.TrimSpace(l), `"type": `); ok {
+			types = append(types, strings.Trim(v, `",`))
+		}
+	}
+	return strings.Join(types, " → ")
+}
+
+// firstFailing is the first failing check of a verbose /readyz body.
+func firstFailing(body string) string {
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, "[-]") {
+			return strings.TrimSpace(l)
+		}
+	}
+	return oneLine(body)
+}
+
+func table(w io.Writer, rows [][]string) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	for _, r := range rows {
 		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	tw.Flush()
-	fmt.Fprintf(out, "\nemulator: %d workloads, %d requests received, %d connections captured, %d protocol errors\n",
-		len(st.Workloads), len(st.Requests), len(st.Accepted), len(st.ProtocolErrors))
-	for _, pe := range st.ProtocolErrors {
-		fmt.Fprintf(out, "  protocol error: %s\n", pe.Message)
-		ok = false
-	}
-
-	// Teardown through the chain, as the kubelet would.
-	for _, p := range pods {
-		if err := env.DeletePod(ctx, p); err != nil {
-			fmt.Fprintf(out, "delete %s/%s: %v\n", p.Namespace, p.Name, err)
-			ok = false
-		}
-	}
-	if verbose || (agentUp && !ok) {
-		if agent != nil {
-			fmt.Fprintf(out, "\n----- agent log (last 80 lines) -----\n%s\n", agent.LogTail(80))
-		}
-		fmt.Fprintf(out, "----- emulator log (last 40 lines) -----\n%s\n", emu.LogTail(40))
-	}
-	switch {
-	case !agentUp:
-		fmt.Fprintln(out, "\nRESULT: the agent is not available yet; control plane, CNI chain and emulator work. Build it with `make build`.")
-		return 0
-	case ok:
-		fmt.Fprintln(out, "\nRESULT: every pod is enrolled exactly as the policy says.")
-		return 0
-	default:
-		fmt.Fprintln(out, "\nRESULT: FAIL: some pods are not where the policy puts them (marked above).")
-		return 1
-	}
-}
-
-// serveApp answers each connection with "app <name>" and closes it.
-func serveApp(l net.Listener, name string) {
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		fmt.Fprintf(c, "app %s\n", name)
-		c.Close()
-	}
-}
-
-// probe connects from pod to dst:9080 and reports who answered: the app, or
-// the emulator's ztunnel listener (it writes a line naming itself).
-func probe(ctx context.Context, from *e2eenv.Pod, dst netip.Addr) string {
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	c, err := from.Dial(dctx, "tcp4", netip.AddrPortFrom(dst, appPort).String())
-	if err != nil {
-		return "error: " + shortErr(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(io.LimitReader(c, 512)).ReadString('\n')
-	line = strings.TrimSpace(line)
-	if line == "" {
-		if err != nil {
-			return "no answer: " + shortErr(err)
-		}
-		return "empty answer"
-	}
-	if strings.HasPrefix(line, "app ") {
-		return line + " (direct)"
-	}
-	// "ztunnel-emulator uid=... listener=15006 orig_dst=10.88.0.5:9080"
-	kv := map[string]string{}
-	for _, f := range strings.Fields(line) {
-		if k, v, ok := strings.Cut(f, "="); ok {
-			kv[k] = v
-		}
-	}
-	if kv["listener"] != "" {
-		return fmt.Sprintf("ztunnel :%s (orig dst %s)", kv["listener"], kv["orig_dst"])
-	}
-	return "ztunnel? " + oneLine(line)
-}
-
-func addWorkload(st ztunnelemu.State, uid string) string {
-	for _, r := range st.Requests {
-		if r.Op == "add" && r.UID == uid {
-			if r.AckError != "" {
-				return "nacked: " + r.AckError
-			}
-			if r.FDs == 1 {
-				return fmt.Sprintf("yes (netns inode %d)", r.NetnsInode)
-			}
-			return fmt.Sprintf("yes (%d fds!)", r.FDs)
-		}
-	}
-	return "-"
-}
-
-func shortErr(err error) string {
-	s := err.Error()
-	if i := strings.LastIndex(s, ": "); i >= 0 && len(s)-i < 60 {
-		return s[i+2:]
-	}
-	return oneLine(s)
 }
 
 func oneLine(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 160 {
-		s = s[:160] + "..."
+	if len(s) > 120 {
+		s = s[:120] + "..."
 	}
 	return s
+}
+
+// agentLog prints the tail of the agent's log.
+func (d *demo) agentLog() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	logs, err := d.n.Kubectl(ctx, "logs", "-n", "istio-system", "daemonset/ambientd", "--tail=80")
+	fmt.Fprintf(d.out, "\n----- agent log (last 80 lines; %v) -----\n%s\n", err, logs)
+}
+
+// cleanup deletes the demo's namespaces (kubelet tears the pods down through
+// the CNI chain while the agent still runs), then the DaemonSet (the agent
+// removes its plugin from the conflist), then stops the emulator.
+func (d *demo) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := d.n.Env.CP.Admin
+	for _, ns := range []string{"shop", "legacy"} {
+		if err := c.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			d.printf("cleanup: namespace %s: %v", ns, err)
+		}
+	}
+	start := time.Now()
+	err := nodeenv.Poll(ctx, "demo pods gone", 250*time.Millisecond, func(ctx context.Context) (bool, error) {
+		left := 0
+		for _, ns := range []string{"shop", "legacy"} {
+			list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err
+			}
+			left += len(list.Items)
+		}
+		return left == 0, nil
+	})
+	if err != nil {
+		d.printf("cleanup: %v", err)
+	}
+	if err := c.AppsV1().DaemonSets("istio-system").Delete(ctx, "ambientd", metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		d.printf("cleanup: DaemonSet: %v", err)
+	}
+	err = nodeenv.Poll(ctx, "agent gone and its plugin uninstalled", 250*time.Millisecond, func(ctx context.Context) (bool, error) {
+		p, err := d.n.AgentPod(ctx)
+		if err != nil || p != nil {
+			return false, err
+		}
+		installed, err := d.n.PluginInstalled()
+		return !installed, err
+	})
+	if err != nil {
+		d.printf("cleanup: %v", err)
+	} else {
+		d.printf("cleanup: pods deleted through the CNI chain, DaemonSet deleted, ambientd-cni removed from %s (%s)", nodeenv.Conflist, time.Since(start).Round(100*time.Millisecond))
+	}
+	if d.em != nil {
+		_ = d.em.Stop(5 * time.Second)
+	}
 }

@@ -5,26 +5,24 @@ package e2enode
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	cnins "github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -37,143 +35,39 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 )
 
-const (
-	// agentImage is the reference `make image` records in its archive; the
-	// tag is not "latest", and the overlay sets imagePullPolicy: Never.
-	agentImage = "ghcr.io/ambientd/ambientd"
-	agentTag   = "dev"
-	// ztunnelSocket is the agent's ZDS socket on the node (deploy/'s
-	// hostPath /var/run/ztunnel, a tmpfs in the node's mount namespace).
-	ztunnelSocket = "/run/ztunnel/ztunnel.sock"
-	// agentHealth is the agent's health endpoint: it runs in the host
-	// network, which is the node netns the test runs in.
-	agentHealth = "http://127.0.0.1:8000"
-	// enrolledCondition is the readiness gate the agent sets on ambient pods.
-	enrolledCondition = corev1.PodConditionType("ambient.istio.io/enrolled")
-	nodeConflist      = "10-ambientd-node.conflist"
-)
-
-// overlay writes a kustomize overlay on the repository's deploy/ for this
-// node: the locally imported image (pull policy Never: there is no
-// registry), the apiserver on loopback (there is no kube-proxy, so the
-// `kubernetes` Service routes nowhere), readiness checked every second (so
-// the measured times are not 5-second steps). It returns the overlay dir.
+// overlay writes the agent's kustomize overlay (nodeenv.WriteAgentOverlay)
+// into a temp dir and returns it.
 func overlay(t *testing.T, tag string) string {
 	t.Helper()
-	u, err := url.Parse(node.Env.CP.URL)
+	dir, err := node.WriteAgentOverlay(t.TempDir(), tag)
 	if err != nil {
 		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	base, err := filepath.Rel(dir, filepath.Join(node.Env.Root, "deploy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string]string{
-		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - %s
-images:
-  - name: %s
-    newTag: %s
-patches:
-  - path: agent.yaml
-`, base, agentImage, tag),
-		"agent.yaml": fmt.Sprintf(`apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: ambientd
-  namespace: istio-system
-spec:
-  template:
-    spec:
-      containers:
-        - name: ambientd
-          imagePullPolicy: Never
-          env:
-            - name: KUBERNETES_SERVICE_HOST
-              value: %q
-            - name: KUBERNETES_SERVICE_PORT
-              value: %q
-          readinessProbe:
-            periodSeconds: 1
-`, u.Hostname(), u.Port()),
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return dir
 }
 
-// agentImageArchive is `make image`'s output; hack/e2e-node.sh builds it.
 func agentImageArchive(t *testing.T) string {
 	t.Helper()
-	p := filepath.Join(node.Env.Root, "bin", "ambientd-image.tar")
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("agent image: %v (run `make image` first; hack/e2e-node.sh does)", err)
+	p, err := node.AgentImageArchive()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return p
 }
 
-// nodeTainted reports whether the node carries the startup taint.
-func nodeTainted(ctx context.Context) (bool, error) {
-	n, err := node.Env.CP.Admin.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
-	if err != nil {
-		return false, err
-	}
-	return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
-		return t.Key == startupTaint.Key && t.Effect == startupTaint.Effect
-	}), nil
-}
-
-// readyz returns the agent's /readyz status code and body.
-func readyz(ctx context.Context) (int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, agentHealth+"/readyz?verbose", nil)
-	if err != nil {
-		return 0, "", err
-	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	return resp.StatusCode, string(b), nil
-}
-
 func conflist(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(node.CNIConfDir, nodeConflist))
+	s, err := node.ConflistText()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(b)
+	return s
 }
 
-// agentPod returns the DaemonSet's pod (nil if none yet).
-func agentPod(ctx context.Context) (*corev1.Pod, error) {
-	pods, err := node.Env.CP.Admin.CoreV1().Pods("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "app=ambientd"})
-	if err != nil || len(pods.Items) == 0 {
-		return nil, err
-	}
-	return &pods.Items[0], nil
-}
+// agentCNISocket is where the plugin reaches the agent (deploy/'s ConfigMap).
+const agentCNISocket = "/run/ambientd/cni.sock"
 
-func poll(ctx context.Context, what string, interval time.Duration, cond func(ctx context.Context) (bool, error)) error {
-	var lastErr error
-	err := wait.PollUntilContextCancel(ctx, interval, true, func(ctx context.Context) (bool, error) {
-		ok, err := cond(ctx)
-		lastErr = err
-		return ok && err == nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("%s: %w (last error: %v)", what, err, lastErr)
-	}
-	return nil
-}
+func nodeTainted(ctx context.Context) (bool, error) { return node.Tainted(ctx, startupTaint) }
 
 // agentRun is the agent's DaemonSet on the node and the ztunnel emulator.
 type agentRun struct {
@@ -199,7 +93,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		var now nodeenv.State
-		if err := poll(ctx, "node back to its state before the agent tests", 500*time.Millisecond, func(ctx context.Context) (bool, error) {
+		if err := nodeenv.Poll(ctx, "node back to its state before the agent tests", 500*time.Millisecond, func(ctx context.Context) (bool, error) {
 			var err error
 			now, err = node.State(ctx)
 			return err == nil && len(now.Diff(before)) == 0, err
@@ -219,6 +113,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"StartupCost", r.startupCost},
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
+		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) {
@@ -270,7 +165,7 @@ func (r *agentRun) daemonSetReadyOnlyAfterZtunnel(t *testing.T, ctx context.Cont
 	if err := node.ImportImage(ctx, agentImageArchive(t)); err != nil {
 		t.Fatal(err)
 	}
-	r.overlay = overlay(t, agentTag)
+	r.overlay = overlay(t, nodeenv.AgentTag)
 	start := time.Now()
 	if out, err := node.Kubectl(ctx, "apply", "-k", r.overlay); err != nil {
 		t.Fatal(err)
@@ -280,27 +175,27 @@ func (r *agentRun) daemonSetReadyOnlyAfterZtunnel(t *testing.T, ctx context.Cont
 	// The plugin is installed and the agent answers /readyz: not ready, the
 	// ztunnel is missing.
 	var body string
-	if err := poll(ctx, "agent installs the plugin and serves /readyz", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+	if err := nodeenv.Poll(ctx, "agent installs the plugin and serves /readyz", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		if !strings.Contains(conflist(t), `"ambientd-cni"`) {
-			return false, fmt.Errorf("plugin not in %s yet", nodeConflist)
+			return false, fmt.Errorf("plugin not in %s yet", nodeenv.Conflist)
 		}
-		code, b, err := readyz(ctx)
+		code, b, err := nodeenv.AgentReadyz(ctx)
 		body = b
 		return err == nil && code != 0, err
 	}); err != nil {
-		p, _ := agentPod(context.Background())
+		p, _ := node.AgentPod(context.Background())
 		t.Fatalf("%v; agent pod: %s", err, describe(p))
 	}
 	installed := time.Since(start)
-	code, body, err := readyz(ctx)
+	code, body, err := nodeenv.AgentReadyz(ctx)
 	if err != nil || code == http.StatusOK {
 		t.Fatalf("agent /readyz without a ztunnel: %d %v\n%s", code, err, body)
 	}
 	t.Logf("apply -> plugin installed, /readyz answering: %s; /readyz without ztunnel: %d\n%s", installed.Round(time.Millisecond), code, body)
 	// Kubelet ran the readiness probe against that: the pod is not Ready and
 	// the taint stays. Wait for the probe to have run at least once.
-	if err := poll(ctx, "agent pod running, probed not ready", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		p, err := agentPod(ctx)
+	if err := nodeenv.Poll(ctx, "agent pod running, probed not ready", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		p, err := node.AgentPod(ctx)
 		if err != nil || p == nil || p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) == 0 {
 			return false, err
 		}
@@ -316,12 +211,12 @@ func (r *agentRun) daemonSetReadyOnlyAfterZtunnel(t *testing.T, ctx context.Cont
 	}
 
 	emStart := time.Now()
-	r.em, err = node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: ztunnelSocket, NetnsMode: true})
+	r.em, err = node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var readyAt, untaintedAt time.Duration
-	if err := poll(ctx, "DaemonSet Ready and taint removed after ztunnel connected", 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+	if err := nodeenv.Poll(ctx, "DaemonSet Ready and taint removed after ztunnel connected", 100*time.Millisecond, func(ctx context.Context) (bool, error) {
 		ds, err := node.Env.CP.Admin.AppsV1().DaemonSets("istio-system").Get(ctx, "ambientd", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -358,8 +253,8 @@ func (r *agentRun) remove(t *testing.T) {
 		if err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("delete DaemonSet: %v", err)
 		}
-		if err := poll(ctx, "agent pod gone and plugin uninstalled", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-			p, err := agentPod(ctx)
+		if err := nodeenv.Poll(ctx, "agent pod gone and plugin uninstalled", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+			p, err := node.AgentPod(ctx)
 			return p == nil && !strings.Contains(conflist(t), `"ambientd-cni"`), err
 		}); err != nil {
 			t.Errorf("%v; conflist:\n%s", err, conflist(t))
@@ -382,29 +277,6 @@ func ambientNamespace(t *testing.T, ctx context.Context, name string) string {
 		_ = node.Env.CP.Admin.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
 	return name
-}
-
-// gatedPod is the app pod with the enrolled readiness gate; it does not
-// tolerate the startup taint.
-func gatedPod(name string) *corev1.Pod {
-	grace := int64(5)
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PodSpec{
-			Containers:                    []corev1.Container{nodeenv.AppContainer()},
-			TerminationGracePeriodSeconds: &grace,
-			ReadinessGates:                []corev1.PodReadinessGate{{ConditionType: enrolledCondition}},
-		},
-	}
-}
-
-func condition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodCondition {
-	for i := range p.Status.Conditions {
-		if p.Status.Conditions[i].Type == typ {
-			return &p.Status.Conditions[i]
-		}
-	}
-	return nil
 }
 
 // newNetns returns the netns in after that is not in before (exactly one).
@@ -435,7 +307,7 @@ func inode(t *testing.T, path string) uint64 {
 func (r *agentRun) waitEmu(t *testing.T, ctx context.Context, what string, cond func(ztunnelemu.State) bool) ztunnelemu.State {
 	t.Helper()
 	var st ztunnelemu.State
-	if err := poll(ctx, "emulator: "+what, 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+	if err := nodeenv.Poll(ctx, "emulator: "+what, 100*time.Millisecond, func(ctx context.Context) (bool, error) {
 		st = ztunnelemu.State{}
 		if err := r.em.State(ctx, &st); err != nil {
 			return false, err
@@ -466,7 +338,7 @@ func (r *agentRun) ambientPodEnrolledCapturedReady(t *testing.T, ctx context.Con
 		t.Fatal(err)
 	}
 	start := time.Now()
-	created, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, gatedPod("web"), metav1.CreateOptions{})
+	created, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, nodeenv.GatedPod("web"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +351,7 @@ func (r *agentRun) ambientPodEnrolledCapturedReady(t *testing.T, ctx context.Con
 	// The agent recorded the refusal on the pod (pending: its probe
 	// addresses are set only after an ack, so kubelet's probes fail too).
 	p, err := waitPod(ctx, ns, "web", func(p *corev1.Pod) bool {
-		c := condition(p, enrolledCondition)
+		c := nodeenv.Condition(p, nodeenv.EnrolledCondition)
 		return p.Status.Phase == corev1.PodRunning && c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "refused by the test")
 	})
 	if err != nil {
@@ -500,8 +372,8 @@ func (r *agentRun) ambientPodEnrolledCapturedReady(t *testing.T, ctx context.Con
 	if got := p.Annotations[podmeta.AnnotationRedirection]; got != "enabled" {
 		t.Errorf("annotation %s = %q, want enabled", podmeta.AnnotationRedirection, got)
 	}
-	if c := condition(p, enrolledCondition); c == nil || c.Status != corev1.ConditionTrue {
-		t.Errorf("condition %s: %+v, want True", enrolledCondition, c)
+	if c := nodeenv.Condition(p, nodeenv.EnrolledCondition); c == nil || c.Status != corev1.ConditionTrue {
+		t.Errorf("condition %s: %+v, want True", nodeenv.EnrolledCondition, c)
 	}
 
 	after, err := node.State(ctx)
@@ -552,7 +424,7 @@ func (r *agentRun) ambientPodEnrolledCapturedReady(t *testing.T, ctx context.Con
 		return strings.Count(logs, "probe /healthz from 169.254.7.127:")
 	}
 	n0 := probes()
-	if err := poll(ctx, "more probes through the SNAT", 500*time.Millisecond, func(ctx context.Context) (bool, error) {
+	if err := nodeenv.Poll(ctx, "more probes through the SNAT", 500*time.Millisecond, func(ctx context.Context) (bool, error) {
 		return probes() >= n0+3, nil
 	}); err != nil {
 		logs, _ := node.Kubectl(ctx, "logs", "-n", ns, "web")
@@ -567,7 +439,7 @@ func (r *agentRun) ambientPodEnrolledCapturedReady(t *testing.T, ctx context.Con
 	if err := node.Env.CP.Admin.CoreV1().Pods(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, "pod gone from the API, its netns from the node", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+	if err := nodeenv.Poll(ctx, "pod gone from the API, its netns from the node", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		_, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "web", metav1.GetOptions{})
 		if !apierrors.IsNotFound(err) {
 			return false, nil
@@ -605,11 +477,11 @@ func (r *agentRun) gatedPodNotReadyWithoutZtunnel(t *testing.T, ctx context.Cont
 	}
 	r.em = nil
 	ns := ambientNamespace(t, ctx, "ambient-noztunnel")
-	if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, gatedPod("gated"), metav1.CreateOptions{}); err != nil {
+	if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, nodeenv.GatedPod("gated"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	p, err := waitPod(ctx, ns, "gated", func(p *corev1.Pod) bool {
-		c := condition(p, enrolledCondition)
+		c := nodeenv.Condition(p, nodeenv.EnrolledCondition)
 		return p.Status.Phase == corev1.PodRunning && p.Annotations[podmeta.AnnotationRedirection] != "" && c != nil && c.Status == corev1.ConditionFalse
 	})
 	if err != nil {
@@ -618,11 +490,11 @@ func (r *agentRun) gatedPodNotReadyWithoutZtunnel(t *testing.T, ctx context.Cont
 	if podReady(p) {
 		t.Fatalf("gated pod Ready without ztunnel: %s", describe(p))
 	}
-	if c := condition(p, enrolledCondition); c != nil && c.Status == corev1.ConditionTrue {
-		t.Fatalf("condition %s True without ztunnel: %+v", enrolledCondition, c)
+	if c := nodeenv.Condition(p, nodeenv.EnrolledCondition); c != nil && c.Status == corev1.ConditionTrue {
+		t.Fatalf("condition %s True without ztunnel: %+v", nodeenv.EnrolledCondition, c)
 	}
 	t.Logf("without ztunnel: annotation %q; %s", p.Annotations[podmeta.AnnotationRedirection], describe(p))
-	r.em, err = node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: ztunnelSocket, NetnsMode: true})
+	r.em, err = node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -637,21 +509,11 @@ func (r *agentRun) gatedPodNotReadyWithoutZtunnel(t *testing.T, ctx context.Cont
 // network namespace at netnsPath.
 func dialFrom(t *testing.T, ctx context.Context, netnsPath, dst string) {
 	t.Helper()
-	h, err := podnetns.Open(netnsPath)
+	c, err := nodeenv.DialFrom(ctx, netnsPath, dst)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
-	err = h.Do(func(cnins.NetNS) error {
-		c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", dst)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("dial %s from %s: %v", dst, netnsPath, err)
-	}
+	c.Close()
 }
 
 // plainClient starts a pod outside the mesh and returns its netns path.
@@ -698,7 +560,7 @@ func (r *agentRun) startupCost(t *testing.T, ctx context.Context) {
 			pod *corev1.Pod
 		}{
 			{plain, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app"}, Spec: appPodSpec()}},
-			{ambient, gatedPod("app")},
+			{ambient, nodeenv.GatedPod("app")},
 		} {
 			start := time.Now()
 			if _, err := node.Env.CP.Admin.CoreV1().Pods(c.ns).Create(ctx, c.pod, metav1.CreateOptions{}); err != nil {
@@ -718,7 +580,7 @@ func deletePodAndWait(t *testing.T, ctx context.Context, ns, name string) {
 	if err := node.Env.CP.Admin.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, "pod "+ns+"/"+name+" gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+	if err := nodeenv.Poll(ctx, "pod "+ns+"/"+name+" gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		_, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	}); err != nil {
@@ -737,7 +599,7 @@ func (r *agentRun) sandboxRecreatedStaysEnrolled(t *testing.T, ctx context.Conte
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	ns := ambientNamespace(t, ctx, "ambient-retry")
-	created, oldNetns := startPod(t, ctx, ns, gatedPod("web"))
+	created, oldNetns := startPod(t, ctx, ns, nodeenv.GatedPod("web"))
 	uid := string(created.UID)
 	oldInode := inode(t, oldNetns)
 	pause := processIn(t, oldInode, "pause")
@@ -857,7 +719,7 @@ func removeDeadSandboxes(t *testing.T, ctx context.Context, uid string) {
 // after the update started ends enrolled and Ready.
 func (r *agentRun) rollingUpdateKeepsCapture(t *testing.T, ctx context.Context) {
 	ns := ambientNamespace(t, ctx, "ambient-update")
-	created, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, gatedPod("before"), metav1.CreateOptions{})
+	created, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, nodeenv.GatedPod("before"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -865,13 +727,13 @@ func (r *agentRun) rollingUpdateKeepsCapture(t *testing.T, ctx context.Context) 
 	if _, err := waitPod(ctx, ns, "before", podReady); err != nil {
 		t.Fatal(err)
 	}
-	old, err := agentPod(ctx)
+	old, err := node.AgentPod(ctx)
 	if err != nil || old == nil {
 		t.Fatalf("agent pod: %v", err)
 	}
 	const newTag = "dev-update"
 	out, err := exec.CommandContext(ctx, node.Bins.Ctr, "--address", node.ContainerdAddress, "--namespace", "k8s.io",
-		"images", "tag", "--force", agentImage+":"+agentTag, agentImage+":"+newTag).CombinedOutput()
+		"images", "tag", "--force", nodeenv.AgentImage+":"+nodeenv.AgentTag, nodeenv.AgentImage+":"+newTag).CombinedOutput()
 	if err != nil {
 		t.Fatalf("ctr images tag: %v: %s", err, out)
 	}
@@ -879,23 +741,52 @@ func (r *agentRun) rollingUpdateKeepsCapture(t *testing.T, ctx context.Context) 
 	if _, err := node.Kubectl(ctx, "apply", "-k", overlay(t, newTag)); err != nil {
 		t.Fatal(err)
 	}
-	during, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, gatedPod("during"), metav1.CreateOptions{})
+	// A pod created while no agent serves the node (the old agent has
+	// stopped answering on its CNI socket, the new one does not answer yet):
+	// its sandbox must wait (the plugin fails the ADD, kubelet retries) and
+	// start captured.
+	if err := nodeenv.Poll(ctx, "the old agent stops serving CNI", 20*time.Millisecond, func(ctx context.Context) (bool, error) {
+		c, err := net.DialTimeout("unix", agentCNISocket, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gap := time.Now()
+	t.Logf("apply new tag -> old agent stopped serving CNI: %s", gap.Sub(start).Round(time.Millisecond))
+	during, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, nodeenv.GatedPod("during"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, "DaemonSet rolled to "+newTag, 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		p, err := agentPod(ctx)
+	if err := nodeenv.Poll(ctx, "DaemonSet rolled to "+newTag, 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		p, err := node.AgentPod(ctx)
 		if err != nil || p == nil || p.UID == old.UID {
 			return false, err
 		}
-		return p.Spec.Containers[0].Image == agentImage+":"+newTag && podReady(p), nil
+		return p.Spec.Containers[0].Image == nodeenv.AgentImage+":"+newTag && podReady(p), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("apply new tag -> new agent pod Ready: %s", time.Since(start).Round(time.Millisecond))
-	if _, err := waitPod(ctx, ns, "during", podReady); err != nil {
+	duringPod, err := waitPod(ctx, ns, "during", podReady)
+	if err != nil {
 		t.Fatal(err)
 	}
+	r.capturedBeforeStart(t, ctx, duringPod)
+	evs, err := node.Env.CP.Admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=during,reason=FailedCreatePodSandBox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := 0
+	for _, e := range evs.Items {
+		if strings.Contains(e.Message, "ambientd agent unreachable") {
+			waited += int(max(e.Count, 1))
+		}
+	}
+	t.Logf("pod created in the gap: %d sandbox attempts refused while no agent served (kubelet retried), Ready %s after creation",
+		waited, time.Since(gap).Round(time.Millisecond))
 	st := r.waitEmu(t, ctx, "both pods held by ztunnel", func(s ztunnelemu.State) bool {
 		_, a := s.Workload(uid)
 		_, b := s.Workload(string(during.UID))
@@ -936,4 +827,312 @@ func netnsByInode(t *testing.T, ino uint64) string {
 	}
 	t.Fatalf("no netns with inode %d in %s", ino, node.NetnsDir)
 	return ""
+}
+
+// appStartedAt is when the app container of pod ns/name (its current
+// container) logged that it listens, from containerd's log timestamps
+// (`kubectl logs --timestamps`, nanoseconds).
+func appStartedAt(t *testing.T, ctx context.Context, ns, name string) time.Time {
+	t.Helper()
+	logs, err := node.Kubectl(ctx, "logs", "-n", ns, name, "--timestamps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(logs, "\n") {
+		ts, rest, _ := strings.Cut(line, " ")
+		if strings.Contains(rest, " listening on ") {
+			at, err := time.Parse(time.RFC3339Nano, ts)
+			if err != nil {
+				t.Fatalf("log timestamp %q: %v", ts, err)
+			}
+			return at
+		}
+	}
+	t.Fatalf("pod %s/%s: no 'listening on' line in its log:\n%s", ns, name, logs)
+	return time.Time{}
+}
+
+// capturedBeforeStart checks that ztunnel got the pod (uid) with the netns
+// its running sandbox has (found by the pod's IP) before its app container
+// started, and that the pod's outbound traffic lands on ztunnel's 15001. It
+// returns the Add.
+func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *corev1.Pod) ztunnelemu.RequestRecord {
+	t.Helper()
+	netnsPath, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ino := inode(t, netnsPath)
+	uid := string(p.UID)
+	st := r.waitEmu(t, ctx, "workload "+p.Name+" with netns inode "+strconv.FormatUint(ino, 10), func(s ztunnelemu.State) bool {
+		w, ok := s.Workload(uid)
+		return ok && w.NetnsInode == ino
+	})
+	var add ztunnelemu.RequestRecord
+	for _, q := range st.Requests {
+		if q.UID == uid && q.Op == "add" && q.NetnsInode == ino && q.AckError == "" {
+			add = q
+			break
+		}
+	}
+	if add.At.IsZero() {
+		t.Fatalf("pod %s: no acked Add with netns inode %d: %v", p.Name, ino, opsFor(st, uid))
+	}
+	started := appStartedAt(t, ctx, p.Namespace, p.Name)
+	if !add.At.Before(started) {
+		t.Errorf("pod %s/%s: its app started at %s, before ztunnel got the pod's netns (Add at %s): it ran uncaptured",
+			p.Namespace, p.Name, started.Format(time.RFC3339Nano), add.At.Format(time.RFC3339Nano))
+	}
+	dialFrom(t, ctx, netnsPath, netip.AddrPortFrom(node.IP, 9).String())
+	r.waitEmu(t, ctx, "outbound connection of "+p.Name+" on 15001", func(s ztunnelemu.State) bool {
+		return slices.ContainsFunc(s.Accepted, func(a ztunnelemu.AcceptRecord) bool {
+			return a.UID == uid && a.Port == 15001 && a.Local != "" && a.Remote != "" && a.OrigDst == netip.AddrPortFrom(node.IP, 9).String()
+		})
+	})
+	t.Logf("pod %s: Add (netns inode %d) %s before its app started", p.Name, ino, started.Sub(add.At).Round(time.Millisecond))
+	return add
+}
+
+// readyWatch follows the pods of a namespace and records, per pod, the first
+// time it turned Ready after the watch began having been not Ready (a stale
+// Ready from before does not count), and calls check right then.
+type readyWatch struct {
+	mu       sync.Mutex
+	notReady map[string]bool      // pod name → seen not Ready since the watch began
+	readyAt  map[string]time.Time // pod name → first Ready after that
+}
+
+func watchReady(t *testing.T, ctx context.Context, ns string, check func(p *corev1.Pod)) *readyWatch {
+	t.Helper()
+	w, err := node.Env.CP.Admin.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := &readyWatch{notReady: map[string]bool{}, readyAt: map[string]time.Time{}}
+	done := make(chan struct{})
+	t.Cleanup(func() { w.Stop(); <-done })
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			ready := podReady(p)
+			rw.mu.Lock()
+			first := ready && rw.notReady[p.Name] && rw.readyAt[p.Name].IsZero()
+			if !ready {
+				rw.notReady[p.Name] = true
+			}
+			if first {
+				rw.readyAt[p.Name] = time.Now()
+			}
+			rw.mu.Unlock()
+			if first {
+				check(p)
+			}
+		}
+	}()
+	return rw
+}
+
+func (rw *readyWatch) ready(name string) time.Time {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	return rw.readyAt[name]
+}
+
+// nodeRebootCapturesBeforeReady: the node loses power with ambient pods and a
+// plain pod running, then boots (nodeenv PowerOff/PowerOn: kubelet,
+// containerd, every container and the agent killed; netns, /run, firewall and
+// bridge gone; the control plane keeps the pods, their `enabled` annotations
+// and True enrolled conditions). ztunnel comes back only after the agent and
+// the pods' new sandboxes. Every ambient pod must be captured again — ztunnel
+// has its new netns — before its app starts and before it turns Ready; none
+// turns Ready while ztunnel is away; the plain pod comes back untouched.
+func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Context) {
+	ns := ambientNamespace(t, ctx, "ambient-reboot")
+	plainNs := namespace(t, ctx, "plain-reboot")
+	names := []string{"a", "b", "c"}
+	oldIPs := map[string]string{}
+	for _, name := range names {
+		if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, nodeenv.GatedPod(name), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain, err := node.Env.CP.Admin.CoreV1().Pods(plainNs).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Spec: appPodSpec()}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitPod(ctx, plainNs, "plain", podReady); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		p, err := waitPod(ctx, ns, name, func(p *corev1.Pod) bool {
+			return podReady(p) && p.Annotations[podmeta.AnnotationRedirection] == "enabled"
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		oldIPs[name] = p.Status.PodIP
+	}
+
+	// A pod that turns Ready after the reboot must be held by ztunnel with
+	// its running netns right then: ztunnel's state only grows between that
+	// moment and this check, so a miss here is a real miss.
+	var emu atomic.Pointer[e2eenv.Emulator]
+	var violations []string
+	var vmu sync.Mutex
+	rw := watchReady(t, ctx, ns, func(p *corev1.Pod) {
+		em := emu.Load()
+		var msg string
+		if em == nil {
+			msg = fmt.Sprintf("pod %s Ready after the reboot while no ztunnel runs", p.Name)
+		} else {
+			var st ztunnelemu.State
+			if err := em.State(ctx, &st); err != nil {
+				msg = fmt.Sprintf("emulator state at pod %s Ready: %v", p.Name, err)
+			} else if w, ok := st.Workload(string(p.UID)); !ok {
+				msg = fmt.Sprintf("pod %s Ready after the reboot, ztunnel does not hold it (requests %v)", p.Name, opsFor(st, string(p.UID)))
+			} else if path, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP)); err != nil || inodeOf(path) != w.NetnsInode {
+				msg = fmt.Sprintf("pod %s Ready after the reboot, ztunnel holds netns inode %d, the pod runs in %s (%v)", p.Name, w.NetnsInode, path, err)
+			}
+		}
+		if msg != "" {
+			vmu.Lock()
+			violations = append(violations, msg)
+			vmu.Unlock()
+		}
+	})
+
+	if err := r.em.Stop(5 * time.Second); err != nil {
+		t.Logf("emulator stop: %v", err)
+	}
+	r.em = nil
+	off := time.Now()
+	if err := node.PowerOff(ctx); err != nil {
+		t.Fatalf("power off: %v", err)
+	}
+	t.Logf("power off: %s", time.Since(off).Round(time.Millisecond))
+	on := time.Now()
+	if err := node.PowerOn(ctx); err != nil {
+		t.Fatalf("power on: %v", err)
+	}
+	t.Logf("power on -> containerd and kubelet answering: %s", time.Since(on).Round(time.Millisecond))
+
+	// Without ztunnel: the agent comes back (not ready), the ambient pods get
+	// new sandboxes with the redirection in place and wait `pending`.
+	if err := nodeenv.Poll(ctx, "agent answering /readyz after the reboot, ambient pods running again and pending", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		code, body, err := nodeenv.AgentReadyz(ctx)
+		if err != nil {
+			return false, err
+		}
+		if code == http.StatusOK {
+			return false, fmt.Errorf("agent ready without a ztunnel: %s", body)
+		}
+		for _, name := range names {
+			p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			if !containerStartedSince(p, on) || p.Annotations[podmeta.AnnotationRedirection] != "pending" {
+				return false, fmt.Errorf("pod %s: annotation %q; %s", name, p.Annotations[podmeta.AnnotationRedirection], describe(p))
+			}
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("power on -> agent back, ambient pods running and pending (no ztunnel): %s", time.Since(on).Round(time.Millisecond))
+	for _, name := range names {
+		p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if podReady(p) {
+			t.Errorf("pod %s Ready after the reboot without ztunnel: %s", name, describe(p))
+		}
+	}
+	// kubelet probes them meanwhile (the probes fail: a pending pod's probe
+	// address is set only once ztunnel acks); still nothing turns Ready.
+	if err := nodeenv.Poll(ctx, "kubelet probed every ambient pod after the reboot", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		evs, err := node.Env.CP.Admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=Unhealthy"})
+		if err != nil {
+			return false, err
+		}
+		probed := 0
+		for _, name := range names {
+			if slices.ContainsFunc(evs.Items, func(e corev1.Event) bool {
+				return e.InvolvedObject.Name == name && !e.LastTimestamp.Time.Before(on.Truncate(time.Second))
+			}) {
+				probed++
+			}
+		}
+		return probed == len(names), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	em, err := node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emu.Store(em)
+	r.em = em
+	ztStart := time.Now()
+	for _, name := range names {
+		p, err := waitPod(ctx, ns, name, func(p *corev1.Pod) bool { return podReady(p) && !rw.ready(name).IsZero() })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.PodIP == oldIPs[name] {
+			t.Logf("pod %s kept its IP %s", name, p.Status.PodIP)
+		}
+		if got := p.Annotations[podmeta.AnnotationRedirection]; got != "enabled" {
+			t.Errorf("pod %s after the reboot: annotation %q, want enabled", name, got)
+		}
+		if c := nodeenv.Condition(p, nodeenv.EnrolledCondition); c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("pod %s after the reboot: condition %+v, want True", name, c)
+		}
+		add := r.capturedBeforeStart(t, ctx, p)
+		t.Logf("pod %s: ztunnel back -> Add %s, -> Ready %s (power on -> Ready %s)", name,
+			add.At.Sub(ztStart).Round(time.Millisecond), rw.ready(name).Sub(ztStart).Round(time.Millisecond), rw.ready(name).Sub(on).Round(time.Millisecond))
+	}
+	vmu.Lock()
+	for _, v := range violations {
+		t.Error(v)
+	}
+	vmu.Unlock()
+
+	// The plain pod is back, not enrolled, never handed to ztunnel.
+	p, err := waitPod(ctx, plainNs, "plain", func(p *corev1.Pod) bool { return podReady(p) && containerStartedSince(p, on) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st ztunnelemu.State
+	if err := r.em.State(ctx, &st); err != nil {
+		t.Fatal(err)
+	}
+	if ops := opsFor(st, string(plain.UID)); len(ops) != 0 || p.Annotations[podmeta.AnnotationRedirection] != "" {
+		t.Errorf("plain pod after the reboot: ztunnel requests %v, annotation %q", ops, p.Annotations[podmeta.AnnotationRedirection])
+	}
+}
+
+// containerStartedSince reports whether p's first container runs and
+// started at or after t (seconds precision, as the API has it).
+func containerStartedSince(p *corev1.Pod, t time.Time) bool {
+	if len(p.Status.ContainerStatuses) == 0 {
+		return false
+	}
+	r := p.Status.ContainerStatuses[0].State.Running
+	return r != nil && !r.StartedAt.Time.Before(t.Truncate(time.Second))
+}
+
+// inodeOf is the inode of path (0 when it cannot be read).
+func inodeOf(path string) uint64 {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Ino
 }

@@ -10,13 +10,11 @@ package e2enode
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/ambientd/ambientd/internal/nodeenv"
 )
@@ -31,7 +29,7 @@ var registerTaint = corev1.Taint{Key: "ambientd.test/registered-by-kubelet", Val
 // startupTaint is the agent's startup taint, set by kubelet at registration
 // as on a node where istio-cni (or ambientd) runs: only the agent, once it
 // can mesh pods, removes it. Pods that do not tolerate it wait unscheduled.
-var startupTaint = corev1.Taint{Key: "cni.istio.io/not-ready", Effect: corev1.TaintEffectNoSchedule}
+var startupTaint = nodeenv.StartupTaint
 
 func TestMain(m *testing.M) {
 	nodeenv.Main(m, nodeenv.Options{RegisterTaints: []corev1.Taint{registerTaint, startupTaint}}, func(n *nodeenv.Node) { node = n })
@@ -66,48 +64,12 @@ func namespace(t *testing.T, ctx context.Context, name string) string {
 	return name
 }
 
-// waitPod polls the pod until cond holds; on timeout the error names the
-// pod's phase and conditions.
+// waitPod, podReady and describe: nodeenv's, for the node under test.
 func waitPod(ctx context.Context, ns, name string, cond func(*corev1.Pod) bool) (*corev1.Pod, error) {
-	var last *corev1.Pod
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = p
-		return cond(p), nil
-	})
-	if err != nil {
-		return last, fmt.Errorf("pod %s/%s: %w; last seen: %s", ns, name, err, describe(last))
-	}
-	return last, nil
+	return node.WaitPod(ctx, ns, name, cond)
 }
 
-func podReady(p *corev1.Pod) bool {
-	if p.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-func describe(p *corev1.Pod) string {
-	if p == nil {
-		return "never"
-	}
-	s := fmt.Sprintf("phase %s node %q ip %q", p.Status.Phase, p.Spec.NodeName, p.Status.PodIP)
-	for _, c := range p.Status.Conditions {
-		s += fmt.Sprintf("; %s=%s %s", c.Type, c.Status, c.Message)
-	}
-	for _, c := range p.Status.ContainerStatuses {
-		if c.State.Waiting != nil {
-			s += fmt.Sprintf("; container %s waiting: %s %s", c.Name, c.State.Waiting.Reason, c.State.Waiting.Message)
-		}
-	}
-	return s
-}
+var (
+	podReady = nodeenv.PodReady
+	describe = nodeenv.Describe
+)
