@@ -332,6 +332,21 @@ func runningFor(pod *corev1.Pod, d time.Duration) bool {
 // report prints the tables and decides the exit status.
 func (d *demo) report(ctx context.Context, pods []expect) int {
 	n, c := d.n, d.n.Env.CP.Admin
+	// The pod watch has seen what the API shows (it may lag a poll).
+	sctx, cancel := d.ctx(ctx)
+	err := nodeenv.Poll(sctx, "the pod watch caught up", 100*time.Millisecond, func(context.Context) (bool, error) {
+		for _, p := range pods {
+			tl := d.timeline(p.ns + "/" + p.name)
+			if !p.refused && (tl.ready.IsZero() || (p.inMesh && tl.enrolled.IsZero())) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	cancel()
+	if err != nil {
+		return d.fail("%v", err)
+	}
 	objs := map[string]*corev1.Pod{}
 	for _, p := range pods {
 		obj, err := c.CoreV1().Pods(p.ns).Get(ctx, p.name, metav1.GetOptions{})
@@ -439,8 +454,11 @@ func (d *demo) report(ctx context.Context, pods []expect) int {
 		return d.fail("emulator: %v", err)
 	}
 	cleared := time.Now()
-	sctx, cancel := d.ctx(ctx)
-	_, err = n.WaitPod(sctx, "shop", "quarantined", nodeenv.PodReady)
+	sctx, cancel = d.ctx(ctx)
+	err = nodeenv.Poll(sctx, "shop/quarantined enrolled and Ready", 100*time.Millisecond, func(context.Context) (bool, error) {
+		tl := d.timeline("shop/quarantined")
+		return !tl.enrolled.IsZero() && !tl.ready.IsZero(), nil
+	})
 	cancel()
 	if err != nil {
 		d.ok = false
