@@ -171,8 +171,14 @@ func TestEmptyDirUnmountsAndEmpties(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := emptyDir(dir); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "ambientd-e2e-keep"), nil, 0o644); err != nil {
 		t.Fatal(err)
+	}
+	if err := emptyDir(dir, keepNodeNetns); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "ambientd-e2e-keep")); err != nil {
+		t.Errorf("the node's own netns entry was not kept: %v", err)
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil || len(entries) != 0 {
@@ -185,7 +191,7 @@ func TestEmptyDirUnmountsAndEmpties(t *testing.T) {
 	if strings.Contains(string(mi), mnt) {
 		t.Errorf("%s still mounted", mnt)
 	}
-	if err := emptyDir(filepath.Join(dir, "missing")); err != nil {
+	if err := emptyDir(filepath.Join(dir, "missing"), nil); err != nil {
 		t.Errorf("emptyDir of a missing dir: %v", err)
 	}
 }

@@ -23,6 +23,11 @@ import (
 // metadata, host-local's leases, the CNI config and binaries) survive.
 var runtimeDirs = []string{"/run/containerd", "/run/netns", "/run/ambientd", "/run/ztunnel"}
 
+// keepNodeNetns keeps the environment's own node netns (ambientd-e2e-...,
+// which /run/netns may show next to the pods' cni-<id>): it is the machine
+// the node runs on, not the node's.
+func keepNodeNetns(name string) bool { return strings.HasPrefix(name, "ambientd-e2e-") }
+
 // PowerOff stops the node the way a power cut or a hard reset does, and
 // leaves it as a reboot would find it: kubelet and containerd are SIGKILLed,
 // then every containerd shim and every process in kubelet's cgroups (all
@@ -46,7 +51,7 @@ func (n *Node) PowerOff(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	for _, d := range append(runtimeDirs, filepath.Join(n.Dir, "containerd", "state"), filepath.Join(n.Dir, "containerd", "runc")) {
-		errs = append(errs, emptyDir(d))
+		errs = append(errs, emptyDir(d, keepNodeNetns))
 	}
 	errs = append(errs, flushFirewall(ctx))
 	if out, err := exec.CommandContext(ctx, "ip", "link", "del", n.Bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
@@ -76,12 +81,10 @@ func (n *Node) PowerOn(ctx context.Context) error {
 	return n.waitKubeletHealthy(ctx)
 }
 
-// emptyDir removes everything in dir (unmounting what is mounted below it
-// first: network namespaces, container root filesystems) and keeps dir.
-func emptyDir(dir string) error {
-	if err := e2eenv.UnmountUnder(dir); err != nil {
-		return err
-	}
+// emptyDir removes everything in dir whose name keep does not accept (keep
+// may be nil), unmounting what is mounted there first (network namespace
+// files, container root filesystems), and keeps dir itself.
+func emptyDir(dir string, keep func(name string) bool) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -91,12 +94,42 @@ func emptyDir(dir string) error {
 	}
 	var errs []error
 	for _, e := range entries {
+		if keep != nil && keep(e.Name()) {
+			continue
+		}
 		p := filepath.Join(dir, e.Name())
-		// A netns file is itself a mount point (a bind mount of nsfs).
-		_ = unix.Unmount(p, unix.MNT_DETACH)
+		if err := unmountAt(p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		errs = append(errs, os.RemoveAll(p))
 	}
 	return errors.Join(errs...)
+}
+
+// unmountAt lazily unmounts path and every mount below it, deepest first.
+// Mounts that mountinfo lists but that are not reachable (covered by a later
+// mount on a parent, as the machine's own /run/netns entries are under the
+// node's tmpfs) are not ours and are left alone.
+func unmountAt(path string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var targets []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == path || strings.HasPrefix(f[4], path+"/")) {
+			targets = append(targets, f[4])
+		}
+	}
+	for i := len(targets) - 1; i >= 0; i-- {
+		err := unix.Unmount(targets[i], unix.MNT_DETACH)
+		if err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			return fmt.Errorf("unmount %s: %w", targets[i], err)
+		}
+	}
+	return nil
 }
 
 // flushFirewall empties the node netns's packet filter, as a reboot does:

@@ -116,7 +116,7 @@ func (e *Emulator) acceptLoop(uid string, l *listener) {
 		if err != nil {
 			return
 		}
-		rec := AcceptRecord{UID: uid, Port: l.port, Remote: c.RemoteAddr().String(), Local: c.LocalAddr().String()}
+		rec := AcceptRecord{UID: uid, Port: l.port, Remote: c.RemoteAddr().String(), Local: c.LocalAddr().String(), At: time.Now()}
 		if dst, err := originalDst(c.(*net.TCPConn), l.v6); err != nil {
 			rec.OrigDstError = err.Error()
 		} else {

@@ -82,6 +82,8 @@ type AcceptRecord struct {
 	// OrigDstError set when the connection was not NATed.
 	OrigDst      string `json:"origDst,omitempty"`
 	OrigDstError string `json:"origDstError,omitempty"`
+	// At is when the connection was accepted (wall clock).
+	At time.Time `json:"at"`
 }
 
 // ProtocolError is a violation real ztunnel would exit on.

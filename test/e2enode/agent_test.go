@@ -4,6 +4,7 @@ package e2enode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -852,10 +853,12 @@ func appStartedAt(t *testing.T, ctx context.Context, ns, name string) time.Time 
 	return time.Time{}
 }
 
-// capturedBeforeStart checks that ztunnel got the pod (uid) with the netns
-// its running sandbox has (found by the pod's IP) before its app container
-// started, and that the pod's outbound traffic lands on ztunnel's 15001. It
-// returns the Add.
+// capturedBeforeStart checks that pod p never ran uncaptured: the agent had
+// programmed the redirection in the netns its running sandbox has (found by
+// the pod's IP) before its app container started — the agent's log line for
+// that CNI ADD against the app's first log line, both by timestamp — and that
+// now ztunnel holds the pod with that netns and its outbound traffic lands
+// on ztunnel's 15001. It returns ztunnel's Add.
 func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *corev1.Pod) ztunnelemu.RequestRecord {
 	t.Helper()
 	netnsPath, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
@@ -864,6 +867,12 @@ func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *cor
 	}
 	ino := inode(t, netnsPath)
 	uid := string(p.UID)
+	started := appStartedAt(t, ctx, p.Namespace, p.Name)
+	rulesAt, outcome := ruledAt(t, ctx, uid, netnsPath)
+	if !rulesAt.Before(started) {
+		t.Errorf("pod %s/%s: its app started at %s, before the agent answered the CNI ADD for its netns %s (%s at %s): it ran uncaptured",
+			p.Namespace, p.Name, started.Format(time.RFC3339Nano), netnsPath, outcome, rulesAt.Format(time.RFC3339Nano))
+	}
 	st := r.waitEmu(t, ctx, "workload "+p.Name+" with netns inode "+strconv.FormatUint(ino, 10), func(s ztunnelemu.State) bool {
 		w, ok := s.Workload(uid)
 		return ok && w.NetnsInode == ino
@@ -878,19 +887,50 @@ func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *cor
 	if add.At.IsZero() {
 		t.Fatalf("pod %s: no acked Add with netns inode %d: %v", p.Name, ino, opsFor(st, uid))
 	}
-	started := appStartedAt(t, ctx, p.Namespace, p.Name)
-	if !add.At.Before(started) {
-		t.Errorf("pod %s/%s: its app started at %s, before ztunnel got the pod's netns (Add at %s): it ran uncaptured",
-			p.Namespace, p.Name, started.Format(time.RFC3339Nano), add.At.Format(time.RFC3339Nano))
-	}
-	dialFrom(t, ctx, netnsPath, netip.AddrPortFrom(node.IP, 9).String())
+	dst := netip.AddrPortFrom(node.IP, 9).String()
+	dialFrom(t, ctx, netnsPath, dst)
 	r.waitEmu(t, ctx, "outbound connection of "+p.Name+" on 15001", func(s ztunnelemu.State) bool {
 		return slices.ContainsFunc(s.Accepted, func(a ztunnelemu.AcceptRecord) bool {
-			return a.UID == uid && a.Port == 15001 && a.Local != "" && a.Remote != "" && a.OrigDst == netip.AddrPortFrom(node.IP, 9).String()
+			return a.UID == uid && a.Port == 15001 && a.OrigDst == dst && a.At.After(add.At)
 		})
 	})
-	t.Logf("pod %s: Add (netns inode %d) %s before its app started", p.Name, ino, started.Sub(add.At).Round(time.Millisecond))
+	t.Logf("pod %s: CNI ADD answered (%s, rules in netns inode %d) %s before its app started; ztunnel's Add %s after the app started",
+		p.Name, outcome, ino, started.Sub(rulesAt).Round(time.Millisecond), add.At.Sub(started).Round(time.Millisecond))
 	return add
+}
+
+// ruledAt finds in the agent's log (JSON lines) the CNI ADD that enrolled
+// pod uid with the netns at netnsPath ("enrolling new pod"), and returns when
+// the agent answered it ("CNI ADD handled": its rules were in place then)
+// and the outcome it answered.
+func ruledAt(t *testing.T, ctx context.Context, uid, netnsPath string) (time.Time, string) {
+	t.Helper()
+	logs, err := node.Kubectl(ctx, "logs", "-n", "istio-system", "daemonset/ambientd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Time    time.Time `json:"time"`
+		Msg     string    `json:"msg"`
+		UID     string    `json:"uid"`
+		Netns   string    `json:"netns"`
+		Outcome string    `json:"outcome"`
+	}
+	enrolling := false
+	for _, line := range strings.Split(logs, "\n") {
+		rec.Msg, rec.UID, rec.Netns, rec.Outcome = "", "", "", ""
+		if json.Unmarshal([]byte(line), &rec) != nil || rec.UID != uid {
+			continue
+		}
+		switch {
+		case rec.Msg == "enrolling new pod":
+			enrolling = rec.Netns == netnsPath
+		case rec.Msg == "CNI ADD handled" && enrolling:
+			return rec.Time, rec.Outcome
+		}
+	}
+	t.Fatalf("agent log: no answered CNI ADD enrolling pod %s with netns %s:\n%s", uid, netnsPath, logs)
+	return time.Time{}, ""
 }
 
 // readyWatch follows the pods of a namespace and records, per pod, the first
@@ -1011,7 +1051,12 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 	r.em = nil
 	off := time.Now()
 	if err := node.PowerOff(ctx); err != nil {
-		t.Fatalf("power off: %v", err)
+		// Boot anyway, so the node is usable for the cleanup and later tests.
+		t.Errorf("power off: %v", err)
+		if err := node.PowerOn(ctx); err != nil {
+			t.Errorf("power on: %v", err)
+		}
+		t.FailNow()
 	}
 	t.Logf("power off: %s", time.Since(off).Round(time.Millisecond))
 	on := time.Now()
