@@ -26,6 +26,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -145,7 +146,11 @@ func (d *demo) run(ctx context.Context) int {
 		return d.fail("%v", err)
 	}
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		fmt.Fprintf(d.out, "           %s\n", l)
+		// The environment made the agent's namespace, service account and
+		// RBAC already (its token identity); kubectl warns it adopts them.
+		if !strings.Contains(l, "missing the kubectl.kubernetes.io/last-applied-configuration annotation") {
+			fmt.Fprintf(d.out, "           %s\n", l)
+		}
 	}
 	d.mu.Lock()
 	d.applied = true
@@ -657,11 +662,17 @@ func chainOf(n *nodeenv.Node) string {
 	if err != nil {
 		return "?"
 	}
+	var conf struct {
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(s), &conf); err != nil {
+		return "? (" + oneLine(err.Error()) + ")"
+	}
 	var types []string
-	for _, l := range strings.Split(s, "\n") {
-		if _, v, ok := strings.Cut(strings.TrimSpace(l), `"type": `); ok {
-			types = append(types, strings.Trim(v, `",`))
-		}
+	for _, p := range conf.Plugins {
+		types = append(types, p.Type)
 	}
 	return strings.Join(types, " → ")
 }
