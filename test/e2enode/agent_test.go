@@ -604,20 +604,44 @@ func (r *agentRun) sandboxRecreatedStaysEnrolled(t *testing.T, ctx context.Conte
 	uid := string(created.UID)
 	oldInode := inode(t, oldNetns)
 	pause := processIn(t, oldInode, "pause")
+	var st0 ztunnelemu.State
+	if err := r.em.State(ctx, &st0); err != nil {
+		t.Fatal(err)
+	}
+	n0 := len(opsFor(st0, uid))
+	killed := time.Now()
 	if err := unixKill(pause); err != nil {
 		t.Fatal(err)
 	}
-	// A new sandbox: a new netns, enrolled, the pod Ready again.
-	var newInode uint64
-	st := r.waitEmu(t, ctx, "Add with a new netns", func(s ztunnelemu.State) bool {
-		w, ok := s.Workload(uid)
-		newInode = w.NetnsInode
-		return ok && w.NetnsInode != oldInode
+	// A new sandbox: ztunnel gets a Del and an Add again (with the new netns:
+	// compared below by the path containerd made, since the kernel may give
+	// the new netns the dead one's inode number), the pod Ready again.
+	r.waitEmu(t, ctx, "Del and a new Add", func(s ztunnelemu.State) bool {
+		ops := opsFor(s, uid)
+		return len(ops) >= n0+2 && slices.Contains(ops[n0:], "del") && ops[len(ops)-1] == "add"
 	})
-	if _, err := waitPod(ctx, ns, "web", podReady); err != nil {
-		t.Fatal(err)
+	// Ready again in a new sandbox: the pod's reported IP is in a netns
+	// that is not the old one (the status may still show the old IP for a
+	// moment).
+	var p *corev1.Pod
+	var newNetns string
+	if err := nodeenv.Poll(ctx, "pod Ready in its new sandbox", 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+		var err error
+		if p, err = node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "web", metav1.GetOptions{}); err != nil || !podReady(p) {
+			return false, err
+		}
+		newNetns, err = node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
+		return err == nil && newNetns != oldNetns, err
+	}); err != nil {
+		t.Fatalf("%v; %s", err, describe(p))
 	}
-	t.Logf("sandbox recreated: netns inode %d -> %d; requests for the pod: %s", oldInode, newInode, opsFor(st, uid))
+	t.Logf("pause killed -> pod Ready in a new sandbox: %s", time.Since(killed).Round(time.Millisecond))
+	newInode := inode(t, newNetns)
+	st := r.waitEmu(t, ctx, "the pod held with its new netns", func(s ztunnelemu.State) bool {
+		w, ok := s.Workload(uid)
+		return ok && w.NetnsInode == newInode
+	})
+	t.Logf("sandbox recreated: netns %s (inode %d) -> %s (inode %d); requests for the pod: %s", oldNetns, oldInode, newNetns, newInode, opsFor(st, uid))
 	// kubelet's garbage collection removes a dead sandbox with
 	// RemovePodSandbox once it holds no containers (with the default dead
 	// container retention that is when the pod goes); make that same CRI call
