@@ -44,7 +44,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/internal/nodeenv"
@@ -78,10 +79,11 @@ type demo struct {
 	em    *e2eenv.Emulator
 	ok    bool // nothing unexpected so far
 
-	mu      sync.Mutex
-	history []string                // node taint / condition changes
-	pods    map[string]*podTimeline // ns/name → what was seen when
-	applied bool
+	mu       sync.Mutex
+	history  []string // node taint / condition changes
+	lastNode string
+	pods     map[string]*podTimeline // ns/name → what was seen when
+	applied  bool
 }
 
 // podTimeline is what a pod watch saw, by wall clock.
@@ -123,8 +125,11 @@ func (d *demo) run(ctx context.Context) int {
 		n.Name, node.Status.NodeInfo.KubeletVersion, node.Status.NodeInfo.ContainerRuntimeVersion, n.BringUp.Round(time.Millisecond))
 	d.printf("node registered with taint %s:%s (kubelet --register-with-taints): ambient pods cannot be scheduled here until the agent can mesh them",
 		nodeenv.StartupTaint.Key, nodeenv.StartupTaint.Effect)
-	go d.watchNode(ctx)
-	go d.watchPods(ctx)
+	fctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if err := d.follow(fctx); err != nil {
+		return d.fail("informers: %v", err)
+	}
 
 	// 1. The DaemonSet, as an operator installs it.
 	archive, err := n.AgentImageArchive()
@@ -467,7 +472,12 @@ func (d *demo) report(ctx context.Context, pods []expect) int {
 	cancel()
 	if err != nil {
 		d.ok = false
-		d.printf("UNEXPECTED: shop/quarantined not Ready after ztunnel accepted it: %v", err)
+		obj, gerr := c.CoreV1().Pods("shop").Get(ctx, "quarantined", metav1.GetOptions{})
+		ann := ""
+		if gerr == nil {
+			ann = obj.Annotations[podmeta.AnnotationRedirection]
+		}
+		d.printf("UNEXPECTED: shop/quarantined not Ready after ztunnel accepted it: %v; now: annotation %q, %s (%v)", err, ann, nodeenv.Describe(obj), gerr)
 	} else {
 		tl := d.timeline("shop/quarantined")
 		d.printf("ztunnel now accepts shop/quarantined: enrolled %s and Ready %s later (the agent retries the Add; kubelet's gate follows)",
@@ -489,83 +499,92 @@ func (d *demo) report(ctx context.Context, pods []expect) int {
 	return 1
 }
 
-// watchNode records the node's taints and the agent's node condition each
-// time they change.
-func (d *demo) watchNode(ctx context.Context) {
-	w, err := d.n.Env.CP.Admin.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", d.n.Name).String()})
-	if err != nil {
-		d.printf("node watch: %v", err)
-		return
+// follow keeps the node's taint/condition history and the pods' timelines
+// from informers (which, unlike a bare watch, list and watch again when the
+// apiserver ends a watch) until ctx ends.
+func (d *demo) follow(ctx context.Context) error {
+	f := informers.NewSharedInformerFactory(d.n.Env.CP.Admin, 0)
+	for inf, observe := range map[cache.SharedIndexInformer]func(any){
+		f.Core().V1().Nodes().Informer(): d.observeNode,
+		f.Core().V1().Pods().Informer():  d.observePod,
+	} {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    observe,
+			UpdateFunc: func(_, obj any) { observe(obj) },
+		}); err != nil {
+			return err
+		}
 	}
-	defer w.Stop()
-	last := ""
-	for ev := range w.ResultChan() {
-		node, ok := ev.Object.(*corev1.Node)
+	f.Start(ctx.Done())
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 		if !ok {
-			continue
+			return fmt.Errorf("informer for %v did not sync", typ)
 		}
-		var taints []string
-		for _, t := range node.Spec.Taints {
-			taints = append(taints, t.Key+":"+string(t.Effect))
-		}
-		cond := "none"
-		for _, c := range node.Status.Conditions {
-			if c.Type == nodeReadyCondition {
-				cond = fmt.Sprintf("%s (%s)", c.Status, c.Reason)
-			}
-		}
-		s := fmt.Sprintf("taints [%s]; %s %s", strings.Join(taints, ", "), nodeReadyCondition, cond)
-		if s == last {
-			continue
-		}
-		last = s
-		d.mu.Lock()
-		label := "before kubectl apply"
-		if d.applied {
-			label = "after kubectl apply"
-		}
-		d.history = append(d.history, fmt.Sprintf("%6.1fs  %-20s %s", time.Since(d.start).Seconds(), label, s))
-		d.mu.Unlock()
 	}
+	go func() { <-ctx.Done(); f.Shutdown() }()
+	return nil
 }
 
-// watchPods records, per pod of the demo's namespaces, when it was created,
-// enrolled (annotation enabled and condition True) and Ready, and whether it
-// was ever seen Ready while not enrolled.
-func (d *demo) watchPods(ctx context.Context) {
-	w, err := d.n.Env.CP.Admin.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		d.printf("pod watch: %v", err)
+// observeNode records the node's taints and the agent's node condition
+// each time they change.
+func (d *demo) observeNode(obj any) {
+	node, ok := obj.(*corev1.Node)
+	if !ok || node.Name != d.n.Name {
 		return
 	}
-	defer w.Stop()
-	for ev := range w.ResultChan() {
-		p, ok := ev.Object.(*corev1.Pod)
-		if !ok || (p.Namespace != "shop" && p.Namespace != "legacy") {
-			continue
+	var taints []string
+	for _, t := range node.Spec.Taints {
+		taints = append(taints, t.Key+":"+string(t.Effect))
+	}
+	cond := "none"
+	for _, c := range node.Status.Conditions {
+		if c.Type == nodeReadyCondition {
+			cond = fmt.Sprintf("%s (%s)", c.Status, c.Reason)
 		}
-		now := time.Now()
-		c := nodeenv.Condition(p, nodeenv.EnrolledCondition)
-		enrolled := p.Annotations[podmeta.AnnotationRedirection] == "enabled" && c != nil && c.Status == corev1.ConditionTrue
-		ready := nodeenv.PodReady(p)
-		d.mu.Lock()
-		tl := d.pods[p.Namespace+"/"+p.Name]
-		if tl == nil {
-			// The watch runs before the demo creates pods: first sight is
-			// creation, to the millisecond (the API's timestamp has seconds).
-			tl = &podTimeline{created: now}
-			d.pods[p.Namespace+"/"+p.Name] = tl
-		}
-		if enrolled && tl.enrolled.IsZero() {
-			tl.enrolled = now
-		}
-		if ready && tl.ready.IsZero() {
-			tl.ready = now
-		}
-		if ready && !enrolled && len(p.Spec.ReadinessGates) > 0 {
-			tl.readyBeforeEnrolled = true
-		}
-		d.mu.Unlock()
+	}
+	s := fmt.Sprintf("taints [%s]; %s %s", strings.Join(taints, ", "), nodeReadyCondition, cond)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s == d.lastNode {
+		return
+	}
+	d.lastNode = s
+	label := "before kubectl apply"
+	if d.applied {
+		label = "after kubectl apply"
+	}
+	d.history = append(d.history, fmt.Sprintf("%6.1fs  %-20s %s", time.Since(d.start).Seconds(), label, s))
+}
+
+// observePod records, per pod of the demo's namespaces, when it was created,
+// enrolled (annotation enabled and condition True) and Ready, and whether it
+// was ever seen Ready while not enrolled.
+func (d *demo) observePod(obj any) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || (p.Namespace != "shop" && p.Namespace != "legacy") {
+		return
+	}
+	now := time.Now()
+	c := nodeenv.Condition(p, nodeenv.EnrolledCondition)
+	enrolled := p.Annotations[podmeta.AnnotationRedirection] == "enabled" && c != nil && c.Status == corev1.ConditionTrue
+	ready := nodeenv.PodReady(p)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	tl := d.pods[p.Namespace+"/"+p.Name]
+	if tl == nil {
+		// The informers run before the demo creates pods: first sight is
+		// creation, to the millisecond (the API's timestamp has seconds).
+		tl = &podTimeline{created: now}
+		d.pods[p.Namespace+"/"+p.Name] = tl
+	}
+	if enrolled && tl.enrolled.IsZero() {
+		tl.enrolled = now
+	}
+	if ready && tl.ready.IsZero() {
+		tl.ready = now
+	}
+	if ready && !enrolled && len(p.Spec.ReadinessGates) > 0 {
+		tl.readyBeforeEnrolled = true
 	}
 }
 
