@@ -27,6 +27,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 	criv1 "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/ambientd/ambientd/internal/e2eenv"
@@ -968,35 +970,42 @@ type readyWatch struct {
 
 func watchReady(t *testing.T, ctx context.Context, ns string, check func(p *corev1.Pod)) *readyWatch {
 	t.Helper()
-	w, err := node.Env.CP.Admin.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
-	if err != nil {
+	rw := &readyWatch{notReady: map[string]bool{}, readyAt: map[string]time.Time{}}
+	observe := func(obj any) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return
+		}
+		ready := podReady(p)
+		rw.mu.Lock()
+		first := ready && rw.notReady[p.Name] && rw.readyAt[p.Name].IsZero()
+		if !ready {
+			rw.notReady[p.Name] = true
+		}
+		if first {
+			rw.readyAt[p.Name] = time.Now()
+		}
+		rw.mu.Unlock()
+		if first {
+			check(p)
+		}
+	}
+	// An informer, not a bare watch: it lists and watches again if the
+	// apiserver ends a watch.
+	f := informers.NewSharedInformerFactoryWithOptions(node.Env.CP.Admin, 0, informers.WithNamespace(ns))
+	inf := f.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    observe,
+		UpdateFunc: func(_, obj any) { observe(obj) },
+	}); err != nil {
 		t.Fatal(err)
 	}
-	rw := &readyWatch{notReady: map[string]bool{}, readyAt: map[string]time.Time{}}
-	done := make(chan struct{})
-	t.Cleanup(func() { w.Stop(); <-done })
-	go func() {
-		defer close(done)
-		for ev := range w.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
-			}
-			ready := podReady(p)
-			rw.mu.Lock()
-			first := ready && rw.notReady[p.Name] && rw.readyAt[p.Name].IsZero()
-			if !ready {
-				rw.notReady[p.Name] = true
-			}
-			if first {
-				rw.readyAt[p.Name] = time.Now()
-			}
-			rw.mu.Unlock()
-			if first {
-				check(p)
-			}
-		}
-	}()
+	wctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(func() { cancel(); f.Shutdown() })
+	f.Start(wctx.Done())
+	if !cache.WaitForCacheSync(wctx.Done(), inf.HasSynced) {
+		t.Fatal("pod informer did not sync")
+	}
 	return rw
 }
 
