@@ -108,7 +108,10 @@ func UnmountUnder(dir string) error {
 	}
 	var firstErr error
 	for i := len(targets) - 1; i >= 0; i-- {
-		if err := unix.Unmount(targets[i], unix.MNT_DETACH); err != nil && err != unix.EINVAL && firstErr == nil {
+		// EINVAL: not a mount point any more; ENOENT: listed but covered by a
+		// later mount on a parent (the machine's own entries under a tmpfs of
+		// the node's mount namespace), so not reachable and not ours.
+		if err := unix.Unmount(targets[i], unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT && firstErr == nil {
 			firstErr = fmt.Errorf("unmount %s: %w", targets[i], err)
 		}
 	}

@@ -98,38 +98,18 @@ func emptyDir(dir string, keep func(name string) bool) error {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())
-		if err := unmountAt(p); err != nil {
+		if err := e2eenv.UnmountUnder(p); err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		// The entry itself may be a mount point (a netns file: nsfs).
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
 			continue
 		}
 		errs = append(errs, os.RemoveAll(p))
 	}
 	return errors.Join(errs...)
-}
-
-// unmountAt lazily unmounts path and every mount below it, deepest first.
-// Mounts that mountinfo lists but that are not reachable (covered by a later
-// mount on a parent, as the machine's own /run/netns entries are under the
-// node's tmpfs) are not ours and are left alone.
-func unmountAt(path string) error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return err
-	}
-	var targets []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == path || strings.HasPrefix(f[4], path+"/")) {
-			targets = append(targets, f[4])
-		}
-	}
-	for i := len(targets) - 1; i >= 0; i-- {
-		err := unix.Unmount(targets[i], unix.MNT_DETACH)
-		if err != nil && err != unix.EINVAL && err != unix.ENOENT {
-			return fmt.Errorf("unmount %s: %w", targets[i], err)
-		}
-	}
-	return nil
 }
 
 // flushFirewall empties the node netns's packet filter, as a reboot does:

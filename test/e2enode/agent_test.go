@@ -700,8 +700,7 @@ func processIn(t *testing.T, ino uint64, comm string) int {
 		if err != nil || strings.TrimSpace(string(c)) != comm {
 			continue
 		}
-		var st syscall.Stat_t
-		if syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == ino {
+		if inodeOf(fmt.Sprintf("/proc/%d/ns/net", pid)) == ino {
 			return pid
 		}
 	}
@@ -846,9 +845,7 @@ func netnsByInode(t *testing.T, ino uint64) string {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		p := filepath.Join(node.NetnsDir, e.Name())
-		var st syscall.Stat_t
-		if syscall.Stat(p, &st) == nil && st.Ino == ino {
+		if p := filepath.Join(node.NetnsDir, e.Name()); inodeOf(p) == ino {
 			return p
 		}
 	}
