@@ -1,68 +1,76 @@
-# ambientd — build, test and demo entry points. Every target that needs system
-# packages runs hack/deps.sh first, which installs only what is missing.
+# ambientd — build, test and demo entry points. Every target that runs
+# something first builds what it needs and is missing (hack/ensure; one table
+# in test/infra/build says what each target needs), so each works alone, first,
+# on a fresh clone.
 GO        ?= go
-GOFLAGS   ?=
-BIN       := bin
 PKGS      := ./...
 E2E_TIMEOUT ?= 30m
+ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 
-.PHONY: all build deps test e2e e2e-node bench bench-e2e demo demo-lite generate lint check clean image image-test
+.PHONY: all build deps test e2e e2e-node bench bench-e2e demo demo-lite generate lint check clean image image-test fresh-check
 
 all: build
 
+# bin/ambientd, bin/ambientd-cni, bin/ztunnel-emulator (build flags:
+# test/infra/build.Programs).
 build:
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -o $(BIN)/ambientd ./cmd/ambientd
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -tags grpcnotrace -trimpath -ldflags='-s -w' -o $(BIN)/ambientd-cni ./cmd/ambientd-cni
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -o $(BIN)/ztunnel-emulator ./cmd/ztunnel-emulator
+	@$(ENSURE) build
 
 deps:
 	@hack/deps.sh
 
 # Unit tests and root integration tests (real netns, iptables, SEQPACKET).
-test: deps
+test:
+	@$(ENSURE) test
 	$(GO) test -race -count=1 $(PKGS)
 
 # End-to-end: real kube-apiserver + etcd, the real CNI chain, the agent.
-e2e: deps build
+e2e:
 	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e.sh
 
 # The real node: kubelet, containerd + runc, kube-controller-manager and
 # kube-scheduler on the e2e control plane (docs/realnode.md).
-e2e-node: build
-	@hack/deps.sh node
+e2e-node:
 	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e-node.sh
 
-bench: deps
+bench:
+	@$(ENSURE) bench
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
 
 # Enrollment benchmark on the real control plane and CNI chain (root):
 # BENCH_PODS=300 make bench-e2e; results go in bench/results-<date>.md.
-bench-e2e: deps build
+bench-e2e:
 	hack/bench-e2e.sh
 
 # The agent image as an OCI archive (bin/ambientd-image.tar), without Docker:
 # Debian packages + both binaries, assembled by hack/mkimage. Reproducible.
-image: deps
-	hack/image.sh
+image:
+	@$(ENSURE) image
 
 # Builds the image twice (same digest), imports it into a throwaway
 # containerd and runs ambientd and both iptables variants from it.
-image-test: deps
+image-test:
+	@$(ENSURE) image-test
 	$(GO) test -tags e2e -count=1 -timeout 30m -v ./test/image/
 
 # The main job: a local demo of real enrollment on a real node (kubelet,
 # containerd, the DaemonSet from deploy/, the ztunnel emulator).
-demo: deps build
-	hack/demo.sh
+demo:
+	@hack/demo.sh
 
 # The lighter demo: control plane + the CNI chain driven by libcni, no kubelet
-# (builds only kube-apiserver and etcd: ~10 minutes cold instead of ~25).
-demo-lite: deps build
-	hack/demo-lite.sh
+# (needs only kube-apiserver and etcd: ~12 minutes cold instead of ~20).
+demo-lite:
+	@hack/demo-lite.sh
+
+# Each target above run alone in a fresh copy of the tree with an empty
+# .cache/ builds everything its program needs (hack/fresh-check.sh).
+fresh-check:
+	hack/fresh-check.sh
 
 generate:
 	@command -v protoc >/dev/null || hack/deps.sh
-	PATH="$$(pwd)/$(BIN)/tools:$$PATH" hack/generate.sh
+	hack/generate.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -72,7 +80,7 @@ lint:
 	$(GO) tool staticcheck $(PKGS)
 
 # The README's test command: everything CI checks.
-check: deps lint test e2e e2e-node image-test
+check: lint test e2e e2e-node image-test fresh-check
 
 clean:
-	rm -rf $(BIN)
+	rm -rf bin

@@ -9,8 +9,7 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "bench-e2e: needs root (network namespaces, bridge, iptables); run: sudo $0" >&2
   exit 1
 fi
-hack/build-kube.sh >/dev/null
-make build >/dev/null
+go run ./hack/ensure -name "${ENSURE_NAME:-make bench-e2e}" bench-e2e
 mkdir -p .cache/bench
 go build -o .cache/bench/ambientd-bench ./test/bench
 

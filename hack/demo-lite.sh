@@ -2,17 +2,14 @@
 # The lite demo (make demo-lite): a real kube-apiserver + etcd, the agent (bin/ambientd), the ztunnel
 # emulator and a handful of pods created through the real CNI chain, all in a
 # throwaway network namespace; prints each pod's enrollment and cleans up.
-# Builds what is missing first. Needs root.
+# Builds what is missing first (hack/ensure). Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
   echo "demo: needs root (network namespaces, bridge, iptables); run: sudo $0" >&2
   exit 1
 fi
-hack/build-kube.sh >/dev/null
-if [ ! -x bin/ambientd ] || [ ! -x bin/ambientd-cni ] || [ ! -x bin/ztunnel-emulator ]; then
-  make build
-fi
+go run ./hack/ensure -name "${ENSURE_NAME:-make demo-lite}" demo-lite
 mkdir -p .cache/demo
 go build -o .cache/demo/ambientd-demo-lite ./test/demolite
 

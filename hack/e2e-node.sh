@@ -2,13 +2,14 @@
 # Runs the real-node suite (go test -tags e2enode ./test/e2enode/...) as root:
 # kubelet, containerd + runc, kube-controller-manager and kube-scheduler on
 # the e2e control plane, inside a throwaway node network namespace
-# (internal/nodeenv, docs/realnode.md). Then checks that the run left nothing
+# (test/infra/nodeenv, docs/realnode.md). Then checks that the run left nothing
 # behind (hack/leftovers.sh: processes, netns, mounts, work dirs, cgroups,
-# containerd shims). The test binary itself (internal/nodeenv, under a
+# containerd shims). The test binary itself (test/infra/nodeenv, under a
 # machine-wide lock) fails the run when the machine's sysctls are not restored
 # or when paths containerd/kubelet hard-code appeared. Builds what is missing
-# first (hack/build-kube.sh node: about 10 minutes cold on 2 cores once
-# kube-apiserver's dependencies are in the Go build cache).
+# first (hack/ensure: the node's binaries, about 5 minutes cold on 2 cores once
+# kube-apiserver's dependencies are in the Go build cache; bin/ and the image
+# every time).
 #
 #   E2E_TIMEOUT=30m   go test -timeout
 #   E2E_RUN=regexp    go test -run
@@ -21,11 +22,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 start=$(date +%s)
-hack/build-kube.sh node >/dev/null
-make --no-print-directory build >/dev/null
-# The agent's image, which the suite imports into the node's containerd and
-# runs as deploy/'s DaemonSet.
-hack/image.sh >/dev/null
+# The agent's image is among what it builds: the suite imports it into the
+# node's containerd and runs it as deploy/'s DaemonSet.
+go run ./hack/ensure -name "${ENSURE_NAME:-make e2e-node}" e2e-node
 build=$(( $(date +%s) - start ))
 
 export AMBIENTD_E2E_RUN="e2enode-$$-$(date +%s)"

@@ -2,9 +2,8 @@
 # Runs the end-to-end suite (go test -tags e2e ./test/e2e/...) as root, then
 # checks that the run left nothing behind: no process of this run, no node
 # network namespace, no bridge in the machine's netns, no mount, no work dir.
-# Leftovers fail the run. Builds what is missing first (kube-apiserver and etcd
-# through hack/build-kube.sh, bin/ through make build, CNI reference plugins
-# inside the test binary's TestMain).
+# Leftovers fail the run. Builds what is missing first (hack/ensure:
+# kube-apiserver, etcd, the CNI reference plugins; bin/ every time).
 #
 #   E2E_TIMEOUT=30m   go test -timeout
 #   E2E_RUN=regexp    go test -run
@@ -17,10 +16,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 start=$(date +%s)
-hack/build-kube.sh >/dev/null
-# Always rebuild bin/ (seconds with a warm cache): a stale agent binary would
-# make the suite test old code.
-make --no-print-directory build >/dev/null
+# bin/ is rebuilt every time (seconds with a warm cache): a stale agent binary
+# would make the suite test old code.
+go run ./hack/ensure -name "${ENSURE_NAME:-make e2e}" e2e
 
 # Every process of this run inherits the id (e2eenv passes it down), and the
 # work dirs are named after it: that is how leftovers are told apart from a

@@ -52,8 +52,8 @@ find "$root" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 
 bin="$work/ambientd"
 mkdir -p "$bin/usr/local/bin"
-CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags="-s -w -X main.version=$version" -o "$bin/usr/local/bin/ambientd" ./cmd/ambientd
-CGO_ENABLED=0 go build -trimpath -buildvcs=false -tags grpcnotrace -ldflags='-s -w' -o "$bin/usr/local/bin/ambientd-cni" ./cmd/ambientd-cni
+# Built as `make build` builds them (test/infra/build.Programs), stamped.
+go run ./hack/ensure programs -out "$bin/usr/local/bin" -version "$version" ambientd ambientd-cni
 chmod 0755 "$bin/usr/local/bin/"*
 
 mkdir -p "$(dirname "$out")"

@@ -6,9 +6,9 @@
 #   - node network namespaces ambientd-e2e-<pid>-* whose creator is gone
 #   - bridges/veths of the chain in the machine's own network namespace
 #   - mounts and work dirs of the run
-#   - cgroups of the pods' sandbox processes (internal/e2eenv/sandbox.go:
+#   - cgroups of the pods' sandbox processes (test/infra/e2eenv/sandbox.go:
 #     <cgroup2 mount>/ambientd-e2e-RUN_ID-*/)
-#   - the real node's (internal/nodeenv): containerd shims serving a containerd
+#   - the real node's (test/infra/nodeenv): containerd shims serving a containerd
 #     of this run, kubelet's cgroup root ambientd-e2e-node-<pid>-* (any
 #     hierarchy) whose creating process is gone, the node's bridge and
 #     node0 interface in the machine's network namespace
@@ -96,7 +96,7 @@ for m in $cgmnts; do
 done
 if [ -n "$tmpcg" ]; then umount "$tmpcg" && rmdir "$tmpcg"; fi
 
-# kubelet's cgroup root (internal/nodeenv): one top-level dir per hierarchy,
+# kubelet's cgroup root (test/infra/nodeenv): one top-level dir per hierarchy,
 # named after the process that ran the node; the pods' containers live below.
 for m in $(awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i+1) == "cgroup" || $(i+1) == "cgroup2") print $5; break } }' /proc/self/mountinfo); do
   for d in "$m"/ambientd-e2e-node-*; do

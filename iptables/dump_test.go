@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestDumpPod: the live-rules dump of a pod shows the rules ApplyPod put

@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 var modes = []Mode{ModeLegacy, ModeNFT}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // foreign adds rules that are not ours to n, before and after we apply, so

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 )
 
@@ -36,13 +36,13 @@ func TestImports(t *testing.T) {
 		forbidden func(pkg, dep string) string
 	}{
 		{
-			pkgs: []string{"cmd/ambientd-cni", "internal/cniplugin"},
+			pkgs: []string{"cmd/ambientd-cni", "cniplugin"},
 			forbidden: func(pkg, dep string) string {
 				switch {
 				case strings.HasPrefix(dep, "k8s.io/client-go"):
 					return "client-go"
 				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg &&
-					dep != module+"/internal/cniplugin" && dep != module+"/nodeagent/cniapi":
+					dep != module+"/cniplugin" && dep != module+"/cniapi":
 					return "ours, other than the shared CNI API"
 				}
 				return ""

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"golang.org/x/sys/unix"
 )

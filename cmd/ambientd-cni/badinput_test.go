@@ -15,9 +15,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/ambientd/ambientd/internal/cniplugin"
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/cniplugin"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 const podArgs = "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=infra-1;K8S_POD_UID=uid-1"

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -18,8 +17,9 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/test/infra/build"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // binDir holds the plugin under test and the reference plugins, built once by
@@ -49,31 +49,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildBinaries builds ambientd-cni as `make build` does (grpcnotrace keeps
-// x/net/trace, net/http and html/template out of a binary exec'd per pod), and
-// the reference plugins at the version go.mod pins.
+// buildBinaries builds ambientd-cni as `make build` does and the reference
+// plugins at the version go.mod pins (test/infra/build: one home for both).
 func buildBinaries(dir string) error {
-	// `go test` puts its own toolchain first on PATH.
-	goBin, err := exec.LookPath("go")
+	root, err := build.RepoRoot()
 	if err != nil {
-		return fmt.Errorf("no go toolchain to build the plugins: %w", err)
+		return err
 	}
-	builds := [][]string{
-		{"build", "-tags", "grpcnotrace", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, "ambientd-cni"), "github.com/ambientd/ambientd/cmd/ambientd-cni"},
-		{"build", "-o", dir + "/",
-			"github.com/containernetworking/plugins/plugins/main/loopback",
-			"github.com/containernetworking/plugins/plugins/main/bridge",
-			"github.com/containernetworking/plugins/plugins/ipam/host-local"},
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var log bytes.Buffer
+	if err := build.BuildPrograms(ctx, &log, root, dir, "", "ambientd-cni"); err != nil {
+		return fmt.Errorf("%w\n%s", err, log.String())
 	}
-	for _, args := range builds {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		cmd := exec.CommandContext(ctx, goBin, args...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		cancel()
-		if err != nil {
-			return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
-		}
+	if err := build.BuildCNIPlugins(ctx, &log, root, dir); err != nil {
+		return fmt.Errorf("%w\n%s", err, log.String())
 	}
 	return nil
 }

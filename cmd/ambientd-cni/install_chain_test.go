@@ -11,9 +11,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestChainInstalledConfig runs the real chain from the config the installer

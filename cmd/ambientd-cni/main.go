@@ -1,5 +1,5 @@
 // Command ambientd-cni is the chained CNI plugin that hands pod sandbox
-// events to the ambientd node agent. The logic lives in internal/cniplugin;
+// events to the ambientd node agent. The logic lives in cniplugin;
 // this main only wires it to skel.
 package main
 
@@ -8,7 +8,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/ambientd/ambientd/internal/cniplugin"
+	"github.com/ambientd/ambientd/cniplugin"
 )
 
 func main() {

@@ -20,10 +20,10 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/ztunnelproto"

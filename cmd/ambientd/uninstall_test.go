@@ -13,9 +13,9 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestUninstall installs for real in a throwaway "node" (a netns for the

@@ -19,7 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 )
 

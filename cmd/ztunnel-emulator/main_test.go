@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/testutil"
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+	"github.com/ambientd/ambientd/test/infra/testutil"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 const testTimeout = 20 * time.Second

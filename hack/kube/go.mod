@@ -1,5 +1,5 @@
 // Wrapper module that builds the real kube-apiserver and etcd used by the
-// end-to-end tests and the demo (hack/build-kube.sh). It is a separate module
+// end-to-end tests and the demo (hack/ensure, test/infra/build). It is a separate module
 // so the main module never sees these dependencies. k8s.io/kubernetes replaces
 // its staging modules with local paths, which a dependent module cannot use;
 // the replaces below point each one at its published version instead.

@@ -1,7 +1,7 @@
 //go:build tools
 
 // Package kube pins the dependencies of the upstream main packages that
-// hack/build-kube.sh builds (kube-apiserver for the control plane; kubelet,
+// test/infra/build builds (kube-apiserver for the control plane; kubelet,
 // kube-controller-manager, kube-scheduler and kubectl for the real node) in
 // this wrapper module's go.mod/go.sum. It is never compiled.
 package kube

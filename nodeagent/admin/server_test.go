@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/unixsock"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // helperEnv makes the test binary act as an admin client (see TestMain), so

@@ -27,13 +27,13 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // fakeZtunnel records requests; it is "connected" when connected is true and

@@ -8,10 +8,10 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // BenchmarkVerifyPass100 is the pod part of one drift pass at 100 enrolled

@@ -11,9 +11,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 func (h *harness) repairs(what string) float64 {

@@ -34,7 +34,7 @@ const (
 // CNI has not written one); Run waits for one.
 var ErrNoConfig = errors.New("no valid CNI config in the conf dir yet")
 
-// Entry is our plugin's entry in the conflist (see internal/cniplugin.Config).
+// Entry is our plugin's entry in the conflist (see cniplugin.Config).
 type Entry struct {
 	Type              string   `json:"type"`
 	AgentSocket       string   `json:"agentSocket,omitempty"`

@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // A temporary host tree: <root>/opt/cni/bin, <root>/etc/cni/net.d and the

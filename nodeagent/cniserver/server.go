@@ -19,8 +19,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/unixsock"
 )
 

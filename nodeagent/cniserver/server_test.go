@@ -22,9 +22,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/nodeagent/cniapi"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // helperEnv makes the test binary act as a CNI API client (see TestMain), so

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // journal records what the components did, in order.

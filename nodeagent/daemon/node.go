@@ -16,9 +16,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/nodeagent/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/registry"

@@ -16,7 +16,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 const (

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 // BenchmarkAddAck measures AddWorkload round trips (send with fd, ack)

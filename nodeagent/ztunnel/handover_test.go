@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 // refusals is a source that also records what it was told could not be

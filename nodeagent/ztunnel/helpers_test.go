@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/testutil"
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/test/infra/testutil"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 // Generous bounds: the machine is shared with other builds.

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/unixsock"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/testutil"
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/test/infra/testutil"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 	"github.com/containernetworking/plugins/pkg/ns"
 )

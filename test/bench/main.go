@@ -31,9 +31,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
 // config is the benchmark's settings; each flag has an environment variable.

@@ -1,6 +1,6 @@
 // Command demo is the main job (`make demo`): ambient enrollment on a real
 // node. On this machine, inside a throwaway network and mount namespace
-// (internal/nodeenv), it brings up etcd + kube-apiserver, containerd + runc,
+// (test/infra/nodeenv), it brings up etcd + kube-apiserver, containerd + runc,
 // kubelet, kube-controller-manager and kube-scheduler; the node registers
 // with the startup taint cni.istio.io/not-ready. Then, as an operator would:
 //
@@ -47,10 +47,10 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
-	"github.com/ambientd/ambientd/internal/nodeenv"
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 // nodeReadyCondition is the agent's node condition (docs/readiness.md).

@@ -30,8 +30,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 const (

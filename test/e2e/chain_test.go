@@ -20,7 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
 // TestChainIsReal proves the CNI chain is the real one: host-local hands out

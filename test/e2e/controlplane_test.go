@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
 // TestControlPlaneIsReal proves the apiserver is a real one, with the

@@ -26,9 +26,9 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // renderDeploy renders deploy/ as `kubectl apply -k deploy/` would.

@@ -14,8 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestAgentInstallCNI runs bin/ambientd with --install-cni against a

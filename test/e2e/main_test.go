@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
 // testEnv is shared by every test of the package; TestMain starts it once

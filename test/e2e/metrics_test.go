@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
 // documentedMetric is one row of docs/metrics.md's reference table.

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
-	"github.com/ambientd/ambientd/internal/testutil"
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 // nativeNFTBackend runs the agent with the native nftables backend (what

@@ -33,9 +33,9 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
-	"github.com/ambientd/ambientd/internal/testutil"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 const taintKey = nodeready.DefaultTaintKey

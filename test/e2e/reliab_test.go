@@ -23,10 +23,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 // wipeRules flushes and deletes every chain of the nat, mangle and raw

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
 	"github.com/ambientd/ambientd/nodeagent/admin"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
 // ambientdStatus runs `bin/ambientd status` against the test agent's admin

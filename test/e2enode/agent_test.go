@@ -31,11 +31,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 	criv1 "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/ambientd/ambientd/internal/e2eenv"
-	"github.com/ambientd/ambientd/internal/nodeenv"
-	"github.com/ambientd/ambientd/internal/ztunnelemu"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 // overlay writes the agent's kustomize overlay (nodeenv.WriteAgentOverlay)

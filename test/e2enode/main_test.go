@@ -2,7 +2,7 @@
 
 // Package e2enode holds the real-node tests: kubelet, containerd and runc,
 // kube-controller-manager and kube-scheduler on e2eenv's control plane, all in
-// one throwaway node network namespace (internal/nodeenv). Run with
+// one throwaway node network namespace (test/infra/nodeenv). Run with
 // `make e2e-node` (hack/e2e-node.sh), or directly as root:
 //
 //	go test -tags e2enode -count=1 -v ./test/e2enode/...
@@ -16,7 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ambientd/ambientd/internal/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/nodeenv"
 )
 
 // node is shared by every test of the package; TestMain brings it up once.

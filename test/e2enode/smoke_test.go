@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/ambientd/ambientd/internal/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/nodeenv"
 )
 
 // The node registered itself through kubelet (with the taint it was told to

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/testutil"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 const tag = "ghcr.io/ambientd/ambientd:imagetest"

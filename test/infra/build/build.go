@@ -1,0 +1,289 @@
+// Package build is the one place that decides what each entry point needs —
+// every make target that runs something (demo, demo-lite, e2e, e2e-node,
+// bench-e2e, image, test) and the test programs behind them — and builds
+// what is missing, once: the Debian packages (hack/deps.sh), etcd and the
+// Kubernetes binaries from the Go module proxy (the wrapper module in
+// hack/kube), the CNI reference plugins, our own binaries (bin/) and the
+// agent image (hack/image.sh).
+//
+// The make targets call it through `go run ./hack/ensure TARGET`; the test
+// programs call Ensure with the same Parts before they start anything, so a
+// target run alone on a fresh clone and a program run with `go test` alone
+// build the same things. A long first run prints one line per step with the
+// elapsed time and what is left (see Progress); the build output goes to
+// .cache/logs/, and a failure says where and what to do.
+//
+// Shipped code never imports this package.
+package build
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Part is one thing an entry point needs.
+type Part string
+
+const (
+	// Packages are the Debian packages build, tests and the demo need
+	// (hack/deps.sh): iptables, nftables, ipset, iproute2, protoc, …
+	Packages Part = "packages"
+	// NodePackages add containerd and runc for the real node (hack/deps.sh node).
+	NodePackages Part = "node-packages"
+
+	Etcd              Part = "etcd"
+	KubeAPIServer     Part = "kube-apiserver"
+	Kubelet           Part = "kubelet"
+	ControllerManager Part = "kube-controller-manager"
+	Scheduler         Part = "kube-scheduler"
+	Kubectl           Part = "kubectl"
+
+	// CNIPlugins are the CNI reference plugins loopback, bridge and
+	// host-local at the version go.mod pins (the pod network of every test
+	// environment).
+	CNIPlugins Part = "cni-plugins"
+	// Ours are bin/ambientd, bin/ambientd-cni and bin/ztunnel-emulator.
+	Ours Part = "ours"
+	// Image is the agent image, bin/ambientd-image.tar (hack/image.sh).
+	Image Part = "image"
+)
+
+// The sets the entry points need.
+var (
+	// ControlPlane: a real kube-apiserver + etcd and the CNI chain driven by
+	// libcni, with our agent and the emulator (make e2e, demo-lite, bench-e2e).
+	ControlPlane = []Part{Packages, Etcd, KubeAPIServer, CNIPlugins, Ours}
+	// Node: ControlPlane plus a real node (kubelet, containerd + runc,
+	// controller-manager, scheduler, kubectl) running the agent's image
+	// (make demo, e2e-node).
+	Node = []Part{Packages, NodePackages, Etcd, KubeAPIServer, Kubelet, ControllerManager, Scheduler, Kubectl, CNIPlugins, Ours, Image}
+)
+
+// Targets maps every make target that runs something to what it needs. The
+// Makefile calls `go run ./hack/ensure TARGET` first; TestMakefileEnsures
+// keeps the two in step.
+var Targets = map[string][]Part{
+	"demo":       Node,
+	"e2e-node":   Node,
+	"demo-lite":  ControlPlane,
+	"e2e":        ControlPlane,
+	"bench-e2e":  ControlPlane,
+	"image":      {Packages, Image},
+	"build":      {Ours},
+	"test":       {Packages, CNIPlugins},
+	"bench":      {Packages, CNIPlugins},
+	"image-test": {Packages, NodePackages},
+}
+
+// kubeParts are built from the wrapper module hack/kube, in this order
+// (kube-apiserver first: it fills the Go build cache the others share).
+var kubeParts = []Part{Etcd, KubeAPIServer, Kubelet, ControllerManager, Scheduler, Kubectl}
+
+// cold is how long each step took on a fresh 2-core machine with empty Go
+// caches (the cold CI run): the estimate a first run prints.
+var cold = map[Part]time.Duration{
+	Packages:          40 * time.Second,
+	NodePackages:      20 * time.Second,
+	"modules":         90 * time.Second,
+	Etcd:              60 * time.Second,
+	KubeAPIServer:     510 * time.Second,
+	Kubelet:           160 * time.Second,
+	ControllerManager: 70 * time.Second,
+	Scheduler:         20 * time.Second,
+	Kubectl:           45 * time.Second,
+	CNIPlugins:        30 * time.Second,
+	Ours:              90 * time.Second,
+	Image:             60 * time.Second,
+}
+
+// What each part is called in progress lines.
+var titles = map[Part]string{
+	Packages:     "Debian packages",
+	NodePackages: "Debian packages for the node (containerd, runc)",
+	CNIPlugins:   "CNI reference plugins (loopback, bridge, host-local)",
+	Ours:         "ambientd, ambientd-cni, ztunnel-emulator (bin/)",
+	Image:        "the agent image (bin/ambientd-image.tar)",
+}
+
+func (p Part) title() string {
+	if t, ok := titles[p]; ok {
+		return t
+	}
+	return string(p)
+}
+
+// cniRefPlugins are the reference plugins every test chain uses.
+var cniRefPlugins = []string{
+	"github.com/containernetworking/plugins/plugins/main/loopback",
+	"github.com/containernetworking/plugins/plugins/main/bridge",
+	"github.com/containernetworking/plugins/plugins/ipam/host-local",
+}
+
+// Program is one of our binaries and how `make build` builds it.
+type Program struct {
+	Name    string // the binary's name in bin/
+	Package string // the main package
+	// Tags are build tags. ambientd-cni is exec'd per pod: grpcnotrace keeps
+	// x/net/trace, net/http and html/template out of it.
+	Tags []string
+	// Shipped programs are in the image: stripped, without paths, and
+	// stamped with the version.
+	Shipped bool
+}
+
+// Programs are bin/'s binaries (make build) — the one place their build
+// flags are written; hack/image.sh builds the image's two from here too.
+var Programs = []Program{
+	{Name: "ambientd", Package: "./cmd/ambientd", Shipped: true},
+	{Name: "ambientd-cni", Package: "./cmd/ambientd-cni", Tags: []string{"grpcnotrace"}, Shipped: true},
+	{Name: "ztunnel-emulator", Package: "./cmd/ztunnel-emulator"},
+}
+
+// buildArgs are the go build arguments for p into out.
+func (p Program) buildArgs(out, version string) []string {
+	args := []string{"build", "-buildvcs=false"}
+	if len(p.Tags) > 0 {
+		args = append(args, "-tags", strings.Join(p.Tags, ","))
+	}
+	if p.Shipped {
+		ldflags := "-s -w"
+		if version != "" {
+			ldflags += " -X main.version=" + version
+		}
+		args = append(args, "-trimpath", "-ldflags="+ldflags)
+	}
+	return append(args, "-o", out, p.Package)
+}
+
+// Binaries are the paths of everything the environments run.
+type Binaries struct {
+	// Control plane: etcd and kube-apiserver, built into KubeDir.
+	KubeDir, Etcd, KubeAPIServer string
+	// The real node: kubelet, kube-controller-manager, kube-scheduler and
+	// kubectl (KubeDir), containerd, ctr, the runc shim and runc (Debian).
+	Kubelet, ControllerManager, Scheduler, Kubectl string
+	Containerd, Ctr, Runc, Shim                    string
+	// CNIRefDir holds the reference plugins loopback, bridge, host-local.
+	CNIRefDir string
+	// Ours, in bin/.
+	Agent, CNIPlugin, Emulator string
+	// Image is the agent image archive.
+	Image string
+}
+
+// Locate returns where everything is or would be, without building or
+// checking anything (Check does).
+func Locate(root string) (Binaries, error) {
+	kube, err := kubeDir(root)
+	if err != nil {
+		return Binaries{}, err
+	}
+	cni, err := cniRefDir(root)
+	if err != nil {
+		return Binaries{}, err
+	}
+	if d := os.Getenv(EnvKubeBinDir); d != "" {
+		kube = d
+	}
+	bin := filepath.Join(root, "bin")
+	b := Binaries{
+		KubeDir: kube, Etcd: filepath.Join(kube, "etcd"), KubeAPIServer: filepath.Join(kube, "kube-apiserver"),
+		Kubelet: filepath.Join(kube, "kubelet"), ControllerManager: filepath.Join(kube, "kube-controller-manager"),
+		Scheduler: filepath.Join(kube, "kube-scheduler"), Kubectl: filepath.Join(kube, "kubectl"),
+		CNIRefDir: cni,
+		Agent:     filepath.Join(bin, "ambientd"), CNIPlugin: filepath.Join(bin, "ambientd-cni"), Emulator: filepath.Join(bin, "ztunnel-emulator"),
+		Image: filepath.Join(bin, "ambientd-image.tar"),
+	}
+	for _, x := range []struct {
+		dst  *string
+		name string
+	}{{&b.Containerd, "containerd"}, {&b.Ctr, "ctr"}, {&b.Runc, "runc"}, {&b.Shim, "containerd-shim-runc-v2"}} {
+		if p, err := exec.LookPath(x.name); err == nil {
+			*x.dst = p
+		}
+	}
+	return b, nil
+}
+
+// files are the files a part consists of ("" for a tool not on PATH).
+func (b Binaries) files(p Part) []string {
+	switch p {
+	case Etcd:
+		return []string{b.Etcd}
+	case KubeAPIServer:
+		return []string{b.KubeAPIServer}
+	case Kubelet:
+		return []string{b.Kubelet}
+	case ControllerManager:
+		return []string{b.ControllerManager}
+	case Scheduler:
+		return []string{b.Scheduler}
+	case Kubectl:
+		return []string{b.Kubectl}
+	case CNIPlugins:
+		return []string{filepath.Join(b.CNIRefDir, "loopback"), filepath.Join(b.CNIRefDir, "bridge"), filepath.Join(b.CNIRefDir, "host-local")}
+	case Ours:
+		return []string{b.Agent, b.CNIPlugin, b.Emulator}
+	case Image:
+		return []string{b.Image}
+	case NodePackages:
+		return []string{b.Containerd, b.Ctr, b.Runc, b.Shim}
+	}
+	return nil
+}
+
+// missing reports whether any file of p is absent.
+func (b Binaries) missing(p Part) bool {
+	for _, f := range b.files(p) {
+		if isExecutable(f) != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Check reports the first part that is not in place, with what to run.
+func (b Binaries) Check(parts ...Part) error {
+	for _, p := range parts {
+		for _, f := range b.files(p) {
+			if f == "" {
+				return fmt.Errorf("%s: not installed (run `make deps` as root, or `go run ./hack/ensure %s`)", p.title(), p)
+			}
+			if err := isExecutable(f); err != nil {
+				return fmt.Errorf("%s: %w (run the make target again, or `go run ./hack/ensure %s`)", p.title(), err, p)
+			}
+		}
+	}
+	return nil
+}
+
+func isExecutable(p string) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return fmt.Errorf("%s is not built yet", p)
+		}
+		return err
+	}
+	if st.IsDir() || (st.Mode()&0o111 == 0 && !strings.HasSuffix(p, ".tar")) {
+		return fmt.Errorf("%s is not an executable file", p)
+	}
+	return nil
+}
+
+// sortedParts returns parts in build order, each once.
+func sortedParts(parts []Part) []Part {
+	order := []Part{Packages, NodePackages, Etcd, KubeAPIServer, Kubelet, ControllerManager, Scheduler, Kubectl, CNIPlugins, Ours, Image}
+	var out []Part
+	for _, p := range order {
+		if slices.Contains(parts, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
