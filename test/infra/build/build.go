@@ -108,6 +108,17 @@ var titles = map[Part]string{
 	CNIPlugins:   "CNI reference plugins (loopback, bridge, host-local)",
 	Ours:         "ambientd, ambientd-cni, ztunnel-emulator (bin/)",
 	Image:        "the agent image (bin/ambientd-image.tar)",
+	"modules":    "the Go modules of Kubernetes and etcd (download)",
+}
+
+// short names for the first line of a long run.
+var short = map[Part]string{CNIPlugins: "the CNI reference plugins", Ours: "bin/", Image: "the image"}
+
+func (p Part) short() string {
+	if s, ok := short[p]; ok {
+		return s
+	}
+	return string(p)
 }
 
 func (p Part) title() string {

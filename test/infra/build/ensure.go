@@ -80,7 +80,7 @@ func Ensure(ctx context.Context, parts []Part, opts Options) (Binaries, error) {
 		if p == Packages || p == NodePackages || !b.missing(p) {
 			continue
 		}
-		todo = append(todo, string(p))
+		todo = append(todo, p.short())
 		estimate += cold[p]
 		if isKube(p) && !e.modulesCounted {
 			estimate += cold["modules"]
@@ -197,7 +197,11 @@ func (e *ensurer) step(ctx context.Context, p Part, announce bool, fn func(ctx c
 		if d, ok := cold[p]; ok && d >= time.Minute {
 			est = fmt.Sprintf(" (about %s cold)", roundMinutes(d))
 		}
-		fmt.Fprintf(e.opts.Log, "ensure: [%s] building %s%s\n", e.elapsed(), title, est)
+		verb := "building"
+		if p == "modules" {
+			verb = "fetching"
+		}
+		fmt.Fprintf(e.opts.Log, "ensure: [%s] %s %s%s\n", e.elapsed(), verb, title, est)
 	}
 	began := time.Now()
 	var wg sync.WaitGroup
