@@ -66,10 +66,15 @@ func TestDeployDryRunApply(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()] = true
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet"} {
+	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet"} {
 		if !kinds[k] {
 			t.Errorf("kustomized deploy/ has no %s", k)
 		}
+	}
+	// `kubectl delete -k deploy/` deletes what the kustomization holds: a
+	// Namespace there would take istio-system, and Istio, with it.
+	if kinds["Namespace"] {
+		t.Error("kustomized deploy/ holds a Namespace: uninstalling would delete it")
 	}
 	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
 	for _, o := range objs {
