@@ -115,6 +115,19 @@ func (r *agentRun) uninstallLeavesNodeAsBefore(t *testing.T, ctx context.Context
 		t.Fatalf("plugin not in the conflist before the uninstall:\n%s", conflist(t))
 	}
 
+	// The agent's log, followed to its end: its own account of the
+	// shutdown decision.
+	agentPod, err := node.AgentPod(ctx)
+	if err != nil || agentPod == nil {
+		t.Fatalf("agent pod: %v", err)
+	}
+	var agentLog strings.Builder
+	follow := exec.CommandContext(ctx, node.Bins.Kubectl, "--kubeconfig="+node.Env.CP.AdminKubeconfig, "logs", "-f", "-n", "istio-system", agentPod.Name)
+	follow.Stdout = &agentLog
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+
 	start := time.Now()
 	out, err := node.Kubectl(ctx, uninstallCommand(r.overlay)...)
 	r.overlay = "" // nothing left for the cleanup to delete
@@ -128,6 +141,17 @@ func (r *agentRun) uninstallLeavesNodeAsBefore(t *testing.T, ctx context.Context
 	}); err != nil {
 		t.Error(err)
 	}
+	_ = follow.Wait() // ends with the container
+	decision := ""
+	for _, line := range strings.Split(agentLog.String(), "\n") {
+		if strings.Contains(line, "uninstalling from the node") || strings.Contains(line, "leaving the CNI plugin") || strings.Contains(line, "cannot tell uninstall from upgrade") {
+			decision = line
+		}
+	}
+	if !strings.Contains(decision, "uninstalling from the node") {
+		t.Errorf("the agent's shutdown decision: %q, want it to uninstall; its log:\n%s", decision, agentLog.String())
+	}
+	t.Logf("the agent's shutdown decision: %s", decision)
 	// No waiting beyond the pod: the agent uninstalled before it exited.
 	if got := []byte(conflist(t)); string(got) != string(r.pristine.conflist) {
 		t.Errorf("conflist after the uninstall differs from before the install:\nbefore:\n%s\nafter:\n%s", r.pristine.conflist, got)
