@@ -128,13 +128,17 @@ func (r *agentRun) uninstallLeavesNodeAsBefore(t *testing.T, ctx context.Context
 		t.Fatal(err)
 	}
 
+	// The install's kustomization (an earlier step's overlay dir went with
+	// that step: the same overlay again; the image tag does not matter to
+	// a delete).
+	kustomization := overlay(t, nodeenv.AgentTag)
 	start := time.Now()
-	out, err := node.Kubectl(ctx, uninstallCommand(r.overlay)...)
-	r.overlay = "" // nothing left for the cleanup to delete
+	out, err := node.Kubectl(ctx, uninstallCommand(kustomization)...)
 	t.Logf("kubectl %s (%s, %v):\n%s", strings.Join(uninstallCommand("<overlay>"), " "), time.Since(start).Round(time.Millisecond), err, out)
 	if err != nil {
-		t.Error(err)
+		t.Fatal(err) // the cleanup deletes the DaemonSet
 	}
+	r.overlay = "" // nothing left for the cleanup to delete
 	if err := nodeenv.Poll(ctx, "agent pod gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		p, err := node.AgentPod(ctx)
 		return p == nil, err
