@@ -42,9 +42,16 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("iptables mode %q: want auto, legacy, nft or nftables", s)
 }
 
+// DefaultIPv6 is whether ambientd captures IPv6 unless told otherwise: on,
+// as in Istio's chart (the rules are harmless in IPv4-only pods, and a
+// dual-stack pod must never run with its IPv6 traffic uncaptured). The one
+// default of `ambientd run`, `ambientd rules` and `ambientd uninstall`.
+const DefaultIPv6 = true
+
 // Config is the node-wide rule configuration.
 type Config struct {
 	// IPv6 adds ip6tables rules (and the IPv6 policy route and probe set).
+	// The zero value is off; callers take DefaultIPv6.
 	IPv6 bool
 	// DNSCapture is the default for pods without the dns-capture annotation.
 	DNSCapture bool

@@ -113,9 +113,7 @@ type cniInstall struct {
 	inst            *cniinstall.Installer
 	cancel          context.CancelFunc
 	done            chan error
-	f               installFlags
-	nodeName        string
-	client          kubernetes.Interface
+	shutdown        *cniinstall.ShutdownRule
 	rules           *iptables.Manager
 	log             *slog.Logger
 	shutdownTimeout time.Duration
@@ -130,8 +128,12 @@ func startCNIInstall(ctx context.Context, f installFlags, cfg cniinstall.Config,
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	c := &cniInstall{inst: inst, cancel: cancel, done: make(chan error, 1), f: f, nodeName: nodeName, client: client, rules: rules, log: log, shutdownTimeout: 10 * time.Second}
+	c := &cniInstall{inst: inst, cancel: cancel, done: make(chan error, 1), rules: rules, log: log, shutdownTimeout: 10 * time.Second,
+		shutdown: cniinstall.NewShutdownRule(client, f.namespace, f.daemonSet, nodeName)}
 	go func() { c.done <- inst.Run(ctx) }()
+	// The shutdown rule needs one read of the DaemonSet with the agent's
+	// identity first; it returns once it has it.
+	go c.shutdown.Watch(ctx, log)
 	return c, nil
 }
 
@@ -144,7 +146,8 @@ func (c *cniInstall) Check() error { return c.inst.Check() }
 
 // Finish stops the installer (which leaves everything installed), then
 // uninstalls only when the DaemonSet is gone, being deleted or no longer
-// selects this node; otherwise (upgrade, restart) everything stays.
+// selects this node, or the agent's identity was deleted
+// (cniinstall.ShutdownRule); otherwise (upgrade, restart) everything stays.
 func (c *cniInstall) Finish() error {
 	c.cancel()
 	if err := <-c.done; err != nil {
@@ -152,7 +155,7 @@ func (c *cniInstall) Finish() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
-	uninstall, reason, err := cniinstall.UninstallOnShutdown(ctx, c.client, c.f.namespace, c.f.daemonSet, c.nodeName)
+	uninstall, reason, err := c.shutdown.Decide(ctx)
 	if err != nil {
 		c.log.Warn("cannot tell uninstall from upgrade; leaving the plugin and rules in place", "error", err)
 		return nil

@@ -27,13 +27,15 @@ func nodeReadyFlags(fs *flag.FlagSet) func(getenv func(string) string, nodeName 
 	fs.BoolVar(&c.TaintWhenUnready, "taint-when-unready", false, "add the taint (NoSchedule) back when the node condition has been False for --taint-grace-period, and remove it when True again")
 	fs.DurationVar(&c.TaintGracePeriod, "taint-grace-period", nodeready.DefaultGracePeriod, "how long the node condition must be False before --taint-when-unready taints the node")
 	fs.DurationVar(&c.ResyncPeriod, "node-condition-resync", nodeready.DefaultResyncPeriod, "how often the node condition's inputs are re-evaluated besides on changes")
+	fs.DurationVar(&c.HeartbeatPeriod, "node-condition-heartbeat", nodeready.DefaultHeartbeatPeriod, "how often the node condition is rewritten when nothing changed, moving its lastHeartbeatTime (a condition whose heartbeat is older was left by an agent that stopped)")
 	env := map[string]string{
-		"node-condition-type":   "AMBIENTD_NODE_CONDITION_TYPE",
-		"untaint":               "AMBIENTD_UNTAINT",
-		"taint-key":             "AMBIENTD_TAINT_KEY",
-		"taint-when-unready":    "AMBIENTD_TAINT_WHEN_UNREADY",
-		"taint-grace-period":    "AMBIENTD_TAINT_GRACE_PERIOD",
-		"node-condition-resync": "AMBIENTD_NODE_CONDITION_RESYNC",
+		"node-condition-type":      "AMBIENTD_NODE_CONDITION_TYPE",
+		"untaint":                  "AMBIENTD_UNTAINT",
+		"taint-key":                "AMBIENTD_TAINT_KEY",
+		"taint-when-unready":       "AMBIENTD_TAINT_WHEN_UNREADY",
+		"taint-grace-period":       "AMBIENTD_TAINT_GRACE_PERIOD",
+		"node-condition-resync":    "AMBIENTD_NODE_CONDITION_RESYNC",
+		"node-condition-heartbeat": "AMBIENTD_NODE_CONDITION_HEARTBEAT",
 	}
 	for name, e := range env {
 		fs.Lookup(name).Usage += " (env " + e + ")"
@@ -45,6 +47,7 @@ func nodeReadyFlags(fs *flag.FlagSet) func(getenv func(string) string, nodeName 
 		"TaintKey":         "taint-key",
 		"TaintGracePeriod": "taint-grace-period",
 		"ResyncPeriod":     "node-condition-resync",
+		"HeartbeatPeriod":  "node-condition-heartbeat",
 	}
 	return func(getenv func(string) string, nodeName string) (nodeready.Config, error) {
 		given := map[string]bool{}

@@ -51,12 +51,12 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		cfg     iptables.Config
 		reroute listFlag
 		ann     = annFlag{}
-		family  = fs.String("family", "", `address family to print: "4", "6" or "all" (default: 4, or all with --ipv6); one family's output pipes straight into (ip6)iptables-restore --noflush`)
+		family  = fs.String("family", "", `address family to print: "4", "6" or "all" (default: all, or 4 with --ipv6=false); one family's output pipes straight into (ip6)iptables-restore --noflush`)
 		host    = fs.Bool("host", false, "print the node's probe SNAT rules instead of the in-pod rules")
 		del     = fs.Bool("delete", false, "print the batch that removes the rules instead of the one that installs them")
 		nft     = fs.Bool("nftables", false, "print the native nftables rules (as `nft list` shows them) of --iptables nftables instead of iptables-restore text")
 	)
-	fs.BoolVar(&cfg.IPv6, "ipv6", false, "node has IPv6: add ip6tables rules")
+	fs.BoolVar(&cfg.IPv6, "ipv6", iptables.DefaultIPv6, "capture IPv6 too, as the agent does by default: add ip6tables rules")
 	fs.BoolVar(&cfg.DNSCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+podmeta.AnnotationDNSCapture+" annotation)")
 	fs.Var(&reroute, "reroute-interface", "virtual interface whose TCP goes to ztunnel's outbound port (repeatable, or comma separated)")
 	fs.Var(ann, "annotation", "pod annotation key=value (repeatable), e.g. "+podmeta.AnnotationBypassInbound+"=true")

@@ -17,7 +17,9 @@ func TestRulesCmd(t *testing.T) {
 		want    []string // substrings of stdout
 		wantErr string   // substring of stderr
 	}{
-		{name: "defaults", code: 0, golden: "pod_v4_dns-on_bypass-off"},
+		// IPv6 on by default, as the agent (iptables.DefaultIPv6).
+		{name: "defaults", code: 0, golden: "pod_v6_dns-on_bypass-off", want: []string{"# iptables-restore --noflush", "# ip6tables-restore --noflush"}},
+		{name: "ipv6 off", args: []string{"--ipv6=false"}, golden: "pod_v4_dns-on_bypass-off"},
 		{name: "dns off", args: []string{"--dns-capture=false"}, golden: "pod_v4_dns-off_bypass-off"},
 		{name: "dns and bypass", args: []string{"--dns-capture", "--annotation", "ambient.istio.io/bypass-inbound-capture=true"}, golden: "pod_v4_dns-on_bypass-on"},
 		{name: "annotation overrides dns", args: []string{"--dns-capture", "--annotation=ambient.istio.io/dns-capture=false"}, golden: "pod_v4_dns-off_bypass-off"},
@@ -27,7 +29,7 @@ func TestRulesCmd(t *testing.T) {
 		{name: "host", args: []string{"--host", "--ipv6"}, golden: "host_v6", want: []string{"ipset create istio-inpod-probes-v4 hash:ip family inet comment"}},
 		{name: "delete", args: []string{"--delete"}, golden: "pod_delete"},
 		{name: "nftables", args: []string{"--nftables", "--ipv6", "--dns-capture"}, golden: "nft_v6_dns-on_bypass-off"},
-		{name: "nftables reroute", args: []string{"--nftables", "--reroute-interface", "tap0,tap1"}, golden: "nft_v4_dns-on_bypass-off_reroute"},
+		{name: "nftables reroute", args: []string{"--nftables", "--ipv6=false", "--reroute-interface", "tap0,tap1"}, golden: "nft_v4_dns-on_bypass-off_reroute"},
 		{name: "nftables host", args: []string{"--nftables", "--host", "--ipv6"}, golden: "nft_host_v6", want: []string{"meta skuid"}},
 		{name: "nftables delete", args: []string{"--nftables", "--delete"}, want: []string{"delete table inet istio-ambient-nat\ndelete table inet istio-ambient-mangle\ndelete table inet istio-ambient-raw\n"}},
 		{name: "bad annotation", args: []string{"--annotation", "ambient.istio.io/dns-capture=yes"}, code: 2, wantErr: `ambient.istio.io/dns-capture has invalid value "yes"`},

@@ -37,7 +37,7 @@ type runFlags struct {
 	healthAddr, metricsAddr, hostProc, iptablesMode string
 	excludeNamespaces, logLevel, runDir             string
 	podConditionType, ztunnelSocketMode             string
-	kubeletUID                                      string
+	kubeletUID, ztunnelAllowedUIDs                  string
 	verifyInterval                                  time.Duration
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
@@ -50,34 +50,35 @@ type runFlags struct {
 
 // envOf maps flag names to their environment variables.
 var envOf = map[string]string{
-	"kubeconfig":          "KUBECONFIG",
-	"node-name":           "NODE_NAME",
-	"ztunnel-socket":      "ZTUNNEL_UDS_ADDRESS",
-	"cni-socket":          "AMBIENTD_CNI_SOCKET",
-	"health-addr":         "AMBIENTD_HEALTH_ADDR",
-	"metrics-addr":        "AMBIENTD_METRICS_ADDR",
-	"host-proc":           "AMBIENTD_HOST_PROC",
-	"iptables":            "AMBIENTD_IPTABLES",
-	"exclude-namespaces":  "AMBIENTD_EXCLUDE_NAMESPACES",
-	"dns-capture":         "AMBIENTD_DNS_CAPTURE",
-	"ipv6":                "AMBIENTD_IPV6",
-	"install-cni":         "AMBIENTD_INSTALL_CNI",
-	"fail-pending":        "AMBIENTD_FAIL_PENDING",
-	"pod-lookup-timeout":  "AMBIENTD_POD_LOOKUP_TIMEOUT",
-	"retry-base-delay":    "AMBIENTD_RETRY_BASE_DELAY",
-	"retry-max-delay":     "AMBIENTD_RETRY_MAX_DELAY",
-	"log-level":           "AMBIENTD_LOG_LEVEL",
-	"kube-qps":            "AMBIENTD_KUBE_QPS",
-	"kube-burst":          "AMBIENTD_KUBE_BURST",
-	"verify-interval":     "AMBIENTD_VERIFY_INTERVAL",
-	"run-dir":             "AMBIENTD_RUN_DIR",
-	"ztunnel-socket-mode": "AMBIENTD_ZTUNNEL_SOCKET_MODE",
-	"pod-condition-type":  "AMBIENTD_POD_CONDITION_TYPE",
-	"kubelet-uid":         "AMBIENTD_KUBELET_UID",
-	"admin-socket":        "AMBIENTD_ADMIN_SOCKET",
-	"iptables-lock-wait":  "AMBIENTD_IPTABLES_LOCK_WAIT",
-	"workers":             "AMBIENTD_WORKERS",
-	"max-parallel-adds":   "AMBIENTD_MAX_PARALLEL_ADDS",
+	"kubeconfig":           "KUBECONFIG",
+	"node-name":            "NODE_NAME",
+	"ztunnel-socket":       "ZTUNNEL_UDS_ADDRESS",
+	"cni-socket":           "AMBIENTD_CNI_SOCKET",
+	"health-addr":          "AMBIENTD_HEALTH_ADDR",
+	"metrics-addr":         "AMBIENTD_METRICS_ADDR",
+	"host-proc":            "AMBIENTD_HOST_PROC",
+	"iptables":             "AMBIENTD_IPTABLES",
+	"exclude-namespaces":   "AMBIENTD_EXCLUDE_NAMESPACES",
+	"dns-capture":          "AMBIENTD_DNS_CAPTURE",
+	"ipv6":                 "AMBIENTD_IPV6",
+	"install-cni":          "AMBIENTD_INSTALL_CNI",
+	"fail-pending":         "AMBIENTD_FAIL_PENDING",
+	"pod-lookup-timeout":   "AMBIENTD_POD_LOOKUP_TIMEOUT",
+	"retry-base-delay":     "AMBIENTD_RETRY_BASE_DELAY",
+	"retry-max-delay":      "AMBIENTD_RETRY_MAX_DELAY",
+	"log-level":            "AMBIENTD_LOG_LEVEL",
+	"kube-qps":             "AMBIENTD_KUBE_QPS",
+	"kube-burst":           "AMBIENTD_KUBE_BURST",
+	"verify-interval":      "AMBIENTD_VERIFY_INTERVAL",
+	"run-dir":              "AMBIENTD_RUN_DIR",
+	"ztunnel-socket-mode":  "AMBIENTD_ZTUNNEL_SOCKET_MODE",
+	"ztunnel-allowed-uids": "AMBIENTD_ZTUNNEL_ALLOWED_UIDS",
+	"pod-condition-type":   "AMBIENTD_POD_CONDITION_TYPE",
+	"kubelet-uid":          "AMBIENTD_KUBELET_UID",
+	"admin-socket":         "AMBIENTD_ADMIN_SOCKET",
+	"iptables-lock-wait":   "AMBIENTD_IPTABLES_LOCK_WAIT",
+	"workers":              "AMBIENTD_WORKERS",
+	"max-parallel-adds":    "AMBIENTD_MAX_PARALLEL_ADDS",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -111,6 +112,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.runDir, "run-dir", def.RunDir, "the agent's run directory (tmpfs): holds the pod state file (netns path and inode per pod), tried before the /proc scan on restart")
 	fs.StringVar(&f.kubeletUID, "kubelet-uid", "", "uid of the kubelet, whose probes the nftables backend's host SNAT matches (meta skuid); empty = found by scanning --host-proc for kubelet, kubelite or k3s")
 	fs.StringVar(&f.ztunnelSocketMode, "ztunnel-socket-mode", "0600", "permission bits of the ztunnel socket (octal); widen it (e.g. 0660) for a non-root ztunnel")
+	fs.StringVar(&f.ztunnelAllowedUIDs, "ztunnel-allowed-uids", "0", "comma-separated uids ztunnel may connect as; any other process that reaches the ztunnel socket (it would receive every pod's network namespace) is refused, logged and counted (SO_PEERCRED)")
 	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin into the host's bin dir and config, keep it there, report it in readiness (see docs/install.md)")
 	fs.BoolVar(&f.failPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
 	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", def.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
@@ -224,6 +226,9 @@ func (f runFlags) validate() error {
 	if _, err := f.socketMode(); err != nil {
 		return err
 	}
+	if _, err := f.allowedUIDs(); err != nil {
+		return err
+	}
 	if f.workers < 1 || f.workers > 256 || f.maxParallelAdds < 1 || f.maxParallelAdds > 1024 {
 		return fmt.Errorf("--workers %d / --max-parallel-adds %d: want 1..256 / 1..1024", f.workers, f.maxParallelAdds)
 	}
@@ -244,6 +249,25 @@ func (f runFlags) socketMode() (os.FileMode, error) {
 		return 0, fmt.Errorf("--ztunnel-socket-mode %q: want octal permission bits including owner rw (e.g. 0600, 0660)", f.ztunnelSocketMode)
 	}
 	return os.FileMode(m), nil
+}
+
+// allowedUIDs parses --ztunnel-allowed-uids: one or more numeric uids.
+func (f runFlags) allowedUIDs() ([]uint32, error) {
+	var uids []uint32
+	for _, p := range strings.Split(f.ztunnelAllowedUIDs, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		u, err := strconv.ParseUint(p, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("--ztunnel-allowed-uids %q: %q is not a numeric uid", f.ztunnelAllowedUIDs, p)
+		}
+		uids = append(uids, uint32(u))
+	}
+	if len(uids) == 0 {
+		return nil, fmt.Errorf("--ztunnel-allowed-uids %q: want at least one uid (0: root)", f.ztunnelAllowedUIDs)
+	}
+	return uids, nil
 }
 
 func (f runFlags) excluded() []string {
@@ -317,7 +341,8 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac.PodConditionType = f.podConditionType
 	ac.VerifyInterval, ac.IPv6, ac.RunDir = f.verifyInterval, f.ipv6, f.runDir
 	ac.Workers, ac.MaxParallelAdds = f.workers, f.maxParallelAdds
-	mode, _ := f.socketMode() // validated
+	mode, _ := f.socketMode()         // validated
+	ztunnelUIDs, _ := f.allowedUIDs() // validated
 	// With --install-cni the installer's own check (our entry last in the
 	// config the runtime uses) feeds /readyz and the node condition;
 	// without it the daemon reads the conf dir itself.
@@ -332,17 +357,18 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		pluginInstalled = ci.Check
 	}
 	node, err := daemon.New(daemon.Config{
-		Agent:             ac,
-		ZtunnelSocketMode: mode,
-		ZtunnelSocket:     f.ztunnelSocket,
-		CNISocket:         f.cniSocket,
-		HealthAddr:        f.healthAddr,
-		MetricsAddr:       f.metricsAddr,
-		NodeReady:         f.nodeReady,
-		CNIConfDir:        f.install.confDir,
-		PluginInstalled:   pluginInstalled,
-		AdminSocket:       f.adminSocket,
-		Version:           version,
+		Agent:              ac,
+		ZtunnelSocketMode:  mode,
+		ZtunnelAllowedUIDs: ztunnelUIDs,
+		ZtunnelSocket:      f.ztunnelSocket,
+		CNISocket:          f.cniSocket,
+		HealthAddr:         f.healthAddr,
+		MetricsAddr:        f.metricsAddr,
+		NodeReady:          f.nodeReady,
+		CNIConfDir:         f.install.confDir,
+		PluginInstalled:    pluginInstalled,
+		AdminSocket:        f.adminSocket,
+		Version:            version,
 	}, client, rules, log)
 	if err != nil {
 		return err

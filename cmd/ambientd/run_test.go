@@ -26,7 +26,7 @@ func TestParseRunFlags(t *testing.T) {
 			if f.ztunnelSocket != "/var/run/ztunnel/ztunnel.sock" || f.cniSocket != "/var/run/ambientd/cni.sock" ||
 				f.healthAddr != ":8000" || f.metricsAddr != ":15014" || f.hostProc != "/proc" || f.iptablesMode != "auto" ||
 				f.excludeNamespaces != "kube-system" || f.installCNI || !f.dnsCapture || !f.ipv6 || f.podLookupTimeout != 10*time.Second ||
-				f.verifyInterval != time.Minute || f.runDir != "/var/run/ambientd" || f.ztunnelSocketMode != "0600" {
+				f.verifyInterval != time.Minute || f.runDir != "/var/run/ambientd" || f.ztunnelSocketMode != "0600" || f.ztunnelAllowedUIDs != "0" {
 				t.Errorf("defaults: %+v", f)
 			}
 		}},
@@ -42,6 +42,13 @@ func TestParseRunFlags(t *testing.T) {
 		}},
 		{name: "bad env value names variable", env: env("NODE_NAME", "n", "AMBIENTD_IPV6", "maybe"), wantErr: "AMBIENTD_IPV6"},
 		{name: "bad iptables", args: []string{"--node-name=n", "--iptables=xt"}, env: env(), wantErr: "--iptables"},
+		{name: "ztunnel uids from env", env: env("NODE_NAME", "n", "AMBIENTD_ZTUNNEL_ALLOWED_UIDS", "0, 1337"), check: func(t *testing.T, f runFlags) {
+			if u, err := f.allowedUIDs(); err != nil || len(u) != 2 || u[0] != 0 || u[1] != 1337 {
+				t.Errorf("allowed uids %v (%v), want [0 1337]", u, err)
+			}
+		}},
+		{name: "bad ztunnel uid", args: []string{"--node-name=n", "--ztunnel-allowed-uids=root"}, env: env(), wantErr: "--ztunnel-allowed-uids"},
+		{name: "no ztunnel uid", args: []string{"--node-name=n", "--ztunnel-allowed-uids=,"}, env: env(), wantErr: "--ztunnel-allowed-uids"},
 		{name: "relative socket", args: []string{"--node-name=n", "--ztunnel-socket=z.sock"}, env: env(), wantErr: "--ztunnel-socket"},
 		{name: "same sockets", args: []string{"--node-name=n", "--ztunnel-socket=/a", "--cni-socket=/a"}, env: env(), wantErr: "--cni-socket"},
 		{name: "missing host proc", args: []string{"--node-name=n", "--host-proc=/does/not/exist"}, env: env(), wantErr: "--host-proc"},

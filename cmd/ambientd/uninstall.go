@@ -40,7 +40,7 @@ func runUninstall(ctx context.Context, args []string, getenv func(string) string
 	var inst installFlags
 	inst.register(fs)
 	mode := fs.String("iptables", "auto", "iptables variant the host rules were made with: auto, legacy or nft")
-	ipv6 := fs.Bool("ipv6", false, "also remove the IPv6 host rules and probe set")
+	ipv6 := fs.Bool("ipv6", iptables.DefaultIPv6, "also remove the IPv6 host rules and probe set (the agent's default; a node without ip6tables has none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	timeout := fs.Duration("timeout", time.Minute, "bound on the whole uninstall")
 	for name, env := range uninstallEnvOf {
@@ -89,6 +89,12 @@ func runUninstall(ctx context.Context, args []string, getenv func(string) string
 	if err == nil {
 		var rules *iptables.Manager
 		rules, err = iptables.NewManager(ctx, iptables.Config{IPv6: *ipv6, Mode: m}, log.With("component", "iptables"))
+		if err != nil && *ipv6 {
+			// No IPv6 tools of that backend on this node: then it has no
+			// IPv6 rules of it either; IPv4 is all there is to remove.
+			log.Info("IPv6 rule tools unavailable; removing the IPv4 rules", "error", err)
+			rules, err = iptables.NewManager(ctx, iptables.Config{IPv6: false, Mode: m}, log.With("component", "iptables"))
+		}
 		if err == nil {
 			err = uninstallNode(ctx, installer, rules)
 		}

@@ -19,11 +19,13 @@ import (
 )
 
 // TestUninstall installs for real in a throwaway "node" (a netns for the
-// host rules, a temp dir for the CNI dirs), runs `ambientd uninstall` there,
-// and checks everything of ours is gone and nothing else changed.
+// host rules of both families, as `ambientd run` makes them by default, and
+// a temp dir for the CNI dirs), runs `ambientd uninstall` there with its
+// defaults, and checks everything of ours is gone — IPv6 rules and set too —
+// and nothing else changed.
 func TestUninstall(t *testing.T) {
 	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "iptables-legacy-save", "iptables-nft-save", "ipset")
+	testutil.RequireBinary(t, "iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save", "ip6tables-nft-save", "ipset")
 	for _, mode := range []string{"legacy", "nft"} {
 		t.Run(mode, func(t *testing.T) { testUninstall(t, mode) })
 	}
@@ -57,22 +59,27 @@ func testUninstall(t *testing.T, mode string) {
 	save := "iptables-" + mode + "-save"
 	var before string
 	err = node.Do(func(ns.NetNS) error {
-		m, err := iptables.NewManager(ctx, iptables.Config{Mode: iptables.Mode(mode)}, testutil.Logger(t, slog.LevelInfo))
+		m, err := iptables.NewManager(ctx, iptables.Config{Mode: iptables.Mode(mode), IPv6: iptables.DefaultIPv6}, testutil.Logger(t, slog.LevelInfo))
 		if err != nil {
 			return err
 		}
 		if err := m.EnsureHostRules(ctx); err != nil {
 			return err
 		}
-		out, err := exec.CommandContext(ctx, save, "-t", "nat").CombinedOutput()
-		before = string(out)
-		return err
+		for _, s := range []string{save, "ip6" + strings.TrimPrefix(save, "ip")} {
+			out, err := exec.CommandContext(ctx, s, "-t", "nat").CombinedOutput()
+			before += string(out)
+			if err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(before, "ISTIO_POSTRT") {
-		t.Fatalf("host rules not installed:\n%s", before)
+	if strings.Count(before, ":ISTIO_POSTRT") != 2 {
+		t.Fatalf("host rules of both families not installed:\n%s", before)
 	}
 
 	var stderr bytes.Buffer
@@ -81,12 +88,14 @@ func testUninstall(t *testing.T, mode string) {
 	err = node.Do(func(ns.NetNS) error {
 		code = runUninstall(ctx, []string{"--cni-bin-dir", bin, "--cni-conf-dir", conf},
 			func(k string) string { return map[string]string{"AMBIENTD_IPTABLES": mode}[k] }, &stderr)
-		out, err := exec.CommandContext(ctx, save, "-t", "nat").CombinedOutput()
-		after = string(out)
-		if err != nil {
-			return err
+		for _, s := range []string{save, "ip6" + strings.TrimPrefix(save, "ip")} {
+			out, err := exec.CommandContext(ctx, s, "-t", "nat").CombinedOutput()
+			after += string(out)
+			if err != nil {
+				return err
+			}
 		}
-		out, err = exec.CommandContext(ctx, "ipset", "list", "-n").CombinedOutput()
+		out, err := exec.CommandContext(ctx, "ipset", "list", "-n").CombinedOutput()
 		sets = string(out)
 		return err
 	})

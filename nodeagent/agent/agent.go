@@ -125,7 +125,7 @@ func DefaultConfig() Config {
 		Workers:          4,
 		PodConditionType: DefaultPodConditionType,
 		VerifyInterval:   60 * time.Second,
-		IPv6:             true,
+		IPv6:             iptables.DefaultIPv6,
 		RunDir:           "/var/run/ambientd",
 		MaxParallelAdds:  16,
 	}

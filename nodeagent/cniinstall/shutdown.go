@@ -3,6 +3,9 @@ package cniinstall
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,39 +15,136 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// UninstallOnShutdown decides, when the agent stops, whether this is an
-// uninstall or an upgrade/restart. The rule (the one Istio's agent follows):
-// if the agent's DaemonSet still exists, is not being deleted and still
-// selects this node, another agent pod is coming — leave the plugin, config,
-// host rules and pod rules in place, so new ambient pods wait for it instead
-// of starting uncaptured. Otherwise (DaemonSet gone, being deleted, or no
-// longer scheduling here) the node is being left: uninstall.
+// ShutdownRule decides, when the agent stops, whether this is an uninstall
+// or an upgrade/restart. The rule (Istio's agent follows the first part): if
+// the agent's DaemonSet still exists, is not being deleted, is not in a
+// namespace being deleted and still selects this node, another agent pod is
+// coming — leave the plugin, config, host rules and pod rules in place, so
+// new ambient pods wait for it instead of starting uncaptured. Otherwise
+// (DaemonSet gone, being deleted, or no longer scheduling here) the node is
+// being left: uninstall.
 //
-// An API error is returned with uninstall=false: when in doubt, keep the
-// node protected (a leftover plugin fails closed; a missing one fails open).
-func UninstallOnShutdown(ctx context.Context, client kubernetes.Interface, namespace, daemonSet, nodeName string) (uninstall bool, reason string, err error) {
-	ds, err := client.AppsV1().DaemonSets(namespace).Get(ctx, daemonSet, metav1.GetOptions{})
+// The agent's identity is part of the installation. An uninstall deletes it
+// too, and usually first (`kubectl delete -k deploy/` deletes the
+// ServiceAccount and the RBAC binding before the DaemonSet, and the agents
+// get SIGTERM after that), leaving the agent unable to ask. So once the
+// agent has read its DaemonSet (Probe), the API's answer "who are you?" (401:
+// the ServiceAccount, and with it every token of it, is gone) or "you may not
+// read that" (403: the binding or role is gone) means uninstall as well: no
+// upgrade deletes the identity of the agent it replaces. Without such a first
+// read (the API was never reachable, or the deployment never granted the
+// read) a 401/403 proves nothing. Anything else the agent cannot get an
+// answer to (network, timeouts, 5xx) is an error, with uninstall=false: when
+// in doubt, keep the node protected (a leftover plugin fails closed; a
+// missing one fails open). See docs/install.md.
+type ShutdownRule struct {
+	client                         kubernetes.Interface
+	namespace, daemonSet, nodeName string
+	// readOnce: the agent read its DaemonSet at least once (any answer
+	// but 401/403), so its identity and rights worked.
+	readOnce atomic.Bool
+}
+
+// NewShutdownRule returns the rule for the agent's DaemonSet
+// namespace/daemonSet on node nodeName, read with client (the agent's own
+// identity). Call Probe (or Watch) at start.
+func NewShutdownRule(client kubernetes.Interface, namespace, daemonSet, nodeName string) *ShutdownRule {
+	return &ShutdownRule{client: client, namespace: namespace, daemonSet: daemonSet, nodeName: nodeName}
+}
+
+// Probe reads the DaemonSet once and returns nil when the API answered with
+// anything but 401/403 (a missing DaemonSet is an answer): from then on a
+// 401/403 at shutdown means the identity or its rights were deleted.
+func (r *ShutdownRule) Probe(ctx context.Context) error {
+	_, err := r.client.AppsV1().DaemonSets(r.namespace).Get(ctx, r.daemonSet, metav1.GetOptions{})
+	if err == nil || apierrors.IsNotFound(err) {
+		r.readOnce.Store(true)
+		return nil
+	}
+	return fmt.Errorf("reading DaemonSet %s/%s: %w", r.namespace, r.daemonSet, err)
+}
+
+// Watch probes until a probe succeeds or ctx ends, backing off from 1s to
+// 30s, and logs each failure: an agent that cannot read its DaemonSet
+// cannot tell an uninstall from an upgrade and keeps the plugin at
+// shutdown.
+func (r *ShutdownRule) Watch(ctx context.Context, log *slog.Logger) {
+	for backoff := time.Second; ; backoff = min(2*backoff, 30*time.Second) {
+		err := r.Probe(ctx)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("cannot read the agent's DaemonSet; until it can, stopping the agent never uninstalls (docs/install.md)", "error", err, "retry", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// Decide applies the rule. reason says why, for the log.
+func (r *ShutdownRule) Decide(ctx context.Context) (uninstall bool, reason string, err error) {
+	what := fmt.Sprintf("DaemonSet %s/%s", r.namespace, r.daemonSet)
+	ds, err := r.client.AppsV1().DaemonSets(r.namespace).Get(ctx, r.daemonSet, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return true, fmt.Sprintf("DaemonSet %s/%s is gone", namespace, daemonSet), nil
+		return true, what + " is gone", nil
+	}
+	if gone, why := r.identityGone(err); gone {
+		return true, "reading " + what + ": " + why, nil
 	}
 	if err != nil {
-		return false, "", fmt.Errorf("reading DaemonSet %s/%s: %w", namespace, daemonSet, err)
+		return false, "", fmt.Errorf("reading %s: %w", what, err)
 	}
 	if ds.DeletionTimestamp != nil {
-		return true, fmt.Sprintf("DaemonSet %s/%s is being deleted", namespace, daemonSet), nil
+		return true, what + " is being deleted", nil
 	}
-	node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	// Deleting the namespace deletes the DaemonSet's pods and the
+	// DaemonSet in no set order: the pods may stop first.
+	ns, err := r.client.CoreV1().Namespaces().Get(ctx, r.namespace, metav1.GetOptions{})
+	if gone, why := r.identityGone(err); gone {
+		return true, "reading namespace " + r.namespace + ": " + why, nil
+	}
 	if err != nil {
-		return false, "", fmt.Errorf("reading node %s: %w", nodeName, err)
+		return false, "", fmt.Errorf("reading namespace %s: %w", r.namespace, err)
+	}
+	if ns.DeletionTimestamp != nil {
+		return true, fmt.Sprintf("namespace %s of %s is being deleted", r.namespace, what), nil
+	}
+	node, err := r.client.CoreV1().Nodes().Get(ctx, r.nodeName, metav1.GetOptions{})
+	if gone, why := r.identityGone(err); gone {
+		return true, "reading node " + r.nodeName + ": " + why, nil
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("reading node %s: %w", r.nodeName, err)
 	}
 	ok, err := selectsNode(&ds.Spec.Template.Spec, node)
 	if err != nil {
-		return false, "", fmt.Errorf("DaemonSet %s/%s node selection: %w", namespace, daemonSet, err)
+		return false, "", fmt.Errorf("%s node selection: %w", what, err)
 	}
 	if !ok {
-		return true, fmt.Sprintf("DaemonSet %s/%s no longer selects node %s", namespace, daemonSet, nodeName), nil
+		return true, fmt.Sprintf("%s no longer selects node %s", what, r.nodeName), nil
 	}
-	return false, fmt.Sprintf("DaemonSet %s/%s still selects node %s (upgrade or restart)", namespace, daemonSet, nodeName), nil
+	return false, fmt.Sprintf("%s still selects node %s (upgrade or restart)", what, r.nodeName), nil
+}
+
+// identityGone reports whether err is the API saying that the agent's
+// identity or its rights, which worked before, are gone: only an uninstall
+// does that to a running agent.
+func (r *ShutdownRule) identityGone(err error) (bool, string) {
+	if !r.readOnce.Load() {
+		return false, ""
+	}
+	switch {
+	case apierrors.IsUnauthorized(err):
+		return true, "the agent's credentials are no longer accepted (its ServiceAccount was deleted): " + err.Error()
+	case apierrors.IsForbidden(err):
+		return true, "the agent's rights are gone (its ClusterRole or binding was deleted): " + err.Error()
+	}
+	return false, ""
 }
 
 // selectsNode evaluates the pod template's nodeSelector and required node

@@ -2,13 +2,18 @@ package cniinstall
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // The decision rule only (pure logic over API objects); the e2e suite reads
@@ -51,12 +56,75 @@ func TestUninstallOnShutdown(t *testing.T) {
 			if tc.ds != nil {
 				objs = append(objs, tc.ds)
 			}
-			got, reason, err := UninstallOnShutdown(context.Background(), fake.NewClientset(objs...), "istio-system", "ambientd", "n1")
+			objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}})
+			got, reason, err := NewShutdownRule(fake.NewClientset(objs...), "istio-system", "ambientd", "n1").Decide(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got != tc.want || reason == "" {
 				t.Fatalf("uninstall=%v (%q), want %v", got, reason, tc.want)
+			}
+		})
+	}
+}
+
+// When the API refuses the agent at shutdown: 401 (its ServiceAccount is
+// gone) and 403 (its binding is gone) mean uninstall, but only when the
+// agent could read its DaemonSet before (else the deployment never granted
+// it, and a refusal proves nothing); a namespace being deleted means
+// uninstall; an API that does not answer means keep.
+func TestShutdownRuleWhenTheAPIRefuses(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "ambientd", Namespace: "istio-system"}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}
+	now := metav1.Now()
+	deleting := ns.DeepCopy()
+	deleting.DeletionTimestamp, deleting.Finalizers = &now, []string{"kubernetes"}
+	gr := schema.GroupResource{Group: "apps", Resource: "daemonsets"}
+	unauthorized := apierrors.NewUnauthorized("Unauthorized")
+	forbidden := apierrors.NewForbidden(gr, "ambientd", errors.New("RBAC: not allowed"))
+	unavailable := apierrors.NewServiceUnavailable("etcd down")
+	cases := []struct {
+		name      string
+		ns        *corev1.Namespace
+		probeErr  error // answer to the probe at start
+		err       error // answer at shutdown, to every read
+		want      bool
+		wantError bool
+	}{
+		{name: "upgrade", ns: ns, want: false},
+		{name: "namespace being deleted", ns: deleting, want: true},
+		{name: "ServiceAccount deleted (401)", ns: ns, err: unauthorized, want: true},
+		{name: "binding deleted (403)", ns: ns, err: forbidden, want: true},
+		{name: "401 without a first read", ns: ns, probeErr: unauthorized, err: unauthorized, wantError: true},
+		{name: "403 without a first read", ns: ns, probeErr: forbidden, err: forbidden, wantError: true},
+		{name: "API unavailable", ns: ns, err: unavailable, wantError: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientset(node, ds, tc.ns)
+			var answer atomic.Pointer[error]
+			answer.Store(&tc.probeErr)
+			c.PrependReactor("get", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+				if err := *answer.Load(); err != nil {
+					return true, nil, err
+				}
+				return false, nil, nil
+			})
+			r := NewShutdownRule(c, "istio-system", "ambientd", "n1")
+			if err := r.Probe(context.Background()); (err == nil) != (tc.probeErr == nil) {
+				t.Fatalf("probe: %v, want error %v", err, tc.probeErr)
+			}
+			answer.Store(&tc.err)
+			got, reason, err := r.Decide(context.Background())
+			if tc.wantError {
+				if err == nil || got {
+					t.Fatalf("uninstall=%v (%q) err=%v, want keep with an error", got, reason, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want || reason == "" {
+				t.Fatalf("uninstall=%v (%q) err=%v, want %v", got, reason, err, tc.want)
 			}
 		})
 	}

@@ -32,6 +32,8 @@ type Config struct {
 	ZtunnelSocket, CNISocket string
 	// ZtunnelSocketMode is the ztunnel socket's permission bits (0: 0600).
 	ZtunnelSocketMode os.FileMode
+	// ZtunnelAllowedUIDs are the uids ztunnel may connect as (nil: root).
+	ZtunnelAllowedUIDs []uint32
 	// HealthAddr serves /healthz and /readyz; MetricsAddr serves /metrics.
 	HealthAddr, MetricsAddr string
 	// NodeReady configures the node condition and the taint controller
@@ -76,7 +78,7 @@ var _ ztunnel.SnapshotRefusalObserver = (*snapshotSource)(nil)
 // with the agent behind them.
 func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.Logger) (*Node, error) {
 	src := &snapshotSource{}
-	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode}, src, log)
+	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, src, log)
 	a, err := agent.New(cfg.Agent, client, zs, rules, registry.New(), log)
 	if err != nil {
 		return nil, err

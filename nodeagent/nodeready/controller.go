@@ -44,6 +44,10 @@ type Config struct {
 	// ResyncPeriod is how often the inputs are re-evaluated without a
 	// Notify (DefaultResyncPeriod).
 	ResyncPeriod time.Duration
+	// HeartbeatPeriod is how often the condition's lastHeartbeatTime is
+	// refreshed when nothing changed (DefaultHeartbeatPeriod), so a
+	// condition left by an agent that died reads stale.
+	HeartbeatPeriod time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -58,6 +62,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ResyncPeriod == 0 {
 		c.ResyncPeriod = DefaultResyncPeriod
+	}
+	if c.HeartbeatPeriod == 0 {
+		c.HeartbeatPeriod = DefaultHeartbeatPeriod
 	}
 	return c
 }
@@ -95,6 +102,9 @@ func (c Config) Validate() error {
 	}
 	if c.ResyncPeriod < 100*time.Millisecond || c.ResyncPeriod > time.Hour {
 		return bad("ResyncPeriod", "resync period %v: want between 100ms and 1h", c.ResyncPeriod)
+	}
+	if c.HeartbeatPeriod < time.Second || c.HeartbeatPeriod > time.Hour {
+		return bad("HeartbeatPeriod", "heartbeat period %v: want between 1s and 1h", c.HeartbeatPeriod)
 	}
 	return nil
 }
@@ -295,9 +305,9 @@ func (c *Controller) node(ctx context.Context, lister corelisters.NodeLister) (*
 	return n, nil
 }
 
-// reconcile writes the condition if it changed, then the taint if it must
-// change. It returns when to look again for a pending re-taint (0: no
-// need).
+// reconcile writes the condition if it changed or its heartbeat is due,
+// then the taint if it must change. It returns when to look again for a
+// pending re-taint or the next heartbeat (0: no need).
 func (c *Controller) reconcile(ctx context.Context, lister corelisters.NodeLister) (time.Duration, error) {
 	r := Compute(c.in)
 	c.mu.Lock()
@@ -310,7 +320,7 @@ func (c *Controller) reconcile(ctx context.Context, lister corelisters.NodeListe
 	}
 	ctype := corev1.NodeConditionType(c.cfg.ConditionType)
 	cur := findCondition(n, ctype)
-	want, changed := desiredCondition(cur, ctype, r, c.now())
+	want, changed := desiredCondition(cur, ctype, r, c.now(), c.cfg.HeartbeatPeriod)
 	if changed {
 		// The watch cache may lag our own last write; decide a write on
 		// the live object so lastTransitionTime and Events stay exact.
@@ -318,7 +328,7 @@ func (c *Controller) reconcile(ctx context.Context, lister corelisters.NodeListe
 			return 0, err
 		}
 		cur = findCondition(n, ctype)
-		want, changed = desiredCondition(cur, ctype, r, c.now())
+		want, changed = desiredCondition(cur, ctype, r, c.now(), c.cfg.HeartbeatPeriod)
 	}
 	c.mu.Lock()
 	c.status.Written = !changed
@@ -327,16 +337,29 @@ func (c *Controller) reconcile(ctx context.Context, lister corelisters.NodeListe
 		if n, err = c.writeCondition(ctx, want); err != nil {
 			return 0, err
 		}
-		if cur == nil || cur.Status != want.Status {
+		transition := cur == nil || cur.Status != want.Status
+		if transition {
 			c.wroteTransition = want.LastTransitionTime.Time
 			c.event(n, r)
 		}
-		c.log.Info("node condition written", "type", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
+		if transition || cur.Reason != want.Reason || cur.Message != want.Message {
+			c.log.Info("node condition written", "type", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
+		} else {
+			c.log.Debug("node condition heartbeat", "type", want.Type, "status", want.Status)
+		}
 		c.mu.Lock()
 		c.status.Written = true
 		c.mu.Unlock()
 	}
-	return c.reconcileTaint(ctx, n)
+	after, err := c.reconcileTaint(ctx, n)
+	if err != nil {
+		return 0, err
+	}
+	// Look again when the next heartbeat is due (the resync may be slower).
+	if hb := heartbeatIn(findCondition(n, ctype), c.cfg.HeartbeatPeriod, c.now()); hb > 0 && (after == 0 || hb < after) {
+		after = hb
+	}
+	return after, nil
 }
 
 func (c *Controller) writeCondition(ctx context.Context, cond corev1.NodeCondition) (*corev1.Node, error) {

@@ -181,7 +181,7 @@ func TestReconcileUntaintOff(t *testing.T) {
 
 func TestReconcileTaintWhenUnreadyGrace(t *testing.T) {
 	const grace = 30 * time.Second
-	h := newHarness(t, Config{Untaint: true, TaintWhenUnready: true, TaintGracePeriod: grace})
+	h := newHarness(t, Config{Untaint: true, TaintWhenUnready: true, TaintGracePeriod: grace, HeartbeatPeriod: time.Hour})
 	// Mid-second: the stored lastTransitionTime is truncated, the grace
 	// must still be measured from the precise transition.
 	h.clock.step(900 * time.Millisecond)
@@ -205,8 +205,8 @@ func TestReconcileTaintWhenUnreadyGrace(t *testing.T) {
 		t.Fatal("tainted before the grace period ended")
 	}
 	h.clock.step(time.Second)
-	if after := h.reconcile(t); after != 0 {
-		t.Fatalf("recheck after %v once tainted, want 0", after)
+	if after := h.reconcile(t); after < 59*time.Minute {
+		t.Fatalf("recheck after %v once tainted, want only the next heartbeat's (about 1h)", after)
 	}
 	n := h.node(t, "n1")
 	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0] != taintOf(DefaultTaintKey, corev1.TaintEffectNoSchedule) {
@@ -232,6 +232,45 @@ func TestReconcileTaintWhenUnreadyGrace(t *testing.T) {
 	h.reconcile(t)
 	if hasTaint(h.node(t, "n1").Spec.Taints, DefaultTaintKey) {
 		t.Fatal("a blip shorter than the grace tainted the node")
+	}
+}
+
+// The condition is rewritten every heartbeat period while nothing changes
+// (only lastHeartbeatTime moves), and not in between: a True written by an
+// agent that has since died reads stale.
+func TestReconcileHeartbeat(t *testing.T) {
+	h := newHarness(t, Config{HeartbeatPeriod: time.Minute})
+	h.in.set(true, ztReady)
+	h.reconcile(t)
+	first := *findCondition(h.node(t, "n1"), DefaultConditionType)
+	patches := func() int {
+		n := 0
+		for _, a := range h.client.Actions() {
+			if a.GetVerb() == "patch" && a.GetSubresource() == "status" {
+				n++
+			}
+		}
+		return n
+	}
+	if patches() != 1 {
+		t.Fatalf("%d status patches for the first write, want 1", patches())
+	}
+	h.clock.step(59 * time.Second)
+	if after := h.reconcile(t); after != time.Second {
+		t.Errorf("next look in %v, want 1s (the heartbeat)", after)
+	}
+	if patches() != 1 {
+		t.Fatalf("rewritten before the heartbeat was due: %d patches", patches())
+	}
+	h.clock.step(time.Second)
+	h.reconcile(t)
+	c := findCondition(h.node(t, "n1"), DefaultConditionType)
+	if patches() != 2 || !c.LastHeartbeatTime.Time.Equal(h.clock.now()) || !c.LastTransitionTime.Equal(&first.LastTransitionTime) ||
+		c.Status != corev1.ConditionTrue || c.Reason != first.Reason {
+		t.Fatalf("after a heartbeat period: %d patches, condition %+v (first %+v)", patches(), c, first)
+	}
+	if ev := h.events(); len(ev) != 1 {
+		t.Errorf("a heartbeat recorded an Event: %q", ev)
 	}
 }
 

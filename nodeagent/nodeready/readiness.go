@@ -22,6 +22,11 @@ const (
 	DefaultTaintKey     = "cni.istio.io/not-ready"
 	DefaultGracePeriod  = 30 * time.Second
 	DefaultResyncPeriod = 10 * time.Second
+	// DefaultHeartbeatPeriod is how often the condition is rewritten when
+	// nothing changed, to move its lastHeartbeatTime: a True whose
+	// heartbeat is older than a few periods comes from an agent that
+	// stopped (kubelet refreshes its own conditions the same way).
+	DefaultHeartbeatPeriod = time.Minute
 )
 
 // Condition reasons, in the order they are checked: the reason names the
@@ -113,9 +118,11 @@ func findCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondi
 }
 
 // desiredCondition returns the condition to write for r, and whether it
-// differs from cur (nil: absent). lastTransitionTime moves only when the
-// status changes; a changed reason or message alone keeps it.
-func desiredCondition(cur *corev1.NodeCondition, t corev1.NodeConditionType, r Readiness, now time.Time) (corev1.NodeCondition, bool) {
+// must be written: it differs from cur (nil: absent) in status, reason or
+// message, or cur's lastHeartbeatTime is heartbeat old or older (0: only
+// changes are written). lastTransitionTime moves only when the status
+// changes; a changed reason or message, or a heartbeat, keeps it.
+func desiredCondition(cur *corev1.NodeCondition, t corev1.NodeConditionType, r Readiness, now time.Time, heartbeat time.Duration) (corev1.NodeCondition, bool) {
 	want := corev1.NodeCondition{
 		Type:               t,
 		Status:             r.Status(),
@@ -131,7 +138,16 @@ func desiredCondition(cur *corev1.NodeCondition, t corev1.NodeConditionType, r R
 		want.LastTransitionTime = cur.LastTransitionTime
 	}
 	changed := cur.Status != want.Status || cur.Reason != want.Reason || cur.Message != want.Message
-	return want, changed
+	return want, changed || heartbeatIn(cur, heartbeat, now) == 0
+}
+
+// heartbeatIn returns how long until cond's heartbeat is due (0: due now),
+// or -1 with no heartbeat (period 0 or no condition).
+func heartbeatIn(cond *corev1.NodeCondition, period time.Duration, now time.Time) time.Duration {
+	if cond == nil || period <= 0 {
+		return -1
+	}
+	return max(cond.LastHeartbeatTime.Time.Add(period).Sub(now), 0)
 }
 
 // falseSince is when the condition last turned False: its

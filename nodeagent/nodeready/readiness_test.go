@@ -89,7 +89,7 @@ func TestDesiredCondition(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, changed := desiredCondition(tt.cur, typ, tt.r, now)
+			got, changed := desiredCondition(tt.cur, typ, tt.r, now, 2*time.Hour)
 			if changed != tt.wantChanged {
 				t.Fatalf("changed = %v, want %v", changed, tt.wantChanged)
 			}
@@ -98,6 +98,42 @@ func TestDesiredCondition(t *testing.T) {
 			}
 			if got.Type != typ || got.Status != tt.r.Status() || got.Reason != tt.r.Reason || got.Message != tt.r.Message {
 				t.Errorf("condition = %+v, want type %s from %+v", got, typ, tt.r)
+			}
+		})
+	}
+}
+
+// A condition that did not change is rewritten once its heartbeat is a
+// period old, moving only lastHeartbeatTime: a dead agent's True goes stale.
+func TestDesiredConditionHeartbeat(t *testing.T) {
+	const typ = corev1.NodeConditionType(DefaultConditionType)
+	t0 := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	ready := Readiness{Ready: true, Reason: ReasonReady, Message: "ok"}
+	cur := &corev1.NodeCondition{Type: typ, Status: corev1.ConditionTrue, Reason: ReasonReady, Message: "ok",
+		LastTransitionTime: metav1.NewTime(t0.Add(-time.Hour)), LastHeartbeatTime: metav1.NewTime(t0)}
+	for _, tt := range []struct {
+		name    string
+		age     time.Duration
+		period  time.Duration
+		want    bool
+		wantDue time.Duration
+	}{
+		{"fresh", 59 * time.Second, time.Minute, false, time.Second},
+		{"a period old", time.Minute, time.Minute, true, 0},
+		{"older", 10 * time.Minute, time.Minute, true, 0},
+		{"no heartbeat", 10 * time.Minute, 0, false, -1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			now := t0.Add(tt.age)
+			got, changed := desiredCondition(cur, typ, ready, now, tt.period)
+			if changed != tt.want {
+				t.Fatalf("changed = %v, want %v", changed, tt.want)
+			}
+			if !got.LastHeartbeatTime.Time.Equal(now) || !got.LastTransitionTime.Equal(&cur.LastTransitionTime) {
+				t.Errorf("heartbeat %v (want %v), transition %v (want %v)", got.LastHeartbeatTime, now, got.LastTransitionTime, cur.LastTransitionTime)
+			}
+			if due := heartbeatIn(cur, tt.period, now); due != tt.wantDue {
+				t.Errorf("heartbeat due in %v, want %v", due, tt.wantDue)
 			}
 		})
 	}

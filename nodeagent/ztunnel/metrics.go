@@ -11,6 +11,7 @@ type Metrics struct {
 	requests    *prometheus.CounterVec
 	ackSeconds  *prometheus.HistogramVec
 	handovers   *prometheus.CounterVec
+	refused     prometheus.Counter
 }
 
 func newMetrics() *Metrics {
@@ -40,6 +41,10 @@ func newMetrics() *Metrics {
 			Name: "ambientd_ztunnel_handovers_total",
 			Help: "Pods of a closed ztunnel connection re-added to the newest remaining one, by result (ok, failed).",
 		}, []string{"result"}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ambientd_ztunnel_peers_refused_total",
+			Help: "Connections to the ztunnel socket closed unserved because the peer's uid (SO_PEERCRED) is not an allowed ztunnel uid.",
+		}),
 	}
 }
 
@@ -51,6 +56,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.requests.Describe(ch)
 	m.ackSeconds.Describe(ch)
 	m.handovers.Describe(ch)
+	m.refused.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -61,4 +67,5 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.requests.Collect(ch)
 	m.ackSeconds.Collect(ch)
 	m.handovers.Collect(ch)
+	m.refused.Collect(ch)
 }

@@ -13,7 +13,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -77,6 +79,12 @@ type Config struct {
 	KeepaliveInterval time.Duration // renewal period of the idle read [5s]
 	AcceptRate        rate.Limit    // new connections per second [10]
 	AcceptBurst       int           // [5]
+
+	// AllowedUIDs are the uids a ztunnel may run as [root only]. Every
+	// peer's uid is read from the kernel (SO_PEERCRED) at accept; any other
+	// peer is logged, counted and closed before anything is sent to it —
+	// whoever is served gets every pod's network namespace.
+	AllowedUIDs []uint32
 }
 
 func (c Config) withDefaults() Config {
@@ -100,6 +108,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AcceptBurst <= 0 {
 		c.AcceptBurst = 5
+	}
+	if len(c.AllowedUIDs) == 0 {
+		c.AllowedUIDs = []uint32{0}
 	}
 	return c
 }
@@ -201,6 +212,10 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		backoff = 0
 		s.metrics.accepted.Inc()
+		if !s.allowedPeer(uc) {
+			uc.Close()
+			continue
+		}
 		wg.Go(func() { s.serveConn(connCtx, uc) })
 	}
 	l.Close()
@@ -211,6 +226,27 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	return acceptErr
+}
+
+// allowedPeer reports whether the process that connected runs as an
+// allowed uid; a refusal is logged and counted. The socket's mode keeps
+// most processes out already; this also stops one that gets past it (a
+// group member of a widened mode, or a non-root process with
+// CAP_DAC_OVERRIDE).
+func (s *Server) allowedPeer(uc *net.UnixConn) bool {
+	cred, err := unixsock.PeerCred(uc)
+	if err != nil {
+		s.metrics.refused.Inc()
+		s.log.Warn("refused a connection to the ztunnel socket: cannot read its peer's credentials", "err", err)
+		return false
+	}
+	if slices.Contains(s.cfg.AllowedUIDs, cred.Uid) {
+		return true
+	}
+	s.metrics.refused.Inc()
+	s.log.Warn("refused a connection to the ztunnel socket from a process whose uid is not an allowed ztunnel uid",
+		"uid", cred.Uid, "gid", cred.Gid, "pid", cred.Pid, "allowed_uids", s.cfg.AllowedUIDs)
+	return false
 }
 
 const (

@@ -14,8 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -23,14 +21,12 @@ import (
 	"testing"
 	"time"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
@@ -364,72 +360,20 @@ func waitEvents(t *testing.T, ctx context.Context, node string, reasons ...strin
 }
 
 // TestNodeReadyOwnNodePolicy: the shipped admission policy
-// (deploy/admission-policy.yaml, docs/install.md) lets the agent's
+// (deploy/admission-policy.yaml, docs/security.md) lets the agent's
 // identity write the node its token names and refuses any other node, on
-// top of the controller's own guarantee. The agent is impersonated with the
-// node-name extra a pod-bound service-account token carries.
+// top of the controller's own guarantee. The agent uses a pod-bound
+// service-account token carrying the node-name claim, as kubelet projects.
 func TestNodeReadyOwnNodePolicy(t *testing.T) {
 	ctx := testContext(t, 3*time.Minute)
 	admin := testEnv.CP.Admin
 	mine := createTestNode(t, ctx, "nr-pol-mine", startupTaint)
 	other := createTestNode(t, ctx, "nr-pol-other", startupTaint)
 
-	raw, err := os.ReadFile(filepath.Join(testEnv.Root, "deploy", "admission-policy.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var policy *admissionv1.ValidatingAdmissionPolicy
-	var binding *admissionv1.ValidatingAdmissionPolicyBinding
-	for _, doc := range strings.Split(string(raw), "\n---\n") {
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
-		if err != nil {
-			t.Fatalf("decode policy manifest: %v", err)
-		}
-		switch o := obj.(type) {
-		case *admissionv1.ValidatingAdmissionPolicy:
-			policy = o
-		case *admissionv1.ValidatingAdmissionPolicyBinding:
-			binding = o
-		}
-	}
-	if policy == nil || binding == nil {
-		t.Fatal("deploy/admission-policy.yaml lacks the policy or its binding")
-	}
-	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, binding.Name, metav1.DeleteOptions{})
-		_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, policy.Name, metav1.DeleteOptions{})
-		// Removal takes effect asynchronously too; later tests run the
-		// agent with its static token (no node name), which the policy
-		// refuses: wait until that token can write nodes again.
-		probe := []byte(`{"metadata":{"annotations":{"e2e.ambientd.io/probe":"after"}}}`)
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-			_, err := testEnv.CP.Agent.CoreV1().Nodes().Patch(ctx, mine, types.StrategicMergePatchType, probe, metav1.PatchOptions{})
-			return err == nil, nil
-		})
-		if err != nil {
-			t.Errorf("policy still enforced after deletion: %v", err)
-		}
-	})
-	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	// The agent of node `mine`, as its pod-bound token would identify it.
-	agentOf := func(node string) *rest.Config {
-		rc := rest.CopyConfig(testEnv.CP.AdminConfig)
-		rc.BearerToken = testEnv.CP.AdminToken
-		rc.Impersonate = rest.ImpersonationConfig{
-			UserName: e2eenv.AgentUser,
-			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + e2eenv.AgentNamespace, "system:authenticated"},
-			Extra:    map[string][]string{"authentication.kubernetes.io/node-name": {node}},
-		}
-		return rc
-	}
-	agent, err := kubernetes.NewForConfig(agentOf(mine))
+	inst := installDeploy(t, ctx, "namePrefix: e2e-nr-")
+	// The agent of node `mine`, with the token its pod would have.
+	mineCfg := inst.token(t, ctx, mine)
+	agent, err := kubernetes.NewForConfig(mineCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,12 +393,12 @@ func TestNodeReadyOwnNodePolicy(t *testing.T) {
 	// The agent of `mine` works as usual under the policy...
 	sw := &switches{}
 	sw.setZtunnel(true)
-	startNodeReady(t, ctx, nodeready.Config{NodeName: mine, Untaint: true, ResyncPeriod: 200 * time.Millisecond}, sw, agentOf(mine))
+	startNodeReady(t, ctx, nodeready.Config{NodeName: mine, Untaint: true, ResyncPeriod: 200 * time.Millisecond}, sw, mineCfg)
 	waitNode(t, ctx, mine, "untainted under the policy", func(n *corev1.Node) bool {
 		return !hasTaintKey(n) && conditionIs(corev1.ConditionTrue, nodeready.ReasonReady)(n)
 	})
 	// ...and one configured with the wrong node name cannot write it.
-	wrong := startNodeReady(t, ctx, nodeready.Config{NodeName: other, Untaint: true, ResyncPeriod: 200 * time.Millisecond}, sw, agentOf(mine))
+	wrong := startNodeReady(t, ctx, nodeready.Config{NodeName: other, Untaint: true, ResyncPeriod: 200 * time.Millisecond}, sw, mineCfg)
 	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		return strings.Contains(wrong.Status().LastError, "ambientd-own-node-only"), nil
 	})

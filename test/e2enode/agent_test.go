@@ -74,8 +74,9 @@ func nodeTainted(ctx context.Context) (bool, error) { return node.Tainted(ctx, s
 
 // agentRun is the agent's DaemonSet on the node and the ztunnel emulator.
 type agentRun struct {
-	overlay string
-	em      *e2eenv.Emulator
+	overlay  string
+	em       *e2eenv.Emulator
+	pristine pristineNode // the node before the first install
 }
 
 // TestAgentOnRealNode runs ambientd's own DaemonSet (deploy/ through a test
@@ -104,7 +105,7 @@ func TestAgentOnRealNode(t *testing.T) {
 			t.Errorf("%v\nbefore: %s\nnow:    %s", err, before, now)
 		}
 	})
-	r := &agentRun{}
+	r := &agentRun{pristine: readPristine(t)}
 	t.Cleanup(func() { r.remove(t) })
 	steps := []struct {
 		name string
@@ -117,6 +118,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
+		{"UninstallLeavesNodeAsBefore", r.uninstallLeavesNodeAsBefore},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) {

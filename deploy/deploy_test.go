@@ -1,0 +1,212 @@
+// Package deploy holds no code: its tests check that the manifests beside
+// them agree with the agent and with docs/security.md (the API server's
+// view of them is in test/e2e).
+package deploy
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/resmap"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+)
+
+// render kustomizes dir.
+func render(t *testing.T, dir string) resmap.ResMap {
+	t.Helper()
+	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize %s: %v", dir, err)
+	}
+	return res
+}
+
+// object decodes the one resource of kind (and name, if given) in res.
+func object(t *testing.T, res resmap.ResMap, kind, name string, into any) {
+	t.Helper()
+	for _, r := range res.Resources() {
+		if r.GetKind() != kind || (name != "" && r.GetName() != name) {
+			continue
+		}
+		b, err := r.AsYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.UnmarshalStrict(b, into); err != nil {
+			t.Fatalf("%s %s: %v", kind, r.GetName(), err)
+		}
+		return
+	}
+	t.Fatalf("no %s %q in the rendered manifests", kind, name)
+}
+
+// docTable returns the rows (cells trimmed) of the first Markdown table after
+// the heading in docs/security.md, header and separator dropped.
+func docTable(t *testing.T, heading string) [][]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "docs", "security.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(b), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("docs/security.md has no heading %q", heading)
+	}
+	var rows [][]string
+	for _, line := range strings.Split(after, "\n") {
+		if !strings.HasPrefix(line, "|") {
+			if len(rows) > 0 {
+				break
+			}
+			continue
+		}
+		var cells []string
+		for _, c := range strings.Split(strings.Trim(line, "|"), "|") {
+			cells = append(cells, strings.TrimSpace(c))
+		}
+		rows = append(rows, cells)
+	}
+	if len(rows) < 3 {
+		t.Fatalf("docs/security.md %q: no table", heading)
+	}
+	return rows[2:]
+}
+
+// The rights table of docs/security.md lists exactly the rules of the
+// agent's ClusterRole: each rule one row of group, resources and verbs.
+func TestSecurityDocListsEveryRBACRule(t *testing.T) {
+	var role rbacv1.ClusterRole
+	object(t, render(t, "."), "ClusterRole", "ambientd", &role)
+	var want []string
+	for _, r := range role.Rules {
+		if len(r.APIGroups) != 1 || len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
+			t.Errorf("rule %+v: one API group per rule, no resource names or URLs (the table has one row per rule)", r)
+			continue
+		}
+		group := r.APIGroups[0]
+		if group == "" {
+			group = "core"
+		}
+		var res []string
+		for _, x := range r.Resources {
+			res = append(res, "`"+x+"`")
+		}
+		want = append(want, group+" | "+strings.Join(res, ", ")+" | "+strings.Join(r.Verbs, ", "))
+	}
+	var got []string
+	for _, row := range docTable(t, "## Rights (RBAC)") {
+		if len(row) != 4 || row[3] == "" {
+			t.Errorf("docs/security.md rights row %q: want group | resources | verbs | what for", row)
+			continue
+		}
+		got = append(got, strings.Join(row[:3], " | "))
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("docs/security.md's rights table does not match deploy/rbac.yaml:\ndocumented:\n  %s\nrbac.yaml:\n  %s",
+			strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+// policyVariables returns the policy's variables by name (expressions).
+func policyVariables(t *testing.T, res resmap.ResMap) map[string]string {
+	t.Helper()
+	var p admissionv1.ValidatingAdmissionPolicy
+	object(t, res, "ValidatingAdmissionPolicy", "", &p)
+	vars := map[string]string{}
+	for _, v := range p.Spec.Variables {
+		vars[v.Name] = v.Expression
+	}
+	return vars
+}
+
+// What the policy lets the agent write is what the agent writes: the
+// policy's literals, the ConfigMap the agent reads and the agent's defaults
+// name the same taint key, condition types, annotation and values.
+func TestPolicyOwnsWhatTheAgentWrites(t *testing.T) {
+	res := render(t, ".")
+	vars := policyVariables(t, res)
+	var cm corev1.ConfigMap
+	object(t, res, "ConfigMap", "ambientd-config", &cm)
+	for _, c := range []struct{ variable, env, def string }{
+		{"taintKey", "AMBIENTD_TAINT_KEY", nodeready.DefaultTaintKey},
+		{"nodeCondition", "AMBIENTD_NODE_CONDITION_TYPE", nodeready.DefaultConditionType},
+		{"podCondition", "AMBIENTD_POD_CONDITION_TYPE", agent.DefaultPodConditionType},
+		{"annotation", "", podmeta.AnnotationRedirection},
+	} {
+		if got, want := vars[c.variable], "'"+c.def+"'"; got != want {
+			t.Errorf("policy variable %s = %s, want %s (the agent's default)", c.variable, got, want)
+		}
+		if c.env != "" && cm.Data[c.env] != c.def {
+			t.Errorf("ConfigMap %s = %q, want %q (what the policy allows)", c.env, cm.Data[c.env], c.def)
+		}
+	}
+	raw, err := os.ReadFile("admission-policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := "['" + podmeta.RedirectionEnabled + "', '" + podmeta.RedirectionPending + "']"
+	if !strings.Contains(string(raw), "variables.newAnnotations[variables.annotation] in "+values) {
+		t.Errorf("admission-policy.yaml does not limit the annotation's values to %s", values)
+	}
+}
+
+// `kubectl delete -k deploy/` deletes what the kustomization holds: a
+// Namespace there would take istio-system, and Istio, with it.
+func TestKustomizationHoldsNoNamespace(t *testing.T) {
+	for _, r := range render(t, ".").Resources() {
+		if r.GetKind() == "Namespace" {
+			t.Errorf("the kustomization holds Namespace %s: uninstalling would delete it", r.GetName())
+		}
+	}
+}
+
+// The overlay docs/security.md shows for another taint key changes it in
+// the ConfigMap and in the policy alike.
+func TestTaintKeyOverlayExample(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "docs", "security.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```yaml\n(# kustomization.yaml of your overlay\n.*?)```").FindSubmatch(b)
+	if m == nil {
+		t.Fatal("docs/security.md: no overlay example")
+	}
+	abs, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	base, err := filepath.Rel(dir, abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := strings.Replace(string(m[1]), "resources: [../deploy]", "resources: ["+base+"]", 1)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := render(t, dir)
+	const key = "example.com/mesh-not-ready"
+	if got := policyVariables(t, res)["taintKey"]; got != "'"+key+"'" {
+		t.Errorf("overlay: policy taintKey = %s, want '%s'", got, key)
+	}
+	var cm corev1.ConfigMap
+	object(t, res, "ConfigMap", "ambientd-config", &cm)
+	if cm.Data["AMBIENTD_TAINT_KEY"] != key {
+		t.Errorf("overlay: ConfigMap AMBIENTD_TAINT_KEY = %q, want %q", cm.Data["AMBIENTD_TAINT_KEY"], key)
+	}
+}
