@@ -40,7 +40,7 @@ const minPods = 15
 
 func benchPod(b *testing.B, mode Mode, naive bool) {
 	ctx := testCtx(b)
-	cfg := Config{IPv6: true, DNSCapture: true}
+	cfg := Config{IPv6: true}
 	m := newTestManager(b, mode, cfg)
 	opts := PodOptions{DNSCapture: true}
 	var applies, verifies, deletes []time.Duration
@@ -133,12 +133,12 @@ func naiveCommands(rs RuleSet, f Family, del bool) [][]string {
 					cmds = append(cmds, []string{"-t", t, "-D", j.From, "-j", j.To})
 				}
 			}
-			for _, c := range rs.chains(t) {
+			for _, c := range rs.Chains(t) {
 				cmds = append(cmds, []string{"-t", t, "-F", c}, []string{"-t", t, "-X", c})
 			}
 			continue
 		}
-		for _, c := range rs.chains(t) {
+		for _, c := range rs.Chains(t) {
 			cmds = append(cmds, []string{"-t", t, "-N", c})
 		}
 		for _, r := range rs.Rules(f) {
