@@ -20,7 +20,8 @@ func (m *Manager) choose(ctx context.Context) (Mode, error) {
 	// Whichever backend already holds our host rules wins (restart after a
 	// lost state file, or a node Istio's agent set up).
 	var holders []Mode
-	v := m.view()
+	v, done := m.view()
+	defer done()
 	for _, mode := range []Mode{ModeLegacy, ModeNFT, ModeNFTables} {
 		b, err := m.newBackend(ctx, mode, false)
 		if err != nil {

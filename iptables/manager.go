@@ -114,7 +114,8 @@ func (m *Manager) ApplyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions)
 		if err := ensurePolicyRoute(m.cfg.IPv6); err != nil {
 			return err
 		}
-		v := m.view()
+		v, done := m.view()
+		defer done()
 		if err := m.be.ApplyPod(ctx, opts, v); err != nil {
 			return err
 		}
@@ -129,16 +130,17 @@ func (m *Manager) ApplyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions)
 	})
 }
 
-// view reads the namespace's nftables chains once for the operation; nil
-// (each backend reads for itself) when that fails, e.g. on a kernel without
-// nf_tables under the legacy backend.
-func (m *Manager) view() rules.View {
-	v, err := nftables.ReadView(&m.bg)
+// view reads the namespace's nftables chains once for the operation (the
+// nftables backend goes on using its socket); nil (each backend reads for
+// itself) when that fails, e.g. on a kernel without nf_tables under the
+// legacy backend. done releases it.
+func (m *Manager) view() (v rules.View, done func()) {
+	nv, err := nftables.ReadView(&m.bg)
 	if err != nil {
 		m.log.Debug("nftables chains unreadable", "err", err)
-		return nil
+		return nil, func() {}
 	}
-	return v
+	return nv, nv.Close
 }
 
 // othersHolding returns the other backends that hold in-pod rules of ours in
@@ -175,7 +177,8 @@ func (m *Manager) VerifyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions
 			return err
 		}
 		d.Add(rd)
-		v := m.view()
+		v, done := m.view()
+		defer done()
 		fd, err := m.be.VerifyPod(ctx, opts, v)
 		d.Add(fd)
 		if err != nil {
@@ -201,7 +204,8 @@ func (m *Manager) DeletePod(ctx context.Context, podNS ns.NetNS) error {
 		return err
 	}
 	return inNS(podNS, "delete pod rules", func() error {
-		v := m.view()
+		v, done := m.view()
+		defer done()
 		errs := []error{m.be.DeletePod(ctx, v)}
 		for _, o := range m.others {
 			held, err := o.HoldsPod(ctx, v)

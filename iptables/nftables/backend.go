@@ -10,7 +10,7 @@ import (
 	"strings"
 	"sync"
 
-	nft "github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	"github.com/ambientd/ambientd/iptables/rules"
 )
@@ -26,8 +26,9 @@ type Config struct {
 	HostProc string
 }
 
-// Backend programs Istio's native-nftables layout over netlink
-// (github.com/google/nftables): no process is spawned. Apply and delete are
+// Backend programs Istio's native-nftables layout over netlink (see
+// netlink.go; github.com/google/nftables for the expressions and the
+// probe-set elements): no process is spawned. Apply and delete are
 // one netlink transaction each, which the kernel commits atomically (a
 // failed transaction leaves the rules as they were); verify is one read of
 // our tables compared expression by expression.
@@ -68,13 +69,16 @@ func (c *cache) putRaw(raw, key string) {
 	}
 }
 
-// withKeys fills every rule's key.
-func withKeys(rs RuleSet) (RuleSet, error) {
+// prepare fills every rule's key and its encoding for the kernel.
+func prepare(rs RuleSet) (RuleSet, error) {
 	for ti := range rs.Tables {
 		for ri := range rs.Tables[ti].Rules {
 			r := &rs.Tables[ti].Rules[ri]
 			k, err := exprKey(r.exprs())
 			if err != nil {
+				return rs, err
+			}
+			if r.enc, err = encodeExprs(r.exprs()); err != nil {
 				return rs, err
 			}
 			r.key = k
@@ -90,7 +94,7 @@ func (b *Backend) podRules(opts rules.PodOptions) (RuleSet, error) {
 	if ok {
 		return rs, nil
 	}
-	rs, err := withKeys(BuildPodRules(b.cfg.Node, opts))
+	rs, err := prepare(BuildPodRules(b.cfg.Node, opts))
 	if err != nil {
 		return rs, err
 	}
@@ -105,11 +109,7 @@ func (b *Backend) podRules(opts rules.PodOptions) (RuleSet, error) {
 // the choice). bg counts the sockets released in the background.
 func New(ctx context.Context, cfg Config, log *slog.Logger, bg *sync.WaitGroup, primary bool) (*Backend, error) {
 	b := &Backend{cfg: cfg, log: log, closing: bg, cache: &cache{sets: map[rules.PodOptions]RuleSet{}, raw: map[string]string{}}}
-	err := b.with(func(c *nft.Conn) error {
-		_, err := c.ListTablesOfFamily(inet)
-		return err
-	})
-	if err != nil {
+	if _, err := b.holdsAny(); err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
 	switch {
@@ -131,20 +131,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, bg *sync.WaitGroup, 
 // Mode is nftables.
 func (b *Backend) Mode() rules.Mode { return rules.ModeNFTables }
 
-// with opens one netlink socket in the calling thread's namespace for the
-// whole operation and releases it in the background: the kernel makes the
-// release of any nftables socket wait while objects deleted by a committed
-// transaction (ours or another pod's) await destruction after an RCU grace
-// period — several ms on the pod's critical path for nothing, since the
-// transaction is already committed. Bounded: a release returns after the
-// grace period.
-func (b *Backend) with(fn func(c *nft.Conn) error) error {
-	c, err := nft.New(nft.AsLasting())
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
+// open returns the operation's socket: the view's when there is one
+// (released with the view), else a new one in the calling thread's
+// namespace, released by done.
+func (b *Backend) open(v *View) (c *conn, done func(), err error) {
+	if v != nil {
+		return v.c, func() {}, nil
 	}
-	defer background(b.closing, c.CloseLasting)
-	return fn(c)
+	if c, err = dial(b.closing); err != nil {
+		return nil, nil, err
+	}
+	return c, c.close, nil
 }
 
 // background runs fn (a socket release) in a goroutine counted by wg.
@@ -162,16 +159,15 @@ func view(v rules.View) *View {
 	return nv
 }
 
+// holdsAny reports whether an inet table among names exists.
 func (b *Backend) holdsAny(names ...string) (bool, error) {
-	var held bool
-	err := b.with(func(c *nft.Conn) error {
-		tables, err := c.ListTablesOfFamily(inet)
-		for _, t := range tables {
-			held = held || slices.Contains(names, t.Name)
-		}
-		return err
-	})
-	return held, err
+	c, done, err := b.open(nil)
+	if err != nil {
+		return false, err
+	}
+	defer done()
+	tables, err := c.listTables()
+	return slices.ContainsFunc(tables, func(t string) bool { return slices.Contains(names, t) }), err
 }
 
 // --- pod ----------------------------------------------------------------
@@ -186,26 +182,30 @@ func (b *Backend) ApplyPod(ctx context.Context, opts rules.PodOptions, v rules.V
 	if err != nil {
 		return err
 	}
-	return b.with(func(c *nft.Conn) error {
-		_, err := b.converge(c, view(v), rs)
+	nv := view(v)
+	c, done, err := b.open(nv)
+	if err != nil {
 		return err
-	})
+	}
+	defer done()
+	_, err = b.converge(c, nv, rs)
+	return err
 }
 
 // VerifyPod reports how the pod's tables differ from opts': with the
-// operation's view, one rule dump and no socket of the library's.
+// operation's view, one rule dump on its socket.
 func (b *Backend) VerifyPod(ctx context.Context, opts rules.PodOptions, v rules.View) (rules.Drift, error) {
 	rs, err := b.podRules(opts)
 	if err != nil {
 		return rules.Drift{}, err
 	}
 	if nv := view(v); nv != nil {
-		// Everything needed is in the view and one rule dump: no socket
-		// of the library's is opened.
+		// Everything needed is in the view and one rule dump on its
+		// socket.
 		if err := ctx.Err(); err != nil {
 			return rules.Drift{}, err
 		}
-		st, err := readNFT(nil, nv, rs.TableNames(), false, b.cache, b.closing)
+		st, err := readNFT(nv.c, nv, rs.TableNames(), false, b.cache)
 		if err != nil {
 			return rules.Drift{}, err
 		}
@@ -219,15 +219,16 @@ func (b *Backend) verify(ctx context.Context, rs RuleSet) (rules.Drift, error) {
 	if err := ctx.Err(); err != nil {
 		return d, err
 	}
-	err := b.with(func(c *nft.Conn) error {
-		st, err := readNFT(c, nil, rs.TableNames(), rs.hasSets(), b.cache, b.closing)
-		if err != nil {
-			return err
-		}
-		d, err = rs.diff(st)
-		return err
-	})
-	return d, err
+	c, done, err := b.open(nil)
+	if err != nil {
+		return d, err
+	}
+	defer done()
+	st, err := readNFT(c, nil, rs.TableNames(), rs.hasSets(), b.cache)
+	if err != nil {
+		return d, err
+	}
+	return rs.diff(st)
 }
 
 // DeletePod deletes those of our tables that exist, in one transaction.
@@ -237,15 +238,20 @@ func (b *Backend) DeletePod(ctx context.Context, v rules.View) error {
 	}
 	nv := view(v)
 	if nv != nil && len(nv.tables(PodTables())) == 0 {
-		return nil // nothing of ours: no socket, no transaction
+		return nil // nothing of ours: no transaction
 	}
-	return b.with(func(c *nft.Conn) error { return b.remove(c, nv, PodTables()) })
+	c, done, err := b.open(nv)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return b.remove(c, nv, PodTables())
 }
 
 // HoldsPod reports whether any of our pod tables exists.
 func (b *Backend) HoldsPod(_ context.Context, v rules.View) (bool, error) {
 	if nv := view(v); nv != nil {
-		return nv.has([]nft.TableFamily{inet}, PodTables(), nil), nil
+		return nv.has(unix.NFPROTO_INET, PodTables(), nil), nil
 	}
 	return b.holdsAny(PodTables()...)
 }
@@ -256,7 +262,7 @@ func (b *Backend) hostRules() RuleSet {
 	b.cache.mu.Lock()
 	defer b.cache.mu.Unlock()
 	if b.cache.host == nil {
-		rs, err := withKeys(BuildHostRules(b.cfg.Node, b.kubeletUID))
+		rs, err := prepare(BuildHostRules(b.cfg.Node, b.kubeletUID))
 		if err != nil {
 			return BuildHostRules(b.cfg.Node, b.kubeletUID) // keys computed on use
 		}
@@ -271,12 +277,15 @@ func (b *Backend) EnsureHost(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return b.with(func(c *nft.Conn) error {
-		if _, err := b.converge(c, nil, b.hostRules()); err != nil {
-			return fmt.Errorf("host probe rules: %w", err)
-		}
-		return nil
-	})
+	c, done, err := b.open(nil)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if _, err := b.converge(c, nil, b.hostRules()); err != nil {
+		return fmt.Errorf("host probe rules: %w", err)
+	}
+	return nil
 }
 
 // VerifyHost reports how the node's nat table differs.
@@ -289,7 +298,12 @@ func (b *Backend) DeleteHost(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return b.with(func(c *nft.Conn) error { return b.remove(c, nil, []string{TableNat}) })
+	c, done, err := b.open(nil)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return b.remove(c, nil, []string{TableNat})
 }
 
 // HoldsHost reports whether the node's nat table of ours exists.

@@ -9,12 +9,12 @@ import (
 	"github.com/ambientd/ambientd/iptables/rules"
 )
 
-func sameBase(have *nft.Chain, want Chain) bool {
+func sameBase(have chainInfo, want Chain) bool {
 	if !want.base() {
-		return have.Hooknum == nil
+		return have.hook == nil
 	}
-	return have.Hooknum != nil && *have.Hooknum == *want.Hook && have.Type == want.Type &&
-		have.Priority != nil && int32(*have.Priority) == want.Priority
+	return have.hook != nil && *have.hook == uint32(*want.Hook) && nft.ChainType(have.typ) == want.Type &&
+		have.prio == want.Priority
 }
 
 // diff compares the wanted set with what was read: tables, sets (by name),
@@ -33,17 +33,17 @@ func (rs RuleSet) diff(st map[string]*tableState) (rules.Drift, error) {
 				d.Missing = append(d.Missing, prefix+": set "+s.Name)
 			}
 		}
-		have := map[string]*nft.Chain{}
+		have := map[string]chainInfo{}
 		for _, ch := range ts.chains {
-			have[ch.Name] = ch
-			if !slices.ContainsFunc(t.Chains, func(c Chain) bool { return c.Name == ch.Name }) {
-				d.Unexpected = append(d.Unexpected, prefix+": chain "+ch.Name)
+			have[ch.name] = ch
+			if !slices.ContainsFunc(t.Chains, func(c Chain) bool { return c.Name == ch.name }) {
+				d.Unexpected = append(d.Unexpected, prefix+": chain "+ch.name)
 			}
 		}
 		for _, c := range t.Chains {
-			hc := have[c.Name]
+			hc, ok := have[c.Name]
 			switch {
-			case hc == nil:
+			case !ok:
 				d.Missing = append(d.Missing, prefix+": chain "+c.Name)
 			case !sameBase(hc, c):
 				d.Unexpected = append(d.Unexpected, prefix+": chain "+c.Name+" has another type, hook or priority")

@@ -50,7 +50,8 @@ type statement struct {
 type Rule struct {
 	Chain string
 	stmts []statement
-	key   string // the expressions' encoding, filled by withKeys
+	key   string // the expressions' encoding as compared, filled by prepare
+	enc   []byte // the expressions' encoding as sent, filled by prepare
 }
 
 // Text is the rule as `nft list` prints it (counters at zero).

@@ -17,8 +17,7 @@ import (
 const inet = nft.TableFamilyINet
 
 type tableState struct {
-	table  *nft.Table
-	chains []*nft.Chain
+	chains []chainInfo
 	rules  map[string][]ruleRead // chain -> rules in order
 	sets   []string
 }
@@ -29,133 +28,116 @@ type ruleRead struct {
 	key    string
 }
 
-// View is one read of every nftables chain of the calling thread's
-// namespace, all families: the backends of one operation share it (ours in
-// inet, iptables-nft's in ip/ip6) instead of each dumping chains on a socket
-// of its own. It implements rules.View.
+// View is one read of every nftables chain of a namespace, all families:
+// the backends of one operation share it (ours in inet, iptables-nft's in
+// ip/ip6) instead of each dumping chains on a socket of its own, and the
+// nftables backend goes on using its socket for the rest of the operation.
+// It implements rules.View. Close releases the socket.
 type View struct {
-	chains []*nft.Chain
+	c      *conn
+	chains []chainInfo
 }
 
-// ReadView takes the view: one socket, one dump. bg counts the socket's
-// release in the background (see Backend.with).
-func ReadView(bg *sync.WaitGroup) (*View, error) {
-	c, err := nft.New(nft.AsLasting())
+// ReadView opens a socket in the calling thread's namespace and reads the
+// chains: one dump. closing counts the socket's release in the background
+// (see conn.close).
+func ReadView(closing *sync.WaitGroup) (*View, error) {
+	c, err := dial(closing)
 	if err != nil {
-		return nil, fmt.Errorf("netlink: %w", err)
+		return nil, err
 	}
-	defer background(bg, c.CloseLasting)
-	chains, err := c.ListChainsOfTableFamily(nft.TableFamilyUnspecified)
+	chains, err := c.listChains(unix.NFPROTO_UNSPEC)
 	if err != nil {
-		return nil, fmt.Errorf("listing nftables chains: %w", err)
+		c.close()
+		return nil, err
 	}
-	return &View{chains: chains}, nil
+	return &View{c: c, chains: chains}, nil
+}
+
+// Close releases the view's socket; nil-safe.
+func (v *View) Close() {
+	if v != nil {
+		v.c.close()
+	}
 }
 
 // HasChain reports whether a chain named one of names exists in a table of
 // family nfproto.
 func (v *View) HasChain(nfproto uint8, names ...string) bool {
-	return v.has([]nft.TableFamily{nft.TableFamily(nfproto)}, nil, names)
+	return v.has(nfproto, nil, names)
 }
 
-// has reports whether a chain exists in a table of one of fams, whose table
+// has reports whether a chain exists in a table of family fam, whose table
 // is one of tables (any table when nil) and whose name is one of names (any
 // chain when nil).
-func (v *View) has(fams []nft.TableFamily, tables, names []string) bool {
-	return slices.ContainsFunc(v.chains, func(ch *nft.Chain) bool {
-		return slices.Contains(fams, ch.Table.Family) &&
-			(tables == nil || slices.Contains(tables, ch.Table.Name)) &&
-			(names == nil || slices.Contains(names, ch.Name))
+func (v *View) has(fam uint8, tables, names []string) bool {
+	return slices.ContainsFunc(v.chains, func(ch chainInfo) bool {
+		return ch.family == fam &&
+			(tables == nil || slices.Contains(tables, ch.table)) &&
+			(names == nil || slices.Contains(names, ch.name))
 	})
 }
 
-// tables returns the inet tables among names that have a chain in v.
-func (v *View) tables(names []string) []*nft.Table {
-	var out []*nft.Table
+// tables returns those of the inet tables names that have a chain in v.
+func (v *View) tables(names []string) []string {
+	var out []string
 	for _, ch := range v.chains {
-		if ch.Table.Family == inet && slices.Contains(names, ch.Table.Name) &&
-			!slices.ContainsFunc(out, func(t *nft.Table) bool { return t.Name == ch.Table.Name }) {
-			out = append(out, ch.Table)
+		if ch.family == unix.NFPROTO_INET && slices.Contains(names, ch.table) && !slices.Contains(out, ch.table) {
+			out = append(out, ch.table)
 		}
 	}
 	return out
 }
 
 // readNFT reads the given tables of ours that exist (that have a chain):
-// chains, rules and (withSets) set names. The chains come from v when given
-// (one dump of every family shared by the operation), else from one dump on
-// c; when any table is ours, one dump reads every rule of the family.
-func readNFT(c *nft.Conn, v *View, names []string, withSets bool, cache *cache, bg *sync.WaitGroup) (map[string]*tableState, error) {
-	var chains []*nft.Chain
+// chains, rules and (withSets) set names, on c. The chains come from v when
+// given (the operation's dump of every family), else from a dump of the
+// inet family; when any table is ours, one dump reads every rule of the
+// family.
+func readNFT(c *conn, v *View, names []string, withSets bool, cache *cache) (map[string]*tableState, error) {
+	var chains []chainInfo
 	if v != nil {
 		chains = v.chains
 	} else {
 		var err error
-		if chains, err = c.ListChainsOfTableFamily(inet); err != nil {
-			return nil, fmt.Errorf("listing inet chains: %w", err)
+		if chains, err = c.listChains(unix.NFPROTO_INET); err != nil {
+			return nil, err
 		}
 	}
 	st := map[string]*tableState{}
 	for _, ch := range chains {
-		if ch.Table.Family != inet || !slices.Contains(names, ch.Table.Name) {
+		if ch.family != unix.NFPROTO_INET || !slices.Contains(names, ch.table) {
 			continue
 		}
-		ts := st[ch.Table.Name]
+		ts := st[ch.table]
 		if ts == nil {
-			ts = &tableState{table: ch.Table, rules: map[string][]ruleRead{}}
-			st[ch.Table.Name] = ts
+			ts = &tableState{rules: map[string][]ruleRead{}}
+			st[ch.table] = ts
 		}
 		ts.chains = append(ts.chains, ch)
 	}
 	if len(st) == 0 {
 		return st, nil
 	}
-	if err := dumpRules(st, cache, bg); err != nil {
-		return nil, err
-	}
-	if !withSets {
-		return st, nil
-	}
-	for name, ts := range st {
-		sets, err := c.GetSets(ts.table)
-		if err != nil {
-			return nil, fmt.Errorf("listing sets of %s: %w", name, err)
-		}
-		for _, s := range sets {
-			ts.sets = append(ts.sets, s.Name)
-		}
-	}
-	return st, nil
-}
-
-// dumpRules reads every rule of the inet family with one netlink dump (the
-// library dumps one chain per request) and files those of st's tables.
-func dumpRules(st map[string]*tableState, cache *cache, bg *sync.WaitGroup) error {
-	conn, err := mnl.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	defer background(bg, conn.Close)
-	msgs, err := conn.Execute(mnl.Message{
-		Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE), Flags: mnl.Request | mnl.Dump},
-		Data:   []byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0},
-	})
-	if err != nil {
-		return fmt.Errorf("dumping inet rules: %w", err)
-	}
-	for _, msg := range msgs {
-		if len(msg.Data) < 4 {
-			continue
-		}
-		table, chain, r, err := parseRule(msg.Data[4:], cache)
+	err := c.dumpRules(func(attrs []byte) error {
+		table, chain, r, err := parseRule(attrs, cache)
 		if err != nil {
 			return fmt.Errorf("parsing a rule of %s %s: %w", table, chain, err)
 		}
 		if ts := st[table]; ts != nil {
 			ts.rules[chain] = append(ts.rules[chain], r)
 		}
+		return nil
+	})
+	if err != nil || !withSets {
+		return st, err
 	}
-	return nil
+	for name, ts := range st {
+		if ts.sets, err = c.listSets(name); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
 }
 
 // parseRule decodes one NFT_MSG_NEWRULE message. Expressions are decoded

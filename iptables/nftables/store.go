@@ -19,7 +19,7 @@ type store struct {
 }
 
 // Probes opens the probe-set store; close releases its socket in the
-// background (see with).
+// background (see conn.close).
 func (b *Backend) Probes() (rules.ProbeStore, func(), error) {
 	c, err := nft.New(nft.AsLasting())
 	if err != nil {
@@ -28,7 +28,15 @@ func (b *Backend) Probes() (rules.ProbeStore, func(), error) {
 	return store{c: c, table: &nft.Table{Name: TableNat, Family: inet}}, func() { background(b.closing, c.CloseLasting) }, nil
 }
 
-func (s store) set(f rules.Family) *nft.Set { return probeNFTSet(s.table, f == rules.IPv6) }
+// set names f's probe set for the library (elements only: the set itself
+// is created by converge).
+func (s store) set(f rules.Family) *nft.Set {
+	set := &nft.Set{Table: s.table, Name: rules.ProbeSetV4, KeyType: nft.TypeIPAddr}
+	if f == rules.IPv6 {
+		set.Name, set.KeyType = rules.ProbeSetV6, nft.TypeIP6Addr
+	}
+	return set
+}
 
 func noSet(err error) error {
 	if errors.Is(err, unix.ENOENT) {

@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 
@@ -15,30 +14,25 @@ import (
 // rules need in the current namespace: inet nat chains, redirect, conntrack
 // mark and zone, a set lookup and SNAT.
 func Supported() error {
-	c, err := nft.New(nft.AsLasting())
+	c, err := dial(nil)
 	if err != nil {
-		return fmt.Errorf("netlink: %w", err)
-	}
-	defer c.CloseLasting()
-	t := c.AddTable(&nft.Table{Name: "ambientd-probe-" + strconv.Itoa(os.Getpid()), Family: inet})
-	set := probeNFTSet(t, false)
-	if err := c.AddSet(set, nil); err != nil {
 		return err
 	}
-	prio := nft.ChainPriority(nftPrioritySrcNAT)
-	post := c.AddChain(&nft.Chain{Name: "post", Table: t, Type: nft.ChainTypeNAT, Hooknum: nft.ChainHookPostrouting, Priority: &prio})
-	out := c.AddChain(&nft.Chain{Name: "out", Table: t, Type: nft.ChainTypeNAT, Hooknum: nft.ChainHookOutput, Priority: nft.ChainPriorityNATDest})
-	for _, r := range []struct {
-		chain *nft.Chain
-		stmts []statement
-	}{
-		{out, []statement{port("tcp", "dport", true, 1), mark(true, rules.ProxyMark), counter(), redirect(rules.OutboundPort)}},
-		{out, []statement{ctmark(rules.ConnMark), restoreMark()}},
-		{out, []statement{setConnmark(), ctZone(1)}},
-		{post, []statement{skuid(0), inSet(rules.IPv4, rules.ProbeSetV4), snatTo(rules.ProbeSNATv4)}},
+	defer c.close()
+	name := "ambientd-probe-" + strconv.Itoa(os.Getpid())
+	tx := c.begin()
+	tx.addTable(name)
+	tx.addSet(name, Set{Name: rules.ProbeSetV4}, 1)
+	tx.addChain(name, Chain{Name: "post", Type: nft.ChainTypeNAT, Hook: nft.ChainHookPostrouting, Priority: nftPrioritySrcNAT})
+	tx.addChain(name, Chain{Name: "out", Type: nft.ChainTypeNAT, Hook: nft.ChainHookOutput, Priority: nftPriorityDstNAT})
+	for _, r := range []Rule{
+		{Chain: "out", stmts: []statement{port("tcp", "dport", true, 1), mark(true, rules.ProxyMark), counter(), redirect(rules.OutboundPort)}},
+		{Chain: "out", stmts: []statement{ctmark(rules.ConnMark), restoreMark()}},
+		{Chain: "out", stmts: []statement{setConnmark(), ctZone(1)}},
+		{Chain: "post", stmts: []statement{skuid(0), inSet(rules.IPv4, rules.ProbeSetV4), snatTo(rules.ProbeSNATv4)}},
 	} {
-		c.AddRule(&nft.Rule{Table: t, Chain: r.chain, Exprs: Rule{stmts: r.stmts}.exprs()})
+		tx.addRule(name, r)
 	}
-	c.DelTable(t)
-	return c.Flush()
+	tx.delTable(name)
+	return tx.commit()
 }

@@ -5,12 +5,12 @@ import (
 	"log/slog"
 	"os/exec"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	nft "github.com/google/nftables"
 
 	"github.com/ambientd/ambientd/iptables/rules"
 	"github.com/ambientd/ambientd/test/infra/testutil"
@@ -64,13 +64,20 @@ func TestNFTFailedTransactionChangesNothing(t *testing.T) {
 	broken := BuildPodRules(n, rules.PodOptions{DNSCapture: true}) // differs: a repair is attempted
 	broken.Tables[0].Rules = append(broken.Tables[0].Rules, Rule{Chain: ChainOutput, stmts: []statement{jump("no-such-chain")}})
 	err := pod.Do(func(ns.NetNS) error {
-		return b.with(func(c *nft.Conn) error {
-			_, err := b.converge(c, nil, broken)
+		c, done, err := b.open(nil)
+		if err != nil {
 			return err
-		})
+		}
+		defer done()
+		_, err = b.converge(c, nil, broken)
+		return err
 	})
 	if err == nil {
 		t.Fatal("converge with a rule jumping nowhere succeeded")
+	}
+	// The error names the message the kernel refused.
+	if want := "add rule istio-ambient-nat istio-output: jump no-such-chain"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not name the refused rule (%q)", err, want)
 	}
 	if after := handles(t, pod); after != before {
 		t.Fatalf("failed transaction changed the rules:\n%s\nvs\n%s", before, after)
