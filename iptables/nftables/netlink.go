@@ -111,13 +111,26 @@ func msgType(t int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | t) }
 
 // send writes b to the kernel.
 func (c *conn) send(b []byte) error {
-	return unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+	for {
+		err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		if err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // receive reads one datagram and returns its messages. flags are the recv
 // flags (MSG_DONTWAIT to drain).
 func (c *conn) receive(flags int) ([]mnl.Message, error) {
 	n, _, rflags, _, err := unix.Recvmsg(c.fd, c.buf, nil, flags)
+	for err == unix.EINTR {
+		// A signal (a child's SIGCHLD, say) interrupts a receive on a
+		// socket with a timeout instead of restarting it.
+		n, _, rflags, _, err = unix.Recvmsg(c.fd, c.buf, nil, flags)
+	}
+	if err == unix.EAGAIN && flags&unix.MSG_DONTWAIT == 0 {
+		return nil, fmt.Errorf("no answer from the kernel within %s: %w", recvTimeout, err)
+	}
 	if err != nil {
 		return nil, err
 	}
