@@ -37,7 +37,8 @@ type Backend struct {
 	log        *slog.Logger
 	kubeletUID uint32
 	cache      *cache
-	// closing counts sockets being released in the background (see with).
+	// closing counts sockets being released in the background (see
+	// conn.close).
 	closing *sync.WaitGroup
 }
 
