@@ -60,11 +60,19 @@ type (
 	Backend = rules.Backend
 
 	// RuleSet is the iptables backends' rule set (chains, jumps, rules per
-	// family), rendered to iptables-restore text.
+	// family), rendered to iptables-restore text; Rule and Jump are its
+	// parts.
 	RuleSet = xtables.RuleSet
+	Rule    = xtables.Rule
+	Jump    = xtables.Jump
 	// NFTRuleSet is the nftables backend's rule set (inet tables, chains,
-	// rules), rendered as `nft list` prints it.
+	// rules), rendered as `nft list` prints it; NFTTable, NFTChain, NFTSet
+	// and NFTRule are its parts.
 	NFTRuleSet = nftables.RuleSet
+	NFTTable   = nftables.Table
+	NFTChain   = nftables.Chain
+	NFTSet     = nftables.Set
+	NFTRule    = nftables.Rule
 )
 
 const (
