@@ -85,8 +85,8 @@ func TestImports(t *testing.T) {
 	}
 }
 
-// ruleFloors are the packages of the rule code (iptables/doc.go) and what it may
-// import of ours besides itself.
+// ruleFloors are the packages of the rule code (iptables/doc.go) and what
+// each may import of ours besides itself.
 var ruleFloors = map[string][]string{
 	// top: the face the agent uses; anything of the rule code.
 	"iptables": {"iptables/"},
