@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/ambientd/ambientd/iptables/nftables"
 )
 
 // istioNFTPod is a pod as Istio's agent (1.28+, native nftables, IPv6 and
@@ -64,7 +66,7 @@ add rule inet istio-ambient-raw istio-prerouting udp sport 53 meta mark and 0xff
 func TestAdoptIstioNFTPod(t *testing.T) {
 	requireNFT(t)
 	ctx := testCtx(t)
-	cfg := Config{IPv6: true, DNSCapture: true}
+	cfg := Config{IPv6: true}
 	opts := PodOptions{DNSCapture: true}
 	m := newTestManager(t, ModeNFTables, cfg)
 	pod, peer := newNS(t), newNS(t)
@@ -138,7 +140,7 @@ func TestAdoptIstioNFTPod(t *testing.T) {
 	if d, err := m.VerifyPod(ctx, pod, PodOptions{DNSCapture: false}); err != nil || !d.Empty() {
 		t.Fatalf("after the rewrites: %v %s", err, d)
 	}
-	if s := nftList(t, pod, podNFTTables...); strings.Contains(s, "15053") {
+	if s := nftList(t, pod, nftables.PodTables()...); strings.Contains(s, "15053") {
 		t.Fatalf("last rewrite (DNS off) not in place:\n%s", s)
 	}
 }

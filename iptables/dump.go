@@ -2,10 +2,6 @@ package iptables
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"os/exec"
-	"strings"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 )
@@ -19,35 +15,11 @@ func (m *Manager) DumpPod(ctx context.Context, podNS ns.NetNS) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	var b strings.Builder
+	var out string
 	err := inNS(podNS, "dump pod rules", func() error {
-		switch be := m.be.(type) {
-		case *xtables:
-			fams := be.families()
-			procs := make([]proc, len(fams))
-			for i, f := range fams {
-				procs[i] = be.saveProc(f)
-			}
-			outs, errs := be.runAll(ctx, procs)
-			for i, f := range fams {
-				if errs[i] != nil {
-					return errs[i]
-				}
-				fmt.Fprintf(&b, "# %s (%s)\n%s", be.tools[f].save, f, outs[i])
-			}
-			return nil
-		default:
-			nft, err := exec.LookPath("nft")
-			if err != nil {
-				return fmt.Errorf("listing %s rules needs the nft program: %w", m.mode, err)
-			}
-			out, err := exec.CommandContext(ctx, nft, "list", "ruleset").CombinedOutput()
-			if err != nil {
-				return errors.Join(fmt.Errorf("nft list ruleset: %w", err), errors.New(strings.TrimSpace(string(out))))
-			}
-			fmt.Fprintf(&b, "# nft list ruleset\n%s", out)
-			return nil
-		}
+		var err error
+		out, err = m.be.Dump(ctx)
+		return err
 	})
-	return b.String(), err
+	return out, err
 }

@@ -22,7 +22,7 @@ func TestDumpPod(t *testing.T) {
 	} {
 		t.Run(string(tt.mode), func(t *testing.T) {
 			ctx := testCtx(t)
-			m := newTestManager(t, tt.mode, Config{DNSCapture: true})
+			m := newTestManager(t, tt.mode, Config{})
 			pod, empty := newNS(t), newNS(t)
 			if err := m.ApplyPod(ctx, pod, PodOptions{}); err != nil {
 				t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ambientd/ambientd/iptables/xtables"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -118,8 +119,8 @@ func ours(text string, rs RuleSet) map[string][]string {
 			if l[1] == 'I' {
 				args = strings.TrimPrefix(args, "1 ")
 			}
-			target, _ := jumpTarget(args)
-			if slices.Contains(rs.chains(table), chain) || slices.Contains(rs.chains(table), target) {
+			target, _ := xtables.JumpTarget(args)
+			if slices.Contains(rs.Chains(table), chain) || slices.Contains(rs.Chains(table), target) {
 				out[table+"/"+chain] = append(out[table+"/"+chain], args)
 			}
 		}

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ambientd/ambientd/iptables/rules"
 )
 
 // probeSets lists both probe sets of n as "ip=comment"; a set that does not
@@ -19,14 +21,14 @@ func probeSets(t *testing.T, m *Manager, n ns.NetNS) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	err := n.Do(func(ns.NetNS) error {
-		s, closeFn, err := m.be.probes()
+		s, closeFn, err := m.be.Probes()
 		if err != nil {
 			return err
 		}
 		defer closeFn()
 		for _, f := range []Family{IPv4, IPv6} {
-			set, err := s.list(f)
-			if err != nil && !isNoSet(err) {
+			set, err := s.List(f)
+			if err != nil && !rules.IsNoSet(err) {
 				return err
 			}
 			for ip, c := range set {

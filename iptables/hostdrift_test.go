@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ambientd/ambientd/iptables/nftables"
 )
 
 // TestHostEarlierTerminalRule: a node whose nat POSTROUTING already holds a
@@ -71,10 +73,10 @@ func TestHostRulesDriftRepair(t *testing.T) {
 		ModeNFT:    xt(ModeNFT),
 		ModeNFTables: {
 			{"snat rules flushed", func(t *testing.T, n ns.NetNS) {
-				nsRun(t, n, "nft", "flush", "chain", "inet", NFTTableNat, nftBasePostrouting)
+				nsRun(t, n, "nft", "flush", "chain", "inet", nftables.TableNat, nftables.BasePostrouting)
 			}, "missing: nft inet istio-ambient-nat postrouting: meta l4proto tcp meta skuid 0 ip daddr @istio-inpod-probes-v4"},
 			{"table deleted", func(t *testing.T, n ns.NetNS) {
-				nsRun(t, n, "nft", "delete", "table", "inet", NFTTableNat)
+				nsRun(t, n, "nft", "delete", "table", "inet", nftables.TableNat)
 			}, "missing: nft add table inet istio-ambient-nat"},
 		},
 	}
@@ -162,13 +164,13 @@ add element inet istio-ambient-nat istio-inpod-probes-v4 { 10.77.0.2 comment "ui
 					if f == IPv6 {
 						fam = "inet6"
 					}
-					nsRun(t, node, "ipset", "create", f.probeSet(), "hash:ip", "family", fam, "comment")
+					nsRun(t, node, "ipset", "create", f.ProbeSet(), "hash:ip", "family", fam, "comment")
 					ipt := tool(f, mode, "")
 					nsRun(t, node, ipt, "-w", "-t", "nat", "-A", "POSTROUTING", "-p", "udp", "-j", "ACCEPT")
 					nsRun(t, node, ipt, "-w", "-t", "nat", "-N", ChainPostrouting)
 					nsRun(t, node, ipt, "-w", "-t", "nat", "-I", "POSTROUTING", "1", "-j", ChainPostrouting)
 					nsRun(t, node, ipt, "-w", "-t", "nat", "-A", ChainPostrouting, "-m", "owner", "--socket-exists", "-p", "tcp",
-						"-m", "set", "--match-set", f.probeSet(), "dst", "-j", "SNAT", "--to-source", f.probeSNAT().String())
+						"-m", "set", "--match-set", f.ProbeSet(), "dst", "-j", "SNAT", "--to-source", f.ProbeSNAT().String())
 				}
 				nsRun(t, node, "ipset", "add", ProbeSetV4, "10.77.0.2", "comment", "uid-istio")
 			}

@@ -233,7 +233,7 @@ func TestProcessBudget(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx := testCtx(t)
-			m := newTestManager(t, mode, Config{IPv6: true, DNSCapture: true})
+			m := newTestManager(t, mode, Config{IPv6: true})
 			pod := newNS(t)
 			opts := PodOptions{DNSCapture: true}
 			steps := []struct {

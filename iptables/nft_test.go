@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/google/nftables"
 
+	"github.com/ambientd/ambientd/iptables/nftables"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -104,7 +104,7 @@ func testNFTPodRules(t *testing.T, c goldenCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := nftList(t, pod, podNFTTables...); got != string(golden) {
+	if got := nftList(t, pod, nftables.PodTables()...); got != string(golden) {
 		t.Fatalf("nft list after apply differs from %s.golden:\n--- got\n%s\n--- want\n%s", nftGoldenName(c), got, golden)
 	}
 	foreignPresent("apply")
@@ -124,23 +124,23 @@ func testNFTPodRules(t *testing.T, c goldenCase) {
 	// Drift behind our back: a rule deleted, a stray rule added, the ip rule gone.
 	rs := BuildPodRulesNFT(c.cfg, c.opts)
 	nat := rs.Tables[0]
-	var last NFTRule // the first outbound redirect: nft -a finds that one
+	var last nftables.Rule // the first outbound redirect: nft -a finds that one
 	for _, r := range nat.Rules {
-		if r.Chain == nftChainOutput && strings.Contains(r.Text(), "redirect to :15001") {
+		if r.Chain == nftables.ChainOutput && strings.Contains(r.Text(), "redirect to :15001") {
 			last = r
 			break
 		}
 	}
-	nsRun(t, pod, "nft", "delete", "rule", "inet", NFTTableNat, nftChainOutput, "handle",
-		ruleHandle(t, pod, NFTTableNat, nftChainOutput, "redirect to :15001"))
-	nsRun(t, pod, "nft", "add", "rule", "inet", NFTTableMangle, nftChainPrerouting, "meta", "l4proto", "sctp", "accept")
-	stray := ruleHandle(t, pod, NFTTableMangle, nftChainPrerouting, "sctp")
+	nsRun(t, pod, "nft", "delete", "rule", "inet", nftables.TableNat, nftables.ChainOutput, "handle",
+		ruleHandle(t, pod, nftables.TableNat, nftables.ChainOutput, "redirect to :15001"))
+	nsRun(t, pod, "nft", "add", "rule", "inet", nftables.TableMangle, nftables.ChainPrerouting, "meta", "l4proto", "sctp", "accept")
+	stray := ruleHandle(t, pod, nftables.TableMangle, nftables.ChainPrerouting, "sctp")
 	nsRun(t, pod, "ip", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100")
 	// VerifyPod names exactly that; apply repairs it.
 	checkDriftRepaired(t, m, pod, c.opts,
 		[]string{"ip rule pref 32764 fwmark 0x111/0xfff lookup 100", "nft inet istio-ambient-nat istio-output: " + last.Text()},
 		[]string{"nft inet istio-ambient-mangle istio-prerouting: rule handle " + stray})
-	if got := nftList(t, pod, podNFTTables...); got != string(golden) {
+	if got := nftList(t, pod, nftables.PodTables()...); got != string(golden) {
 		t.Fatalf("nft list after repair differs from golden:\n%s", got)
 	}
 
@@ -149,7 +149,7 @@ func testNFTPodRules(t *testing.T, c goldenCase) {
 		if err := m.DeletePod(ctx, pod); err != nil {
 			t.Fatalf("DeletePod #%d: %v", i+1, err)
 		}
-		if out := nftList(t, pod, podNFTTables...); out != "" {
+		if out := nftList(t, pod, nftables.PodTables()...); out != "" {
 			t.Fatalf("tables of ours left after delete:\n%s", out)
 		}
 		foreignPresent("delete")
@@ -164,80 +164,3 @@ func testNFTPodRules(t *testing.T, c goldenCase) {
 }
 
 func foreignPresentSave(save, tag string) bool { return foreignPresent(save, tag) }
-
-// TestNFTFailedTransactionChangesNothing: a transaction the kernel rejects
-// (here a rule jumping to a chain that does not exist, appended to a valid
-// rule set) leaves the pod's rules exactly as they were — the repair of a
-// drifted pod is all or nothing.
-func TestNFTFailedTransactionChangesNothing(t *testing.T) {
-	requireNFT(t)
-	ctx := testCtx(t)
-	cfg := Config{IPv6: true}
-	m := newTestManager(t, ModeNFTables, cfg)
-	pod := newNS(t)
-	if err := m.ApplyPod(ctx, pod, PodOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	before := nftHandles(t, pod)
-	broken := BuildPodRulesNFT(cfg, PodOptions{DNSCapture: true}) // differs: a repair is attempted
-	broken.Tables[0].Rules = append(broken.Tables[0].Rules, NFTRule{Chain: nftChainOutput, stmts: []nftStmt{jump("no-such-chain")}})
-	be := m.be.(*nftBackend)
-	err := pod.Do(func(ns.NetNS) error {
-		return be.with(func(c *nftables.Conn) error {
-			_, err := be.converge(c, nil, broken)
-			return err
-		})
-	})
-	if err == nil {
-		t.Fatal("converge with a rule jumping nowhere succeeded")
-	}
-	if after := nftHandles(t, pod); after != before {
-		t.Fatalf("failed transaction changed the rules:\n%s\nvs\n%s", before, after)
-	}
-	if d, err := m.VerifyPod(ctx, pod, PodOptions{}); err != nil || !d.Empty() {
-		t.Fatalf("VerifyPod after failed transaction: %v %s", err, d)
-	}
-}
-
-// TestFindKubeletUID: the uid of kubelet (with "kubelet" in its command
-// line), kubelite or k3s, from a /proc-like tree; 0 and an error when none.
-func TestFindKubeletUID(t *testing.T) {
-	proc := func(t *testing.T, procs map[string][3]string) string {
-		dir := t.TempDir()
-		for pid, p := range procs {
-			d := filepath.Join(dir, pid)
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			for name, content := range map[string]string{"comm": p[0] + "\n", "cmdline": p[1], "status": "Name:\t" + p[0] + "\nUid:\t" + p[2] + "\t" + p[2] + "\t" + p[2] + "\t" + p[2] + "\n"} {
-				if err := os.WriteFile(filepath.Join(d, name), []byte(content), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		return dir
-	}
-	tests := []struct {
-		name  string
-		procs map[string][3]string
-		want  uint32
-		err   bool
-	}{
-		{"kubelet", map[string][3]string{"1": {"systemd", "/sbin/init", "0"}, "42": {"kubelet", "/usr/bin/kubelet\x00--config", "1001"}}, 1001, false},
-		{"kubelet comm without kubelet in cmdline", map[string][3]string{"42": {"kubelet", "/opt/other", "7"}}, 0, true},
-		{"k3s", map[string][3]string{"9": {"k3s", "/usr/local/bin/k3s\x00agent", "0"}}, 0, false},
-		{"kubelite", map[string][3]string{"9": {"kubelite", "/snap/microk8s/kubelite\x00--kubelet-args-file", "5"}}, 5, false},
-		{"none", map[string][3]string{"1": {"systemd", "/sbin/init", "0"}}, 0, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := findKubeletUID(proc(t, tt.procs))
-			if got != tt.want || (err != nil) != tt.err {
-				t.Fatalf("findKubeletUID = %d, %v; want %d, error %v", got, err, tt.want, tt.err)
-			}
-		})
-	}
-	if _, err := findKubeletUID("/nonexistent-proc"); err == nil {
-		t.Fatal("no error for a missing proc dir")
-	}
-}

@@ -3,6 +3,8 @@ package iptables
 import (
 	"strings"
 	"testing"
+
+	"github.com/ambientd/ambientd/iptables/nftables"
 )
 
 // TestNFTDeletedTableRepaired: a pod's nat table deleted behind our back
@@ -17,7 +19,7 @@ func TestNFTDeletedTableRepaired(t *testing.T) {
 	if err := m.ApplyPod(ctx, pod, c.opts); err != nil {
 		t.Fatalf("ApplyPod: %v", err)
 	}
-	for _, table := range podNFTTables {
+	for _, table := range nftables.PodTables() {
 		t.Run(table, func(t *testing.T) {
 			nsRun(t, pod, "nft", "delete", "table", "inet", table)
 			d, err := m.VerifyPod(ctx, pod, c.opts)

@@ -227,23 +227,3 @@ func deletePolicyRoute() error {
 	}
 	return errors.Join(errs...)
 }
-
-// hasGlobalIPv6 reports whether the current network namespace has an IPv6
-// address that is neither loopback nor link-local (a dual-stack pod).
-func hasGlobalIPv6() (bool, error) {
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-	if err != nil {
-		return false, fmt.Errorf("netlink: %w", err)
-	}
-	defer h.Close()
-	addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
-	if err != nil {
-		return false, fmt.Errorf("listing IPv6 addresses: %w", err)
-	}
-	for _, a := range addrs {
-		if ip := a.IP; ip != nil && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
-			return true, nil
-		}
-	}
-	return false, nil
-}

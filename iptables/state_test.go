@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ambientd/ambientd/iptables/nftables"
 )
 
 // autoIn runs NewManager with ModeAuto inside node and returns the mode.
@@ -127,7 +129,7 @@ func TestOtherBackendPodRules(t *testing.T) {
 	}
 	holds := func(t *testing.T, pod ns.NetNS, mode Mode) bool {
 		if mode == ModeNFTables {
-			return nftList(t, pod, podNFTTables...) != ""
+			return nftList(t, pod, nftables.PodTables()...) != ""
 		}
 		return strings.Contains(saveText(t, pod, IPv4, mode), "ISTIO_")
 	}
@@ -172,7 +174,7 @@ func TestOtherBackendPodRules(t *testing.T) {
 func TestNFTablesSpawnsNothing(t *testing.T) {
 	requireNFT(t)
 	ctx := testCtx(t)
-	m := newTestManager(t, ModeNFTables, Config{IPv6: true, DNSCapture: true, KubeletUID: uidPtr(0)})
+	m := newTestManager(t, ModeNFTables, Config{IPv6: true, KubeletUID: uidPtr(0)})
 	pod, node := newNS(t), newNS(t)
 	opts := PodOptions{DNSCapture: true}
 	steps := []struct {

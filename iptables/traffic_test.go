@@ -303,7 +303,7 @@ func TestTrafficCapture(t *testing.T) {
 // pod: before the rules, with them, and after deleting them.
 func testTraffic(t *testing.T, mode Mode, listenerMark bool) {
 	ctx := testCtx(t)
-	cfg := Config{DNSCapture: true, IPv6: true}
+	cfg := Config{IPv6: true}
 	m := newTestManager(t, mode, cfg)
 	pod, peer := newNS(t), newNS(t)
 	vethPair(t, pod, peer, []netip.Addr{podIP, podIP6}, []netip.Addr{peerIP, peerIP6})
@@ -422,7 +422,7 @@ func TestTrafficIPv6Off(t *testing.T) {
 	for _, mode := range allModes {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx := testCtx(t)
-			m := newTestManager(t, mode, Config{DNSCapture: true})
+			m := newTestManager(t, mode, Config{})
 			pod, peer := newNS(t), newNS(t)
 			vethPair(t, pod, peer, []netip.Addr{podIP, podIP6}, []netip.Addr{peerIP, peerIP6})
 			for _, p := range plans {

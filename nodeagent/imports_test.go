@@ -5,6 +5,7 @@ package nodeagent_test
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -27,8 +28,8 @@ func deps(t *testing.T, pkg string) []string {
 }
 
 // TestImports: the plugin imports no client-go and nothing of the agent but
-// the API it shares; iptables and ztunnelproto import no Kubernetes and
-// nothing of ours; the agent core imports no gRPC.
+// the API it shares; ztunnelproto imports no Kubernetes and nothing of ours
+// (iptables and its floors: TestRuleFloors); the agent core imports no gRPC.
 func TestImports(t *testing.T) {
 	tests := []struct {
 		pkgs []string
@@ -49,7 +50,7 @@ func TestImports(t *testing.T) {
 			},
 		},
 		{
-			pkgs: []string{"iptables", "ztunnelproto"},
+			pkgs: []string{"ztunnelproto"},
 			forbidden: func(pkg, dep string) string {
 				switch {
 				case strings.HasPrefix(dep, "k8s.io/"), strings.HasPrefix(dep, "sigs.k8s.io/"):
@@ -81,6 +82,72 @@ func TestImports(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// ruleFloors are the packages of the rule code (iptables/doc.go) and what
+// each may import of ours besides itself.
+var ruleFloors = map[string][]string{
+	// top: the face the agent uses; anything of the rule code.
+	"iptables": {"iptables/"},
+	// bottom: the shared vocabulary; nothing of ours.
+	"iptables/rules": nil,
+	// middle: one package per technology; the bottom floor only, never a
+	// sibling.
+	"iptables/xtables":  {"iptables/rules"},
+	"iptables/nftables": {"iptables/rules"},
+	"iptables/ipset":    {"iptables/rules"},
+}
+
+// technologyLibs are the libraries of the rule technologies, which the
+// bottom floor must not import.
+var technologyLibs = []string{"github.com/google/nftables", "github.com/mdlayher/", "github.com/vishvananda/",
+	"github.com/coreos/go-iptables", "github.com/containernetworking/"}
+
+// TestRuleFloors pins the floors of the rule code: every package under
+// iptables/ is on a floor (a new one must be added here); none imports
+// Kubernetes or anything of ours outside iptables/; the technology packages
+// import nothing of ours but the bottom floor (so never each other); the
+// bottom floor imports no netlink or iptables library; and no shipped
+// package outside iptables/ reaches past its face to a floor below.
+func TestRuleFloors(t *testing.T) {
+	testutil.RequireBinary(t, "go")
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list %s/...: %v", module, err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], module+"/")
+		if pkg == "iptables" || strings.HasPrefix(pkg, "iptables/") {
+			if _, ok := ruleFloors[pkg]; !ok {
+				t.Errorf("%s is on no floor of the rule code: add it to ruleFloors (and to iptables/doc.go)", pkg)
+			}
+			continue
+		}
+		for _, imp := range f[1:] {
+			if strings.HasPrefix(imp, module+"/iptables/") {
+				t.Errorf("%s imports %s: outside iptables/, use the package iptables (its face)", pkg, imp)
+			}
+		}
+	}
+	for pkg, allowed := range ruleFloors {
+		t.Run(pkg, func(t *testing.T) {
+			for _, dep := range deps(t, pkg) {
+				ours := strings.TrimPrefix(dep, module+"/")
+				switch {
+				case strings.HasPrefix(dep, "k8s.io/"), strings.HasPrefix(dep, "sigs.k8s.io/"):
+					t.Errorf("%s imports %s (Kubernetes)", pkg, dep)
+				case ours == pkg:
+				case ours == dep: // not ours
+					if pkg == "iptables/rules" && slices.ContainsFunc(technologyLibs, func(l string) bool { return strings.HasPrefix(dep, l) }) {
+						t.Errorf("%s imports %s (the bottom floor owns no technology)", pkg, dep)
+					}
+				case !slices.ContainsFunc(allowed, func(a string) bool { return ours == a || strings.HasSuffix(a, "/") && strings.HasPrefix(ours, a) }):
+					t.Errorf("%s imports %s (ours; this floor may import only %v)", pkg, dep, allowed)
+				}
+			}
+		})
 	}
 }
 

@@ -57,7 +57,8 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		nft     = fs.Bool("nftables", false, "print the native nftables rules (as `nft list` shows them) of --iptables nftables instead of iptables-restore text")
 	)
 	fs.BoolVar(&cfg.IPv6, "ipv6", iptables.DefaultIPv6, "capture IPv6 too, as the agent does by default: add ip6tables rules")
-	fs.BoolVar(&cfg.DNSCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+podmeta.AnnotationDNSCapture+" annotation)")
+	var dnsCapture bool
+	fs.BoolVar(&dnsCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+podmeta.AnnotationDNSCapture+" annotation)")
 	fs.Var(&reroute, "reroute-interface", "virtual interface whose TCP goes to ztunnel's outbound port (repeatable, or comma separated)")
 	fs.Var(ann, "annotation", "pod annotation key=value (repeatable), e.g. "+podmeta.AnnotationBypassInbound+"=true")
 	fs.Usage = func() {
@@ -86,7 +87,7 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 	}
 
 	if *nft {
-		return printNFT(cfg, ann, *host, *del, stdout, stderr)
+		return printNFT(cfg, dnsCapture, ann, *host, *del, stdout, stderr)
 	}
 	var rs iptables.RuleSet
 	if *host {
@@ -96,7 +97,7 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		}
 		rs = iptables.BuildHostRules(cfg)
 	} else {
-		opts, err := podmeta.PodOptions(cfg.DNSCapture, ann)
+		opts, err := podmeta.PodOptions(dnsCapture, ann)
 		if err != nil {
 			fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
 			return 2
@@ -123,7 +124,7 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 
 // printNFT prints the nftables backend's tables (one inet table set covers
 // both families; --family picks IPv6 on or off).
-func printNFT(cfg iptables.Config, ann annFlag, host, del bool, stdout, stderr io.Writer) int {
+func printNFT(cfg iptables.Config, dnsCapture bool, ann annFlag, host, del bool, stdout, stderr io.Writer) int {
 	var rs iptables.NFTRuleSet
 	if host {
 		if len(ann) > 0 {
@@ -133,7 +134,7 @@ func printNFT(cfg iptables.Config, ann annFlag, host, del bool, stdout, stderr i
 		rs = iptables.BuildHostRulesNFT(cfg, 0)
 		fmt.Fprintln(stdout, "# the agent matches the kubelet's uid (meta skuid), found in /proc; 0 shown")
 	} else {
-		opts, err := podmeta.PodOptions(cfg.DNSCapture, ann)
+		opts, err := podmeta.PodOptions(dnsCapture, ann)
 		if err != nil {
 			fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
 			return 2

@@ -321,7 +321,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	}
 	// The backend choice is persisted in the run dir (tmpfs: it survives
 	// restarts, not reboots — as the rules themselves).
-	rulesCfg := iptables.Config{IPv6: f.ipv6, DNSCapture: f.dnsCapture, Mode: iptables.Mode(f.iptablesMode),
+	rulesCfg := iptables.Config{IPv6: f.ipv6, Mode: iptables.Mode(f.iptablesMode),
 		StateDir: f.runDir, HostProc: f.hostProc, KubeletUID: f.kubeletUIDValue(), LockWait: f.iptablesLockWait}
 	rules, err := iptables.NewManager(ctx, rulesCfg, log.With("component", "iptables"))
 	if err != nil {

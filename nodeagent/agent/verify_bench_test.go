@@ -23,7 +23,7 @@ func BenchmarkVerifyPass100(b *testing.B) {
 	testutil.RequireRoot(b)
 	const pods = 100
 	ctx := context.Background()
-	m, err := iptables.NewManager(ctx, iptables.Config{IPv6: true, DNSCapture: true}, slog.New(slog.DiscardHandler))
+	m, err := iptables.NewManager(ctx, iptables.Config{IPv6: true}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -354,7 +354,7 @@ func waitEnabled(ctx context.Context, env *e2eenv.Env, a *e2eenv.Agent, n int, s
 // verifyAll runs iptables.VerifyPod (what the agent's drift verification
 // runs per pod) over every pod, workers at once, with the agent's defaults.
 func verifyAll(ctx context.Context, pods []*e2eenv.Pod, workers int) (time.Duration, int, string, error) {
-	m, err := iptables.NewManager(ctx, iptables.Config{DNSCapture: true, IPv6: true}, nil)
+	m, err := iptables.NewManager(ctx, iptables.Config{IPv6: true}, nil)
 	if err != nil {
 		return 0, 0, "", err
 	}

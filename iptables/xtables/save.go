@@ -1,10 +1,12 @@
-package iptables
+package xtables
 
 import (
 	"bufio"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/ambientd/ambientd/iptables/rules"
 )
 
 // saveState is iptables-save output parsed into tables, chains and rules.
@@ -60,56 +62,27 @@ func parseSave(text string) (saveState, error) {
 	return st, nil
 }
 
-// Drift is the difference between the rules a pod should have and the rules
-// it has, one readable line per rule ("iptables -t nat -A ISTIO_OUTPUT ...").
-type Drift struct {
-	Missing    []string
-	Unexpected []string
-}
-
-// Empty reports whether there is no drift.
-func (d Drift) Empty() bool { return len(d.Missing) == 0 && len(d.Unexpected) == 0 }
-
-func (d Drift) String() string {
-	if d.Empty() {
-		return "no drift"
-	}
-	var b strings.Builder
-	for _, m := range d.Missing {
-		b.WriteString("missing: " + m + "\n")
-	}
-	for _, u := range d.Unexpected {
-		b.WriteString("unexpected: " + u + "\n")
-	}
-	return strings.TrimSuffix(b.String(), "\n")
-}
-
-func (d *Drift) add(o Drift) {
-	d.Missing = append(d.Missing, o.Missing...)
-	d.Unexpected = append(d.Unexpected, o.Unexpected...)
-}
-
 // diff compares the wanted rules of one family with a saved state: our
 // chains, their rules in order, and exactly one plain jump into each.
-func (rs RuleSet) diff(f Family, st saveState) Drift {
-	var d Drift
-	rules := rs.Rules(f)
+func (rs RuleSet) diff(f rules.Family, st saveState) rules.Drift {
+	var d rules.Drift
+	famRules := rs.Rules(f)
 	for _, t := range rs.Tables {
 		ts := st.table(t)
 		prefix := fmt.Sprintf("%s -t %s ", f, t)
-		ours := rs.chains(t)
+		ours := rs.Chains(t)
 		for _, c := range ours {
 			if !ts.chains[c] {
 				d.Missing = append(d.Missing, prefix+"-N "+c)
 			}
 			var want []string
-			for _, r := range rules {
+			for _, r := range famRules {
 				if r.Table == t && r.Chain == c {
 					want = append(want, strings.Join(r.Args, " "))
 				}
 			}
 			have := ts.rules[c]
-			m, u := multisetDiff(want, have)
+			m, u := rules.MultisetDiff(want, have)
 			for _, a := range m {
 				d.Missing = append(d.Missing, prefix+"-A "+c+" "+a)
 			}
@@ -127,7 +100,7 @@ func (rs RuleSet) diff(f Family, st saveState) Drift {
 			}
 			seen := map[string]bool{}
 			for i, args := range ts.rules[chain] {
-				target, ok := jumpTarget(args)
+				target, ok := JumpTarget(args)
 				if !ok || !slices.Contains(ours, target) {
 					continue
 				}
@@ -143,34 +116,11 @@ func (rs RuleSet) diff(f Family, st saveState) Drift {
 			if j.Table != t {
 				continue
 			}
-			rules := ts.rules[j.From]
-			if j.First && (len(rules) == 0 || rules[0] != "-j "+j.To) || !slices.Contains(rules, "-j "+j.To) {
+			from := ts.rules[j.From]
+			if j.First && (len(from) == 0 || from[0] != "-j "+j.To) || !slices.Contains(from, "-j "+j.To) {
 				d.Missing = append(d.Missing, prefix+j.spec())
 			}
 		}
 	}
 	return d
-}
-
-// multisetDiff returns the elements of want not in have and of have not in
-// want, counting duplicates.
-func multisetDiff(want, have []string) (missing, unexpected []string) {
-	count := map[string]int{}
-	for _, h := range have {
-		count[h]++
-	}
-	for _, w := range want {
-		if count[w] > 0 {
-			count[w]--
-			continue
-		}
-		missing = append(missing, w)
-	}
-	for _, h := range have {
-		if count[h] > 0 {
-			count[h]--
-			unexpected = append(unexpected, h)
-		}
-	}
-	return missing, unexpected
 }

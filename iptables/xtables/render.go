@@ -1,25 +1,27 @@
-package iptables
+package xtables
 
 import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/ambientd/ambientd/iptables/rules"
 )
 
 // RenderApply returns the iptables-restore --noflush batch that installs the
 // set for one family into a namespace that holds none of our chains yet. It
 // creates our chains with -N, so on a namespace that already has them the
-// whole batch fails instead of duplicating jumps; the Manager then reads the
+// whole batch fails instead of duplicating jumps; the backend then reads the
 // state and repairs it (see renderRepair).
-func (rs RuleSet) RenderApply(f Family) string {
+func (rs RuleSet) RenderApply(f rules.Family) string {
 	var b strings.Builder
-	rules := rs.Rules(f)
+	famRules := rs.Rules(f)
 	for _, t := range rs.Tables {
 		fmt.Fprintf(&b, "*%s\n", t)
-		for _, c := range rs.chains(t) {
+		for _, c := range rs.Chains(t) {
 			fmt.Fprintf(&b, "-N %s\n", c)
 		}
-		for _, r := range rules {
+		for _, r := range famRules {
 			if r.Table == t {
 				b.WriteString(r.Spec() + "\n")
 			}
@@ -36,9 +38,9 @@ func (rs RuleSet) RenderApply(f Family) string {
 
 // RenderDelete returns the iptables-restore --noflush batch that removes the
 // set's jumps and chains from a namespace that holds all of them exactly once.
-// It fails as a whole when something is already gone; the Manager then reads
+// It fails as a whole when something is already gone; the backend then reads
 // the state and removes what is left (see renderDeleteFrom).
-func (rs RuleSet) RenderDelete(f Family) string {
+func (rs RuleSet) RenderDelete(f rules.Family) string {
 	var b strings.Builder
 	for _, t := range rs.Tables {
 		fmt.Fprintf(&b, "*%s\n", t)
@@ -47,10 +49,10 @@ func (rs RuleSet) RenderDelete(f Family) string {
 				fmt.Fprintf(&b, "-D %s -j %s\n", j.From, j.To)
 			}
 		}
-		for _, c := range rs.chains(t) {
+		for _, c := range rs.Chains(t) {
 			fmt.Fprintf(&b, "-F %s\n", c)
 		}
-		for _, c := range rs.chains(t) {
+		for _, c := range rs.Chains(t) {
 			fmt.Fprintf(&b, "-X %s\n", c)
 		}
 		b.WriteString("COMMIT\n")
@@ -63,19 +65,19 @@ func (rs RuleSet) RenderDelete(f Family) string {
 // which under --noflush creates a missing chain and flushes an existing one,
 // then refilled; jumps are added when missing, and duplicates or foreign
 // references to our chains removed, so the result has exactly one jump each.
-func (rs RuleSet) renderRepair(f Family, st saveState) string {
+func (rs RuleSet) renderRepair(f rules.Family, st saveState) string {
 	if rs.diff(f, st).Empty() {
 		return ""
 	}
 	var b strings.Builder
-	rules := rs.Rules(f)
+	famRules := rs.Rules(f)
 	for _, t := range rs.Tables {
-		ours := rs.chains(t)
+		ours := rs.Chains(t)
 		fmt.Fprintf(&b, "*%s\n", t)
 		for _, c := range ours {
 			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
 		}
-		for _, r := range rules {
+		for _, r := range famRules {
 			if r.Table == t {
 				b.WriteString(r.Spec() + "\n")
 			}
@@ -87,7 +89,7 @@ func (rs RuleSet) renderRepair(f Family, st saveState) string {
 			}
 			kept := map[string]bool{}
 			for _, args := range ts.rules[chain] {
-				target, ok := jumpTarget(args)
+				target, ok := JumpTarget(args)
 				if !ok || !slices.Contains(ours, target) {
 					continue
 				}
@@ -122,7 +124,7 @@ func (rs RuleSet) renderDeleteFrom(st saveState) string {
 	for _, t := range rs.Tables {
 		ts := st.table(t)
 		var present []string
-		for _, c := range rs.chains(t) {
+		for _, c := range rs.Chains(t) {
 			if ts.chains[c] {
 				present = append(present, c)
 			}
@@ -136,7 +138,7 @@ func (rs RuleSet) renderDeleteFrom(st saveState) string {
 				continue
 			}
 			for _, args := range ts.rules[chain] {
-				if target, ok := jumpTarget(args); ok && slices.Contains(present, target) {
+				if target, ok := JumpTarget(args); ok && slices.Contains(present, target) {
 					fmt.Fprintf(&b, "-D %s %s\n", chain, args)
 				}
 			}
@@ -152,8 +154,8 @@ func (rs RuleSet) renderDeleteFrom(st saveState) string {
 	return b.String()
 }
 
-// jumpTarget returns the chain a rule jumps or goes to.
-func jumpTarget(args string) (string, bool) {
+// JumpTarget returns the chain a rule jumps or goes to.
+func JumpTarget(args string) (string, bool) {
 	f := strings.Fields(args)
 	for i := 0; i+1 < len(f); i++ {
 		if f[i] == "-j" || f[i] == "-g" {

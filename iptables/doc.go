@@ -1,0 +1,22 @@
+// Package iptables is the face of ambientd's rule code: the Manager the
+// agent uses to program, verify and delete the in-pod redirection rules of
+// an ambient-mesh pod and the node's probe SNAT rules, whichever technology
+// carries them. It owns the backend choice (auto detection, persisted so it
+// is sticky across restarts), the composition of the technology packages
+// into backends, the pod's policy route, and the probe-set bookkeeping; it
+// re-exports the shared vocabulary and the rule sets as data (BuildPodRules,
+// BuildHostRules, BuildPodRulesNFT, BuildHostRulesNFT) so callers need no
+// other import.
+//
+// The rule code has three floors, and imports point down only:
+//
+//	iptables            (this package) Manager, backend choice and state, policy route
+//	iptables/xtables    iptables-restore text, save parsing, host rules   \
+//	iptables/nftables   nftables over netlink, Istio's istio-ambient-*    | technologies:
+//	iptables/ipset      the iptables backends' probe ipsets               / never each other
+//	iptables/rules      families, marks, ports, options, Drift, interfaces
+//
+// Chain, set, mark and address values are the ones Istio's node agent uses,
+// so pods and nodes it set up are recognised and can be adopted. Nothing
+// here imports Kubernetes or anything of ambientd outside iptables/.
+package iptables

@@ -1,0 +1,108 @@
+package iptables
+
+import (
+	"github.com/ambientd/ambientd/iptables/nftables"
+	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/xtables"
+)
+
+// The shared vocabulary (package rules) and the rule sets as data (packages
+// xtables and nftables), re-exported so callers need only this package.
+
+// Marks, ports, addresses and names of the in-pod rules (see DESIGN.md).
+const (
+	ProxyMark    = rules.ProxyMark
+	ConnMark     = rules.ConnMark
+	MarkMask     = rules.MarkMask
+	RouteTable   = rules.RouteTable
+	RulePriority = rules.RulePriority
+
+	OutboundPort = rules.OutboundPort
+	InboundPort  = rules.InboundPort
+	HBONEPort    = rules.HBONEPort
+	DNSPort      = rules.DNSPort
+
+	// ChainPrerouting and ChainOutput are our chains in mangle, nat and raw
+	// inside the pod; ChainPostrouting is ours in the node's nat table.
+	ChainPrerouting  = xtables.ChainPrerouting
+	ChainOutput      = xtables.ChainOutput
+	ChainPostrouting = xtables.ChainPostrouting
+
+	// ProbeSetV4 and ProbeSetV6 are the node's sets of pod IPs that get
+	// probe SNAT.
+	ProbeSetV4 = rules.ProbeSetV4
+	ProbeSetV6 = rules.ProbeSetV6
+
+	// The nftables backend's tables (Istio's native-nftables layout).
+	NFTTableNat    = nftables.TableNat
+	NFTTableMangle = nftables.TableMangle
+	NFTTableRaw    = nftables.TableRaw
+)
+
+// ProbeSNATv4 and ProbeSNATv6 are the source addresses kubelet probes are
+// rewritten to on the node; the in-pod rules let them through uncaptured.
+var (
+	ProbeSNATv4 = rules.ProbeSNATv4
+	ProbeSNATv6 = rules.ProbeSNATv6
+)
+
+type (
+	// Family is an address family: IPv4 (iptables) or IPv6 (ip6tables).
+	Family = rules.Family
+	// PodOptions are the per-pod choices (the agent derives them from the
+	// pod's annotations and its DNS capture default).
+	PodOptions = rules.PodOptions
+	// Drift is the difference between the rules a pod (or the node) should
+	// have and the rules it has, one readable line per rule.
+	Drift = rules.Drift
+	// Backend is what the Manager delegates to: one technology's apply,
+	// verify, delete, host rules and probe sets.
+	Backend = rules.Backend
+
+	// RuleSet is the iptables backends' rule set (chains, jumps, rules per
+	// family), rendered to iptables-restore text; Rule and Jump are its
+	// parts.
+	RuleSet = xtables.RuleSet
+	Rule    = xtables.Rule
+	Jump    = xtables.Jump
+	// NFTRuleSet is the nftables backend's rule set (inet tables, chains,
+	// rules), rendered as `nft list` prints it; NFTTable, NFTChain, NFTSet
+	// and NFTRule are its parts.
+	NFTRuleSet = nftables.RuleSet
+	NFTTable   = nftables.Table
+	NFTChain   = nftables.Chain
+	NFTSet     = nftables.Set
+	NFTRule    = nftables.Rule
+)
+
+const (
+	IPv4 = rules.IPv4
+	IPv6 = rules.IPv6
+)
+
+// ValidInterfaceName reports whether name can be a Linux interface name
+// (1-15 bytes, no whitespace, '/', quotes, '!' or ',', not . or ..): what the
+// rule tools accept and what cannot smuggle another match into a rule.
+func ValidInterfaceName(name string) error { return rules.ValidInterfaceName(name) }
+
+// BuildPodRules returns the in-pod rule set of the iptables backends for the
+// given node config and pod options. It touches nothing.
+func BuildPodRules(cfg Config, opts PodOptions) RuleSet {
+	return xtables.BuildPodRules(cfg.node(), opts)
+}
+
+// BuildHostRules returns the node's probe SNAT rule set of the iptables
+// backends.
+func BuildHostRules(cfg Config) RuleSet { return xtables.BuildHostRules(cfg.node()) }
+
+// BuildPodRulesNFT returns the in-pod rule set of the nftables backend: the
+// same capture as BuildPodRules, in Istio's native-nftables layout.
+func BuildPodRulesNFT(cfg Config, opts PodOptions) NFTRuleSet {
+	return nftables.BuildPodRules(cfg.node(), opts)
+}
+
+// BuildHostRulesNFT returns the node's probe SNAT rules of the nftables
+// backend, keyed on the kubelet's uid as Istio keys them.
+func BuildHostRulesNFT(cfg Config, kubeletUID uint32) NFTRuleSet {
+	return nftables.BuildHostRules(cfg.node(), kubeletUID)
+}

@@ -1,0 +1,278 @@
+package nftables
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	nft "github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	mnl "github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+const inet = nft.TableFamilyINet
+
+type tableState struct {
+	chains []chainInfo
+	rules  map[string][]ruleRead // chain -> rules in order
+	sets   []string
+}
+
+// ruleRead is a rule as read back: its handle and its expressions' key.
+type ruleRead struct {
+	handle uint64
+	key    string
+}
+
+// View is one read of every nftables chain of a namespace, all families:
+// the backends of one operation share it (ours in inet, iptables-nft's in
+// ip/ip6) instead of each dumping chains on a socket of its own, and the
+// nftables backend goes on using its socket for the rest of the operation.
+// It implements rules.View. Close releases the socket.
+type View struct {
+	c      *conn
+	chains []chainInfo
+}
+
+// ReadView opens a socket in the calling thread's namespace and reads the
+// chains: one dump. closing counts the socket's release in the background
+// (see conn.close).
+func ReadView(closing *sync.WaitGroup) (*View, error) {
+	c, err := dial(closing)
+	if err != nil {
+		return nil, err
+	}
+	chains, err := c.listChains(unix.NFPROTO_UNSPEC)
+	if err != nil {
+		c.close()
+		return nil, err
+	}
+	return &View{c: c, chains: chains}, nil
+}
+
+// Close releases the view's socket; nil-safe.
+func (v *View) Close() {
+	if v != nil {
+		v.c.close()
+	}
+}
+
+// HasChain reports whether a chain named one of names exists in a table of
+// family nfproto.
+func (v *View) HasChain(nfproto uint8, names ...string) bool {
+	return v.has(nfproto, nil, names)
+}
+
+// has reports whether a chain exists in a table of family fam, whose table
+// is one of tables (any table when nil) and whose name is one of names (any
+// chain when nil).
+func (v *View) has(fam uint8, tables, names []string) bool {
+	return slices.ContainsFunc(v.chains, func(ch chainInfo) bool {
+		return ch.family == fam &&
+			(tables == nil || slices.Contains(tables, ch.table)) &&
+			(names == nil || slices.Contains(names, ch.name))
+	})
+}
+
+// tables returns those of the inet tables names that have a chain in v.
+func (v *View) tables(names []string) []string {
+	var out []string
+	for _, ch := range v.chains {
+		if ch.family == unix.NFPROTO_INET && slices.Contains(names, ch.table) && !slices.Contains(out, ch.table) {
+			out = append(out, ch.table)
+		}
+	}
+	return out
+}
+
+// readNFT reads the given tables of ours that exist (that have a chain):
+// chains, rules and (withSets) set names, on c. The chains come from v when
+// given (the operation's dump of every family), else from a dump of the
+// inet family; when any table is ours, one dump reads every rule of the
+// family.
+func readNFT(c *conn, v *View, names []string, withSets bool, cache *cache) (map[string]*tableState, error) {
+	var chains []chainInfo
+	if v != nil {
+		chains = v.chains
+	} else {
+		var err error
+		if chains, err = c.listChains(unix.NFPROTO_INET); err != nil {
+			return nil, err
+		}
+	}
+	st := map[string]*tableState{}
+	for _, ch := range chains {
+		if ch.family != unix.NFPROTO_INET || !slices.Contains(names, ch.table) {
+			continue
+		}
+		ts := st[ch.table]
+		if ts == nil {
+			ts = &tableState{rules: map[string][]ruleRead{}}
+			st[ch.table] = ts
+		}
+		ts.chains = append(ts.chains, ch)
+	}
+	if len(st) == 0 {
+		return st, nil
+	}
+	err := c.dumpRules(func(attrs []byte) error {
+		table, chain, r, err := parseRule(attrs, cache)
+		if err != nil {
+			return fmt.Errorf("parsing a rule of %s %s: %w", table, chain, err)
+		}
+		if ts := st[table]; ts != nil {
+			ts.rules[chain] = append(ts.rules[chain], r)
+		}
+		return nil
+	})
+	if err != nil || !withSets {
+		return st, err
+	}
+	for name, ts := range st {
+		if ts.sets, err = c.listSets(name); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// parseRule decodes one NFT_MSG_NEWRULE message. Expressions are decoded
+// with the library's types and re-encoded for the key, so a rule compares
+// equal to the one we would send; an expression of a kind we never use is
+// kept as its raw bytes (it can only match nothing of ours). The key of an
+// encoding seen before comes from the cache.
+func parseRule(b []byte, cache *cache) (table, chain string, r ruleRead, err error) {
+	ad, err := mnl.NewAttributeDecoder(b)
+	if err != nil {
+		return "", "", r, err
+	}
+	ad.ByteOrder = binary.BigEndian
+	type elem struct {
+		name string
+		data []byte
+	}
+	var elems []elem
+	var raw strings.Builder
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_RULE_TABLE:
+			table = ad.String()
+		case unix.NFTA_RULE_CHAIN:
+			chain = ad.String()
+		case unix.NFTA_RULE_HANDLE:
+			r.handle = ad.Uint64()
+		case unix.NFTA_RULE_EXPRESSIONS:
+			ad.Nested(func(list *mnl.AttributeDecoder) error {
+				for list.Next() {
+					list.Nested(func(e *mnl.AttributeDecoder) error {
+						var el elem
+						for e.Next() {
+							switch e.Type() {
+							case unix.NFTA_EXPR_NAME:
+								el.name = e.String()
+							case unix.NFTA_EXPR_DATA:
+								el.data = e.Bytes()
+							}
+						}
+						elems = append(elems, el)
+						raw.WriteString(el.name)
+						if el.name != "counter" { // its values change
+							raw.Write(el.data)
+						}
+						raw.WriteByte(0)
+						return nil
+					})
+				}
+				return nil
+			})
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return table, chain, r, err
+	}
+	if k, ok := cache.rawKey(raw.String()); ok {
+		r.key = k
+		return table, chain, r, nil
+	}
+	var exprs []expr.Any
+	var opaque bytes.Buffer
+	for _, el := range elems {
+		x := newExpr(el.name)
+		if x == nil {
+			fmt.Fprintf(&opaque, "%s:%x;", el.name, el.data)
+			continue
+		}
+		if err := expr.Unmarshal(byte(inet), el.data, x); err != nil {
+			return table, chain, r, fmt.Errorf("expression %s: %w", el.name, err)
+		}
+		if imm, ok := x.(*expr.Immediate); ok && imm.Register == unix.NFT_REG_VERDICT && len(imm.Data) == 0 {
+			x = &expr.Verdict{}
+			if err := expr.Unmarshal(byte(inet), el.data, x); err != nil {
+				return table, chain, r, fmt.Errorf("verdict: %w", err)
+			}
+		}
+		exprs = append(exprs, x)
+	}
+	key, err := exprKey(exprs)
+	if err != nil {
+		return table, chain, r, err
+	}
+	r.key = key + opaque.String()
+	cache.putRaw(raw.String(), r.key)
+	return table, chain, r, nil
+}
+
+// newExpr returns an empty expression of the kinds our rules use.
+func newExpr(name string) expr.Any {
+	switch name {
+	case "meta":
+		return &expr.Meta{}
+	case "cmp":
+		return &expr.Cmp{}
+	case "payload":
+		return &expr.Payload{}
+	case "bitwise":
+		return &expr.Bitwise{}
+	case "counter":
+		return &expr.Counter{}
+	case "immediate":
+		return &expr.Immediate{}
+	case "redir":
+		return &expr.Redir{}
+	case "nat":
+		return &expr.NAT{}
+	case "ct":
+		return &expr.Ct{}
+	case "lookup":
+		return &expr.Lookup{}
+	}
+	return nil
+}
+
+// exprKey is a rule's expressions as the kernel encodes them (counter values
+// zeroed), so a wanted rule and one read back compare byte for byte.
+func exprKey(exprs []expr.Any) (string, error) {
+	var b bytes.Buffer
+	for _, e := range exprs {
+		switch v := e.(type) {
+		case *expr.Counter:
+			e = &expr.Counter{}
+		case *expr.Ct:
+			// The library reads a ct set back without its source
+			// register; compare sets as (key, direction) only.
+			if v.SourceRegister {
+				e = &expr.Ct{Key: v.Key, Direction: v.Direction}
+			}
+		}
+		data, err := expr.Marshal(byte(inet), e)
+		if err != nil {
+			return "", fmt.Errorf("encoding %T: %w", e, err)
+		}
+		b.Write(data)
+	}
+	return b.String(), nil
+}
