@@ -905,18 +905,9 @@ func appStartedAt(t *testing.T, ctx context.Context, ns, name string) time.Time 
 // on ztunnel's 15001. It returns ztunnel's Add.
 func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *corev1.Pod) ztunnelemu.RequestRecord {
 	t.Helper()
-	netnsPath, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
-	if err != nil {
-		t.Fatal(err)
-	}
+	netnsPath, started, rulesAt, outcome := startedCaptured(t, ctx, p)
 	ino := inode(t, netnsPath)
 	uid := string(p.UID)
-	started := appStartedAt(t, ctx, p.Namespace, p.Name)
-	rulesAt, outcome := ruledAt(t, ctx, uid, netnsPath)
-	if !rulesAt.Before(started) {
-		t.Errorf("pod %s/%s: its app started at %s, before the agent answered the CNI ADD for its netns %s (%s at %s): it ran uncaptured",
-			p.Namespace, p.Name, started.Format(time.RFC3339Nano), netnsPath, outcome, rulesAt.Format(time.RFC3339Nano))
-	}
 	st := r.waitEmu(t, ctx, "workload "+p.Name+" with netns inode "+strconv.FormatUint(ino, 10), func(s ztunnelemu.State) bool {
 		w, ok := s.Workload(uid)
 		return ok && w.NetnsInode == ino
@@ -941,6 +932,26 @@ func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *cor
 	t.Logf("pod %s: CNI ADD answered (%s, rules in netns inode %d) %s before its app started; ztunnel's Add %s after the app started",
 		p.Name, outcome, ino, started.Sub(rulesAt).Round(time.Millisecond), add.At.Sub(started).Round(time.Millisecond))
 	return add
+}
+
+// startedCaptured checks that pod p's app started only after the agent had
+// answered the CNI ADD that programmed the redirection in the netns its
+// running sandbox has (found by the pod's IP): the agent's log line for that
+// ADD against the app's first log line, both by timestamp. It returns that
+// netns, when the app started, when the ADD was answered and its outcome.
+func startedCaptured(t *testing.T, ctx context.Context, p *corev1.Pod) (netnsPath string, started, rulesAt time.Time, outcome string) {
+	t.Helper()
+	netnsPath, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started = appStartedAt(t, ctx, p.Namespace, p.Name)
+	rulesAt, outcome = ruledAt(t, ctx, string(p.UID), netnsPath)
+	if !rulesAt.Before(started) {
+		t.Errorf("pod %s/%s: its app started at %s, before the agent answered the CNI ADD for its netns %s (%s at %s): it ran uncaptured",
+			p.Namespace, p.Name, started.Format(time.RFC3339Nano), netnsPath, outcome, rulesAt.Format(time.RFC3339Nano))
+	}
+	return netnsPath, started, rulesAt, outcome
 }
 
 // ruledAt finds in the agent's log (JSON lines) the CNI ADD that enrolled
@@ -1080,6 +1091,13 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 	var emu atomic.Pointer[e2eenv.Emulator]
 	var violations []string
 	var vmu sync.Mutex
+	defer func() { // also when a check below stops the test
+		vmu.Lock()
+		defer vmu.Unlock()
+		for _, v := range violations {
+			t.Error(v)
+		}
+	}()
 	rw := watchReady(t, ctx, ns, func(p *corev1.Pod) {
 		em := emu.Load()
 		var msg string
@@ -1159,6 +1177,13 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 		if podReady(p) {
 			t.Errorf("pod %s Ready after the reboot without ztunnel: %s", name, describe(p))
 		}
+		// Its new sandbox ran through our plugin, despite the primary's
+		// rewrite at boot: the redirection was in place before its app
+		// started.
+		startedCaptured(t, ctx, p)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	// kubelet probes them meanwhile (the probes fail: a pending pod's probe
 	// address is set only once ztunnel acks); still nothing turns Ready.
@@ -1205,11 +1230,6 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 		t.Logf("pod %s: ztunnel back -> Add %s, -> Ready %s (power on -> Ready %s)", name,
 			add.At.Sub(ztStart).Round(time.Millisecond), rw.ready(name).Sub(ztStart).Round(time.Millisecond), rw.ready(name).Sub(on).Round(time.Millisecond))
 	}
-	vmu.Lock()
-	for _, v := range violations {
-		t.Error(v)
-	}
-	vmu.Unlock()
 	// The primary's boot-time rewrite reached the config the runtime uses,
 	// with our plugin last.
 	if _, text, err := node.RuntimeConfig(); err != nil || !strings.Contains(text, bootMark) || !strings.Contains(text, `"ambientd-cni"`) {
