@@ -55,6 +55,14 @@ const (
 // xattrs. edit returning its input unchanged means nothing to do. wrote says
 // whether the file was replaced.
 func editFile(path string, first snapshot, edit func([]byte) ([]byte, error)) (wrote bool, err error) {
+	return fileEditor{}.edit(path, first, edit)
+}
+
+// fileEditor runs editFile; beforeSwap, for tests, runs between the re-check
+// and the swap (where another writer can still get in).
+type fileEditor struct{ beforeSwap func(path string) }
+
+func (e fileEditor) edit(path string, first snapshot, edit func([]byte) ([]byte, error)) (wrote bool, err error) {
 	cur := first // what we expect at path right now
 	src := first // the newest text of theirs, which our write must be based on
 	for round := 0; round < maxSwaps; round++ {
@@ -80,6 +88,9 @@ func editFile(path string, first snapshot, edit func([]byte) ([]byte, error)) (w
 		if now, err := readSnapshot(path); err != nil || !now.same(cur) {
 			os.Remove(tmp)
 			return wrote, fmt.Errorf("%s: %w (before our write: %v)", path, errConflict, err)
+		}
+		if e.beforeSwap != nil {
+			e.beforeSwap(path)
 		}
 		swapped, err := exchange(tmp, path)
 		if errors.Is(err, errNoExchange) {
@@ -143,20 +154,13 @@ func exchange(tmp, path string) (snapshot, error) {
 	return readWhole(f)
 }
 
-// readWhole reads f until two reads agree and its text is valid JSON or stops
-// changing: a writer that truncated it and is still writing finishes first.
+// readWhole reads f, and when its text is not valid JSON (a writer that
+// truncated it is still writing) reads it again for a while until it is.
 func readWhole(f *os.File) (snapshot, error) {
 	s, err := readOpen(f)
-	for try := 0; err == nil && try < settleTries; try++ {
-		if len(s.data) > 0 && json.Valid(s.data) {
-			break
-		}
+	for try := 0; err == nil && !json.Valid(s.data) && try < settleTries; try++ {
 		time.Sleep(settlePause)
-		var next snapshot
-		if next, err = readOpen(f); err == nil && next.same(s) && len(s.data) > 0 {
-			break // stopped changing
-		}
-		s = next
+		s, err = readOpen(f)
 	}
 	return s, err
 }

@@ -153,6 +153,15 @@ func newWatcher(dirs ...string) (*fsnotify.Watcher, error) {
 		return nil, fmt.Errorf("inotify: %w", err)
 	}
 	for _, d := range dirs {
+		// inotify watches a file as well; a conf dir that is a file must
+		// not look watched.
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			w.Close()
+			if err == nil {
+				err = fmt.Errorf("%s: not a directory", d)
+			}
+			return nil, err
+		}
 		if err := w.Add(d); err != nil {
 			w.Close()
 			return nil, fmt.Errorf("watching %s: %w", d, err)
