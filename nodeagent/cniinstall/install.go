@@ -135,6 +135,17 @@ type Installer struct {
 
 	hmu    sync.Mutex
 	health health
+
+	// stepped, for tests, runs after each change the installer makes to
+	// the conf dir, so a test can look at the runtime's view in between.
+	stepped func()
+}
+
+// step marks one change to the conf dir done (see stepped).
+func (i *Installer) step() {
+	if i.stepped != nil {
+		i.stepped()
+	}
 }
 
 // binState remembers the installed binary we verified, so a pass does not
@@ -275,31 +286,43 @@ func (i *Installer) ensureConfig() (bool, error) {
 	if !i.cfg.InPlace {
 		return i.ensureOwned(confs)
 	}
-	changed := false
-	// Back from owned mode: our owned file would shadow the primary.
-	if c, ok := find(confs, i.cfg.OwnedName); ok && hasKey(c.data, ownedKey) {
-		if err := os.Remove(c.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return false, fmt.Errorf("removing owned config %s: %w", c.path, err)
-		}
-		i.log.Info("removed owned CNI config (in-place mode)", "path", c.path)
-		changed = true
-		confs = without(confs, c.name)
+	// Back from owned mode: our owned file, which the runtime uses, goes
+	// only once the primary's file has our entry — the runtime never sees
+	// a config without our plugin.
+	owned, hasOwned := find(confs, i.cfg.OwnedName)
+	if hasOwned = hasOwned && hasKey(owned.data, ownedKey); hasOwned {
+		confs = without(confs, owned.name)
 	}
 	target, err := i.primary(confs)
 	if err != nil {
-		return changed, err
+		return false, err
 	}
 	if !target.list {
-		return true, i.convert(target)
+		if err := i.convert(target); err != nil {
+			return true, err
+		}
+		if hasOwned { // look again: the converted list is the target now
+			return true, fmt.Errorf("converted %s: %w", target.path, errConflict)
+		}
+		return true, nil
 	}
 	wrote, err := editFile(target.real, target.snap, i.entryOnly)
-	if err != nil {
-		return changed || wrote, fmt.Errorf("inserting into %s: %w", target.path, err)
-	}
 	if wrote {
+		i.step()
 		i.log.Info("inserted CNI plugin into config", "path", target.path, "file", target.real)
 	}
-	return changed || wrote, nil
+	if err != nil {
+		return wrote, fmt.Errorf("inserting into %s: %w", target.path, err)
+	}
+	if hasOwned {
+		if err := os.Remove(owned.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return true, fmt.Errorf("removing owned config %s: %w", owned.path, err)
+		}
+		i.step()
+		i.log.Info("removed owned CNI config (in-place mode)", "path", owned.path)
+		return true, nil
+	}
+	return wrote, nil
 }
 
 // primary is the primary CNI's config: ConfName, or the first valid file
@@ -363,16 +386,19 @@ func (i *Installer) convert(c confFile) error {
 	if err != nil {
 		return err
 	}
+	i.step()
 	if err := removeFile(c.path, c.snap); err != nil {
 		return fmt.Errorf("removing %s after converting it to %s: %w", c.path, dst, err)
 	}
+	i.step()
 	i.log.Info("converted CNI config to a conflist with our plugin", "from", c.path, "to", dst)
 	return nil
 }
 
 // ensureOwned writes OwnedName = primary + our entry, marked as ours, and
-// takes what in-place mode left in the primary's config out of it (our
-// entry; a .conf converted to a conflist comes back).
+// then takes what in-place mode left in the primary's config out of it (our
+// entry; a .conf converted to a conflist comes back) — in that order, so
+// that the runtime never sees a config without our plugin.
 func (i *Installer) ensureOwned(confs []confFile) (bool, error) {
 	p, err := i.primary(confs)
 	if err != nil {
@@ -381,58 +407,77 @@ func (i *Installer) ensureOwned(confs []confFile) (bool, error) {
 	if p.name < i.cfg.OwnedName {
 		return false, fmt.Errorf("owned config %s would not be used: %s sorts before it; choose an owned name that sorts first", i.cfg.OwnedName, p.name)
 	}
-	changed := false
-	if from := stringKey(p.data, convertedKey); from != "" {
-		// In-place mode converted the primary's .conf: put it back first.
-		if err := i.uninstallFrom(p, confs); err != nil {
-			return true, err
-		}
-		return true, fmt.Errorf("restored %s from in-place mode: %w", from, errConflict)
-	}
 	var base []byte
-	if p.list {
+	var cleanup func() error // undoes in-place mode's change to the primary
+	switch {
+	case p.list:
 		stripped, n, err := removeEntries(p.data, i.cfg.Entry.Type)
 		if err != nil {
 			return false, fmt.Errorf("reading %s: %w", p.path, err)
 		}
-		if n > 0 {
-			wrote, err := editFile(p.real, p.snap, func(b []byte) ([]byte, error) {
-				s, _, err := removeEntries(b, i.cfg.Entry.Type)
-				return s, err
-			})
-			if err != nil {
-				return wrote, fmt.Errorf("removing our plugin from %s: %w", p.path, err)
+		if from := stringKey(p.data, convertedKey); from != "" && p.real == p.path {
+			if orig, ok := confFromList(stripped); ok {
+				// In-place mode converted the primary's .conf: copy the
+				// .conf, then put it back.
+				if base, err = listFromConf(orig, ownedKey, true); err != nil {
+					return false, fmt.Errorf("copying %s: %w", p.path, err)
+				}
+				cleanup = func() error { return i.uninstallFrom(p, confs) }
+				break
 			}
-			i.log.Info("removed our plugin from the primary config (owned mode)", "path", p.path)
-			// Copy what the file holds now, not what we read.
-			return true, fmt.Errorf("primary config changed by us: %w", errConflict)
 		}
 		base = markOwned(stripped)
-	} else {
+		if n > 0 {
+			cleanup = func() error {
+				_, err := editFile(p.real, p.snap, func(b []byte) ([]byte, error) {
+					s, _, err := removeEntries(b, i.cfg.Entry.Type)
+					return s, err
+				})
+				if err == nil {
+					i.step()
+					i.log.Info("removed our plugin from the primary config (owned mode)", "path", p.path)
+				}
+				return err
+			}
+		}
+	default:
 		if base, err = listFromConf(p.data, ownedKey, true); err != nil {
-			return changed, fmt.Errorf("copying %s: %w", p.path, err)
+			return false, fmt.Errorf("copying %s: %w", p.path, err)
 		}
 	}
 	want, err := appendEntry(base, i.cfg.Entry)
 	if err != nil {
-		return changed, fmt.Errorf("copying %s: %w", p.path, err)
+		return false, fmt.Errorf("copying %s: %w", p.path, err)
 	}
+	changed, err := i.writeOwned(want, ownedAttrs(p.snap.attrs), p.path)
+	if err != nil || cleanup == nil {
+		return changed, err
+	}
+	if err := cleanup(); err != nil {
+		return true, fmt.Errorf("undoing in-place mode's change to %s: %w", p.path, err)
+	}
+	// Copy what the primary holds now.
+	return true, fmt.Errorf("undid in-place mode's change to %s: %w", p.path, errConflict)
+}
+
+// writeOwned makes the owned file hold want with attrs, unless it does.
+func (i *Installer) writeOwned(want []byte, attrs fileAttrs, primary string) (bool, error) {
 	dst := filepath.Join(i.cfg.ConfDir, i.cfg.OwnedName)
-	attrs := ownedAttrs(p.snap.attrs)
 	have, err := readSnapshot(dst)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
-		return changed, fmt.Errorf("owned config: %w", err)
+		return false, fmt.Errorf("owned config: %w", err)
 	case !hasKey(have.data, ownedKey):
-		return changed, fmt.Errorf("owned config %s exists and is not ours (no %q mark): not replacing it; remove it or choose another --cni-owned-config-name", dst, ownedKey)
+		return false, fmt.Errorf("owned config %s exists and is not ours (no %q mark): not replacing it; remove it or choose another --cni-owned-config-name", dst, ownedKey)
 	case bytes.Equal(have.data, want) && have.attrs.keeps(attrs):
-		return changed, nil
+		return false, nil
 	}
 	if err := writeAtomic(dst, want, attrs); err != nil {
-		return changed, err
+		return false, err
 	}
-	i.log.Info("wrote owned CNI config", "path", dst, "primary", p.path)
+	i.step()
+	i.log.Info("wrote owned CNI config", "path", dst, "primary", primary)
 	return true, nil
 }
 
@@ -604,10 +649,12 @@ func (i *Installer) restoreConverted(c confFile, from string, orig []byte, all [
 		if err := createFile(conf, orig, c.snap.attrs); err != nil {
 			return err
 		}
+		i.step()
 	}
 	if err := removeFile(c.path, c.snap); err != nil {
 		return fmt.Errorf("removing converted config: %w", err)
 	}
+	i.step()
 	i.log.Info("restored single-plugin CNI config", "path", conf, "removed", c.path)
 	return nil
 }

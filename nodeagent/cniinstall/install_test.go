@@ -658,3 +658,53 @@ func TestRunFightIsDetected(t *testing.T) {
 	t.Logf("fighter stripped our entry %d times before the warning", <-fought)
 	waitInstalled(t, i, "entry back once the fight stops")
 }
+
+// Switching modes — the upgrade from in-place mode (the old default) to
+// owned mode, and back — never leaves the runtime on a config without our
+// plugin: after every single change the installer makes to the conf dir,
+// the runtime's config has our plugin last. At the end of each switch the
+// layout is the mode's, and uninstall gives back the original byte for byte.
+func TestModeSwitchKeepsOurPluginInUse(t *testing.T) {
+	cases := []struct{ name, file, content string }{
+		{"conflist", "10-flannel.conflist", flannelConflist},
+		{"conf", "10-mynet.conf", bridgeConf},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHostTree(t)
+			writeFile(t, h.path(tc.file), tc.content, 0o644)
+			if _, err := h.installer(t, inPlace).Install(); err != nil {
+				t.Fatal(err)
+			}
+			for _, toInPlace := range []bool{false, true, false} {
+				i := h.installer(t, func(c *Config) { c.InPlace = toInPlace })
+				steps := 0
+				i.stepped = func() {
+					steps++
+					if name, chain := runtimeView(t, h.conf); chain[len(chain)-1] != "ambientd-cni" {
+						t.Errorf("to in-place=%v, after step %d the runtime uses %s %v, without our plugin", toInPlace, steps, name, chain)
+					}
+				}
+				if _, err := i.Install(); err != nil {
+					t.Fatal(err)
+				}
+				if err := i.Check(); err != nil {
+					t.Fatal(err)
+				}
+				if toInPlace == exists(h.path(DefaultOwnedName)) {
+					t.Fatalf("in-place=%v: owned file present=%v", toInPlace, !toInPlace)
+				}
+				if !toInPlace && readFile(t, h.path(tc.file)) != tc.content {
+					t.Fatalf("owned mode left the primary changed:\n%s", readFile(t, h.path(tc.file)))
+				}
+				t.Logf("to in-place=%v: %d steps, the runtime on our plugin after each", toInPlace, steps)
+			}
+			if err := h.installer(t).Uninstall(); err != nil {
+				t.Fatal(err)
+			}
+			if entries, _ := os.ReadDir(h.conf); len(entries) != 1 || readFile(t, h.path(tc.file)) != tc.content {
+				t.Fatalf("after uninstall: %d files, %s =\n%s", len(entries), tc.file, readFile(t, h.path(tc.file)))
+			}
+		})
+	}
+}
