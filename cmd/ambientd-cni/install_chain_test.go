@@ -19,10 +19,22 @@ import (
 // TestChainInstalledConfig runs the real chain from the config the installer
 // wrote: the node's primary CNI has a single-plugin .conf (bridge +
 // host-local), the installer copies the plugin into the "host" bin dir and
-// turns the .conf into a conflist with our entry last, and libcni — loading
-// the conf dir the way a runtime does — calls our plugin, which reaches the
-// agent. After Uninstall the runtime's config no longer calls it.
+// writes its own conflist that sorts first (owned mode, the default) or
+// turns the .conf into a conflist with our entry last (in-place mode), and
+// libcni — loading the conf dir the way a runtime does — calls our plugin,
+// which reaches the agent. After Uninstall the runtime's config no longer
+// calls it and the .conf is as it was.
 func TestChainInstalledConfig(t *testing.T) {
+	for _, inPlace := range []bool{false, true} {
+		name := "owned"
+		if inPlace {
+			name = "in-place"
+		}
+		t.Run(name, func(t *testing.T) { testChainInstalledConfig(t, inPlace) })
+	}
+}
+
+func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	hostNS := newNS(t)
 	podNS := newNS(t)
 	ag := &agent{outcome: cniserver.Enrolled}
@@ -43,7 +55,7 @@ func TestChainInstalledConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	inst, err := cniinstall.New(cniinstall.Config{
-		BinSource: filepath.Join(binDir, "ambientd-cni"), BinDir: hostBin, ConfDir: confDir,
+		BinSource: filepath.Join(binDir, "ambientd-cni"), BinDir: hostBin, ConfDir: confDir, InPlace: inPlace,
 		Entry: cniinstall.Entry{Type: "ambientd-cni", AgentSocket: sock, Timeout: "30s", LogLevel: "debug", LogFile: filepath.Join(root, "plugin.log")},
 	}, testutil.Logger(t, 0))
 	if err != nil {

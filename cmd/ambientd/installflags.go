@@ -13,6 +13,7 @@ import (
 
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/nodeagent/daemon"
 )
 
 // installFlags are the install-cni settings shared by `ambientd run`
@@ -22,6 +23,8 @@ type installFlags struct {
 	owned                                           bool
 	pluginLogLevel, pluginLogFile                   string
 	pluginTimeout                                   time.Duration
+	pollInterval, resync, repairWindow              time.Duration
+	repairLimit                                     int
 	daemonSet, namespace                            string
 }
 
@@ -36,6 +39,10 @@ var installEnvOf = map[string]string{
 	"cni-plugin-log-level":  "AMBIENTD_CNI_PLUGIN_LOG_LEVEL",
 	"cni-plugin-log-file":   "AMBIENTD_CNI_PLUGIN_LOG_FILE",
 	"cni-plugin-timeout":    "AMBIENTD_CNI_PLUGIN_TIMEOUT",
+	"cni-poll-interval":     "AMBIENTD_CNI_POLL_INTERVAL",
+	"cni-resync-interval":   "AMBIENTD_CNI_RESYNC_INTERVAL",
+	"cni-repair-limit":      "AMBIENTD_CNI_REPAIR_LIMIT",
+	"cni-repair-window":     "AMBIENTD_CNI_REPAIR_WINDOW",
 	"daemonset-name":        "AMBIENTD_DAEMONSET_NAME",
 	"daemonset-namespace":   "POD_NAMESPACE",
 }
@@ -46,8 +53,12 @@ func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.binDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
 	fs.StringVar(&f.confDir, "cni-conf-dir", "/host/etc/cni/net.d", "the host's CNI conf dir, as mounted")
 	fs.StringVar(&f.confName, "cni-conf-name", "", "config file to insert into (default: the lexically first valid .conf/.conflist/.json, as runtimes choose)")
-	fs.BoolVar(&f.owned, "cni-owned-config", false, "write our own conflist that sorts first (a copy of the primary config plus our plugin) instead of editing the primary's file")
+	fs.BoolVar(&f.owned, "cni-owned-config", true, "write our own conflist that sorts first (a copy of the primary config plus our plugin), so a primary CNI rewriting its own file cannot drop our plugin; false = insert our plugin into the primary's file (in-place mode)")
 	fs.StringVar(&f.ownedName, "cni-owned-config-name", cniinstall.DefaultOwnedName, "file name of the owned conflist; must sort before the primary's")
+	fs.DurationVar(&f.pollInterval, "cni-poll-interval", cniinstall.DefaultPollInterval, "how often the installer re-reads the CNI dirs while it cannot watch them with inotify (instances exhausted, watcher lost)")
+	fs.DurationVar(&f.resync, "cni-resync-interval", cniinstall.DefaultResync, "period of the installer's full re-check, in case a file event was missed")
+	fs.IntVar(&f.repairLimit, "cni-repair-limit", cniinstall.DefaultRepairLimit, "repairs of external rewrites within --cni-repair-window above which the installer warns of a fight and backs off")
+	fs.DurationVar(&f.repairWindow, "cni-repair-window", cniinstall.DefaultRepairWindow, "sliding window of --cni-repair-limit")
 	fs.StringVar(&f.pluginLogLevel, "cni-plugin-log-level", "info", "the plugin's logLevel in its config entry")
 	fs.StringVar(&f.pluginLogFile, "cni-plugin-log-file", "", "the plugin's logFile on the host (default: stderr, i.e. the runtime's log)")
 	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", 30*time.Second, "the plugin's timeout for one ADD's call to the agent")
@@ -87,6 +98,14 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 	if f.pluginTimeout <= 0 {
 		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-timeout %v: must be positive", f.pluginTimeout)
 	}
+	for name, d := range map[string]time.Duration{"--cni-poll-interval": f.pollInterval, "--cni-resync-interval": f.resync, "--cni-repair-window": f.repairWindow} {
+		if d < 100*time.Millisecond {
+			return cniinstall.Config{}, fmt.Errorf("%s %v: want at least 100ms", name, d)
+		}
+	}
+	if f.repairLimit < 1 {
+		return cniinstall.Config{}, fmt.Errorf("--cni-repair-limit %d: must be at least 1", f.repairLimit)
+	}
 	if _, err := parseLevel(f.pluginLogLevel); err != nil {
 		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-log-level: %w", err)
 	}
@@ -95,7 +114,8 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 	}
 	cfg := cniinstall.Config{
 		BinSource: src, BinDir: f.binDir, ConfDir: f.confDir, ConfName: f.confName,
-		Owned: f.owned, OwnedName: f.ownedName,
+		InPlace: !f.owned, OwnedName: f.ownedName,
+		PollInterval: f.pollInterval, Resync: f.resync, RepairLimit: f.repairLimit, RepairWindow: f.repairWindow,
 		Entry: cniinstall.Entry{
 			Type:              cniinstall.DefaultPluginType,
 			AgentSocket:       cniSocket,
@@ -108,33 +128,38 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 	return cfg, cfg.Validate()
 }
 
-// cniInstall is the running installer as `ambientd run` uses it.
+// cniInstall is the installer as `ambientd run` uses it: its Run is a
+// daemon component (Component), supervised like every other part.
 type cniInstall struct {
 	inst            *cniinstall.Installer
-	cancel          context.CancelFunc
-	done            chan error
 	shutdown        *cniinstall.ShutdownRule
 	rules           *iptables.Manager
 	log             *slog.Logger
 	shutdownTimeout time.Duration
 }
 
-// startCNIInstall starts the installer beside the agent. Its Ready belongs
-// in the agent's readiness (and node condition); Finish, called once the
-// agent has stopped, applies the uninstall-on-shutdown rule.
-func startCNIInstall(ctx context.Context, f installFlags, cfg cniinstall.Config, nodeName string, client kubernetes.Interface, rules *iptables.Manager, log *slog.Logger) (*cniInstall, error) {
+// newCNIInstall builds the installer; nothing runs yet. Its Check belongs in
+// the agent's readiness (and node condition); Finish, called once the daemon
+// (the installer included) has stopped, applies the uninstall-on-shutdown
+// rule.
+func newCNIInstall(f installFlags, cfg cniinstall.Config, nodeName string, client kubernetes.Interface, rules *iptables.Manager, log *slog.Logger) (*cniInstall, error) {
 	inst, err := cniinstall.New(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	c := &cniInstall{inst: inst, cancel: cancel, done: make(chan error, 1), rules: rules, log: log, shutdownTimeout: 10 * time.Second,
-		shutdown: cniinstall.NewShutdownRule(client, f.namespace, f.daemonSet, nodeName)}
-	go func() { c.done <- inst.Run(ctx) }()
-	// The shutdown rule needs one read of the DaemonSet with the agent's
-	// identity first; it returns once it has it.
-	go c.shutdown.Watch(ctx, log)
-	return c, nil
+	return &cniInstall{inst: inst, rules: rules, log: log, shutdownTimeout: 10 * time.Second,
+		shutdown: cniinstall.NewShutdownRule(client, f.namespace, f.daemonSet, nodeName)}, nil
+}
+
+// Component is the installer as a daemon component: started first, stopped
+// last; it retries failures itself and never stops early.
+func (c *cniInstall) Component() daemon.Component {
+	return daemon.Func("CNI installer", func(ctx context.Context) error {
+		// The shutdown rule needs one read of the DaemonSet with the
+		// agent's identity first; it returns once it has it.
+		go c.shutdown.Watch(ctx, c.log)
+		return c.inst.Run(ctx)
+	})
 }
 
 // Ready is the installer's readiness: our entry in the runtime's config.
@@ -144,15 +169,11 @@ func (c *cniInstall) Ready() (bool, string) { return c.inst.Ready() }
 // nodeready.Inputs.PluginInstalled.
 func (c *cniInstall) Check() error { return c.inst.Check() }
 
-// Finish stops the installer (which leaves everything installed), then
-// uninstalls only when the DaemonSet is gone, being deleted or no longer
-// selects this node, or the agent's identity was deleted
+// Finish, once the installer has stopped (which leaves everything
+// installed), uninstalls only when the DaemonSet is gone, being deleted or
+// no longer selects this node, or the agent's identity was deleted
 // (cniinstall.ShutdownRule); otherwise (upgrade, restart) everything stays.
 func (c *cniInstall) Finish() error {
-	c.cancel()
-	if err := <-c.done; err != nil {
-		c.log.Error("CNI installer stopped", "error", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	uninstall, reason, err := c.shutdown.Decide(ctx)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 )
@@ -18,17 +19,30 @@ func TestInstallFlags(t *testing.T) {
 		check   func(t *testing.T, f installFlags)
 	}{
 		{name: "defaults", check: func(t *testing.T, f installFlags) {
-			if f.binDir != "/host/opt/cni/bin" || f.confDir != "/host/etc/cni/net.d" || f.owned || f.ownedName != "00-ambientd.conflist" || f.daemonSet != "ambientd" || f.namespace != "istio-system" {
+			// Owned mode by default: reboot-safe with a primary CNI that
+			// rewrites its conflist at start.
+			if f.binDir != "/host/opt/cni/bin" || f.confDir != "/host/etc/cni/net.d" || !f.owned || f.ownedName != "00-ambientd.conflist" || f.daemonSet != "ambientd" || f.namespace != "istio-system" ||
+				f.pollInterval != 2*time.Second || f.resync != 30*time.Second || f.repairLimit != 5 || f.repairWindow != time.Minute {
 				t.Errorf("defaults: %+v", f)
 			}
+			if c, err := f.config("/s", nil); err != nil || c.InPlace {
+				t.Errorf("default config: in place %v, %v", c.InPlace, err)
+			}
 		}},
-		{name: "env sets, flag wins", args: []string{"--cni-bin-dir=/b"},
-			env: map[string]string{"AMBIENTD_CNI_BIN_DIR": "/env", "AMBIENTD_CNI_CONF_DIR": "/c", "AMBIENTD_CNI_OWNED_CONFIG": "true", "POD_NAMESPACE": "mesh", "AMBIENTD_CNI_CONF_NAME": "10-x.conflist"},
+		{name: "env sets, flag wins", args: []string{"--cni-bin-dir=/b", "--cni-poll-interval=5s"},
+			env: map[string]string{"AMBIENTD_CNI_BIN_DIR": "/env", "AMBIENTD_CNI_CONF_DIR": "/c", "AMBIENTD_CNI_OWNED_CONFIG": "false", "POD_NAMESPACE": "mesh", "AMBIENTD_CNI_CONF_NAME": "10-x.conflist",
+				"AMBIENTD_CNI_POLL_INTERVAL": "1s", "AMBIENTD_CNI_RESYNC_INTERVAL": "10s", "AMBIENTD_CNI_REPAIR_LIMIT": "9", "AMBIENTD_CNI_REPAIR_WINDOW": "2m"},
 			check: func(t *testing.T, f installFlags) {
-				if f.binDir != "/b" || f.confDir != "/c" || !f.owned || f.namespace != "mesh" || f.confName != "10-x.conflist" {
+				if f.binDir != "/b" || f.confDir != "/c" || f.owned || f.namespace != "mesh" || f.confName != "10-x.conflist" ||
+					f.pollInterval != 5*time.Second || f.resync != 10*time.Second || f.repairLimit != 9 || f.repairWindow != 2*time.Minute {
 					t.Errorf("got %+v", f)
 				}
+				if c, err := f.config("/s", nil); err != nil || !c.InPlace || c.PollInterval != 5*time.Second || c.Resync != 10*time.Second || c.RepairLimit != 9 || c.RepairWindow != 2*time.Minute {
+					t.Errorf("config %+v, %v", c, err)
+				}
 			}},
+		{name: "bad poll interval", args: []string{"--cni-poll-interval=1ms"}, wantErr: "--cni-poll-interval"},
+		{name: "bad repair limit", env: map[string]string{"AMBIENTD_CNI_REPAIR_LIMIT": "0"}, wantErr: "--cni-repair-limit"},
 		{name: "relative conf dir", args: []string{"--cni-conf-dir=etc"}, wantErr: "absolute"},
 		{name: "bad conf name", args: []string{"--cni-conf-name=x.yaml"}, wantErr: ".conflist"},
 		{name: "bad owned name", env: map[string]string{"AMBIENTD_CNI_OWNED_CONFIG_NAME": "00-a.conf"}, wantErr: ".conflist"},

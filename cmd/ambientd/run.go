@@ -347,14 +347,16 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	// config the runtime uses) feeds /readyz and the node condition;
 	// without it the daemon reads the conf dir itself.
 	var pluginInstalled func() error
+	var first []daemon.Component
 	if f.installCNI {
 		cfg, _ := f.install.config(f.cniSocket, f.excluded()) // validated
-		ci, err := startCNIInstall(ctx, f.install, cfg, f.nodeName, client, rules, log.With("component", "cni-install"))
+		ci, err := newCNIInstall(f.install, cfg, f.nodeName, client, rules, log.With("component", "cni-install"))
 		if err != nil {
 			return err
 		}
 		defer ci.Finish()
 		pluginInstalled = ci.Check
+		first = append(first, ci.Component())
 	}
 	node, err := daemon.New(daemon.Config{
 		Agent:              ac,
@@ -367,6 +369,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		NodeReady:          f.nodeReady,
 		CNIConfDir:         f.install.confDir,
 		PluginInstalled:    pluginInstalled,
+		Components:         first,
 		AdminSocket:        f.adminSocket,
 		Version:            version,
 	}, client, rules, log)

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containernetworking/cni/libcni"
 )
@@ -28,30 +30,89 @@ const ownedKey = "ambientdOwned"
 // confFile is one config file of the conf dir, read and classified.
 type confFile struct {
 	name string // base name
-	path string
-	data []byte
-	mode os.FileMode
-	list bool // .conflist (else a single plugin)
-	err  error
+	path string // its path in the conf dir (may be a symlink)
+	// real is the regular file path names, symlinks resolved inside the
+	// conf dir; edits go there, so a symlink stays a symlink.
+	real string
+	snap snapshot // real's text and attributes as read
+	data []byte   // snap.data
+	list bool     // .conflist (else a single plugin)
+	err  error    // why a runtime would not load it
+	// unknown: a symlink the agent cannot follow (absolute, or out of the
+	// conf dir: inside the agent's container it would name another file
+	// than on the host), so it cannot tell what the runtime reads there.
+	unknown bool
 }
 
 func (c confFile) valid() bool { return c.err == nil }
 
-// readConf reads and validates path the way a runtime would load it.
-func readConf(path string) confFile {
-	c := confFile{name: filepath.Base(path), path: path, list: filepath.Ext(path) == ".conflist"}
-	fi, err := os.Stat(path)
+// readConf reads and validates name in dir the way a runtime would load it.
+func readConf(dir, name string) confFile {
+	c := confFile{name: name, path: filepath.Join(dir, name), list: filepath.Ext(name) == ".conflist"}
+	real, err := resolveInDir(dir, name)
 	if err != nil {
+		c.err, c.unknown = err, errors.Is(err, errOutside)
+		return c
+	}
+	c.real = real
+	if c.snap, err = readSnapshot(real); err != nil {
 		c.err = err
 		return c
 	}
-	c.mode = fi.Mode().Perm()
-	if c.data, err = os.ReadFile(path); err != nil {
-		c.err = err
-		return c
-	}
+	c.data = c.snap.data
 	c.err = validate(c.data, c.list)
 	return c
+}
+
+// errOutside: a symlink in the conf dir that the agent cannot follow.
+var errOutside = errors.New("a symlink the agent cannot follow")
+
+// maxSymlinks bounds symlink resolution (as the kernel's ELOOP does).
+const maxSymlinks = 40
+
+// resolveInDir returns the path of the file name (in dir) refers to, every
+// symlink on the way resolved without leaving dir. The conf dir is a host
+// directory mounted into the agent's container: an absolute symlink, or
+// one leading out of the dir, names another file in the container than on
+// the host, so it is refused (errOutside) rather than followed.
+func resolveInDir(dir, name string) (string, error) {
+	var done []string                // resolved components below dir
+	rest := strings.Split(name, "/") // components still to walk
+	for links := 0; len(rest) > 0; {
+		comp := rest[0]
+		rest = rest[1:]
+		switch comp {
+		case "", ".":
+			continue
+		case "..":
+			if len(done) == 0 {
+				return "", fmt.Errorf("%s: %w (it leads out of %s)", filepath.Join(dir, name), errOutside, dir)
+			}
+			done = done[:len(done)-1]
+			continue
+		}
+		p := filepath.Join(dir, filepath.Join(done...), comp)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			done = append(done, comp)
+			continue
+		}
+		if links++; links > maxSymlinks {
+			return "", fmt.Errorf("%s: too many levels of symlinks", filepath.Join(dir, name))
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			return "", err
+		}
+		if filepath.IsAbs(target) {
+			return "", fmt.Errorf("%s: %w (it points to the absolute path %s, which inside the agent's container is not the host's file; make it relative within the conf dir)", filepath.Join(dir, name), errOutside, target)
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+	return filepath.Join(dir, filepath.Join(done...)), nil
 }
 
 func validate(data []byte, list bool) error {
@@ -82,20 +143,27 @@ func listConfs(dir string) ([]confFile, error) {
 	// ConfFiles keeps os.ReadDir's order, which is sorted by name.
 	out := make([]confFile, 0, len(paths))
 	for _, p := range paths {
-		out = append(out, readConf(p))
+		out = append(out, readConf(dir, filepath.Base(p)))
 	}
 	return out, nil
 }
 
-// firstValid is the config the runtime uses: the first valid file, skipping
-// the names in skip. ok is false when there is none.
-func firstValid(confs []confFile, skip ...string) (confFile, bool) {
+// runtimeChoice is the config the runtime uses: the first valid file,
+// skipping the names in skip. ErrNoConfig when there is none; an error when
+// a file the agent cannot read as the runtime does (unknown) comes first.
+func runtimeChoice(dir string, confs []confFile, skip ...string) (confFile, error) {
 	for _, c := range confs {
-		if c.valid() && !contains(skip, c.name) {
-			return c, true
+		if contains(skip, c.name) {
+			continue
+		}
+		if c.unknown {
+			return c, fmt.Errorf("cannot tell which CNI config the runtime uses: %w", c.err)
+		}
+		if c.valid() {
+			return c, nil
 		}
 	}
-	return confFile{}, false
+	return confFile{}, fmt.Errorf("%w (%s)", ErrNoConfig, dir)
 }
 
 func contains(list []string, s string) bool {
@@ -169,34 +237,4 @@ func confFromList(list []byte) (conf []byte, ok bool) {
 		return nil, false
 	}
 	return list[l.open+1 : l.close], true
-}
-
-// writeAtomic writes data to path through a temp file in the same dir and a
-// rename, so the runtime never reads a half-written file.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("chmod %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("renaming into %s: %w", path, err)
-	}
-	return nil
 }

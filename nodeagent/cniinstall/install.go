@@ -1,17 +1,24 @@
 // Package cniinstall installs the chained CNI plugin on the node and keeps it
-// installed: it copies the plugin binary into the host's CNI bin dir, inserts
-// the plugin as the last entry of the config the container runtime uses (or,
-// in owned mode, writes its own conflist that sorts first), watches both and
-// repairs them when another component rewrites them, and reports whether the
-// plugin is really in the runtime's config. Stopping leaves everything in
-// place (an upgrade must not let ambient pods start uncaptured); only
-// Uninstall removes what it installed, and never another component's entries.
+// installed: it copies the plugin binary into the host's CNI bin dir and
+// makes the config the container runtime uses call it last — by default
+// through a conflist of its own that sorts first (a copy of the primary
+// CNI's config plus our entry: the primary rewriting its own file, as
+// Calico, flannel and Cilium do at every start, cannot drop our plugin),
+// or, in in-place mode, by inserting our entry into the primary's file.
+// It watches both dirs (inotify; polling when inotify is unavailable) and
+// repairs what others change, edits others' files compare-and-swap, keeps
+// their owner, mode and xattrs, and reports whether the plugin is really
+// in the runtime's config. Stopping leaves everything in place (an upgrade
+// must not let ambient pods start uncaptured); only Uninstall removes what
+// it installed, and never another component's entries.
 package cniinstall
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -28,6 +35,7 @@ const (
 	DefaultRepairWindow = time.Minute
 	DefaultRepairLimit  = 5
 	DefaultResync       = 30 * time.Second
+	DefaultPollInterval = 2 * time.Second
 )
 
 // ErrNoConfig means the conf dir has no valid config yet (the node's primary
@@ -44,7 +52,8 @@ type Entry struct {
 	LogFile           string   `json:"logFile,omitempty"`
 }
 
-// Config says where to install what.
+// Config says where to install what. The zero value of every mode field is
+// the default: owned mode.
 type Config struct {
 	// BinSource is the plugin binary to install (the one in the image).
 	BinSource string
@@ -52,12 +61,15 @@ type Config struct {
 	BinDir string
 	// ConfDir is the host's CNI conf dir as mounted (e.g. /host/etc/cni/net.d).
 	ConfDir string
-	// ConfName, when set, is the config file to insert into instead of the
-	// lexically first valid one (in owned mode: the primary to copy).
+	// ConfName, when set, is the primary config: the file to copy (owned
+	// mode) or to insert into (in-place mode), instead of the lexically
+	// first valid one.
 	ConfName string
-	// Owned selects owned mode: write OwnedName, a copy of the primary
-	// config plus our plugin, which sorts first; the primary is not edited.
-	Owned     bool
+	// InPlace selects in-place mode: insert our entry into the primary's
+	// own file. By default (owned mode) the installer writes OwnedName, a
+	// copy of the primary config plus our entry, which sorts first, and
+	// leaves the primary's file alone.
+	InPlace   bool
 	OwnedName string
 	// Entry is what we insert; Entry.Type is also the binary's name.
 	Entry Entry
@@ -67,6 +79,9 @@ type Config struct {
 	RepairLimit  int
 	// Resync re-checks everything periodically, in case an event was missed.
 	Resync time.Duration
+	// PollInterval is how often the dirs are re-read while inotify is not
+	// available (instances exhausted, watcher failed).
+	PollInterval time.Duration
 }
 
 // Validate checks the config and fills defaults.
@@ -86,6 +101,9 @@ func (c *Config) Validate() error {
 	if c.Resync <= 0 {
 		c.Resync = DefaultResync
 	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = DefaultPollInterval
+	}
 	for name, p := range map[string]string{"bin source": c.BinSource, "bin dir": c.BinDir, "conf dir": c.ConfDir} {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("cni install: %s %q must be an absolute path", name, p)
@@ -102,7 +120,7 @@ func (c *Config) Validate() error {
 	if filepath.Ext(c.OwnedName) != ".conflist" {
 		return fmt.Errorf("cni install: owned conf name %q must end in .conflist", c.OwnedName)
 	}
-	if c.Owned && c.ConfName == c.OwnedName {
+	if !c.InPlace && c.ConfName == c.OwnedName {
 		return fmt.Errorf("cni install: conf name and owned conf name are both %q", c.OwnedName)
 	}
 	return nil
@@ -112,7 +130,39 @@ func (c *Config) Validate() error {
 type Installer struct {
 	cfg Config
 	log *slog.Logger
-	mu  sync.Mutex // one reconcile or uninstall at a time
+	mu  sync.Mutex // one pass or uninstall at a time
+	bin binState   // under mu
+
+	hmu    sync.Mutex
+	health health
+
+	// stepped, for tests, runs after each change the installer makes to
+	// the conf dir, so a test can look at the runtime's view in between.
+	stepped func()
+}
+
+// step marks one change to the conf dir done (see stepped).
+func (i *Installer) step() {
+	if i.stepped != nil {
+		i.stepped()
+	}
+}
+
+// binState remembers the installed binary we verified, so a pass does not
+// read two plugin binaries to compare them when nothing changed.
+type binState struct {
+	srcSum   [sha256.Size]byte
+	srcSize  int64
+	verified fileAttrs // the installed copy as last verified (identity)
+}
+
+// health is the outcome of the last passes: a failure makes Check (and so
+// readiness) fail with its reason until a pass succeeds.
+type health struct {
+	err      error
+	since    time.Time
+	failures int
+	mode     string // how changes are noticed: "inotify" or "polling: <why>"
 }
 
 // New validates cfg and returns the installer; nothing is touched yet.
@@ -128,6 +178,10 @@ func (i *Installer) Config() Config { return i.cfg }
 
 func (i *Installer) binPath() string { return filepath.Join(i.cfg.BinDir, i.cfg.Entry.Type) }
 
+// maxRedo bounds how often one pass starts over because a file changed
+// while it was changing it (errConflict).
+const maxRedo = 5
+
 // Install makes one pass: binary, then config. changed says whether it
 // wrote anything. ErrNoConfig when there is no config to insert into yet.
 func (i *Installer) Install() (changed bool, err error) {
@@ -137,31 +191,80 @@ func (i *Installer) Install() (changed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	confChanged, err := i.ensureConfig()
-	return binChanged || confChanged, err
+	for redo := 0; ; redo++ {
+		c, err := i.ensureConfig()
+		changed = changed || c
+		if !errors.Is(err, errConflict) || redo == maxRedo {
+			return binChanged || changed, err
+		}
+		i.log.Debug("CNI config changed while we were changing it; starting over", "error", err)
+	}
 }
 
 // ensureBinary copies BinSource into BinDir unless an identical copy is
 // there: temp file + rename, so a runtime exec'ing it never sees half a file.
 func (i *Installer) ensureBinary() (bool, error) {
+	dst := i.binPath()
+	if i.bin.srcSize == 0 {
+		sum, size, err := hashFile(i.cfg.BinSource)
+		if err != nil {
+			return false, fmt.Errorf("reading plugin binary: %w", err)
+		}
+		i.bin.srcSum, i.bin.srcSize = sum, size
+	}
+	if have, err := statPath(dst); err == nil && have.mode&0o111 != 0 {
+		if have.sameFile(i.bin.verified) {
+			return false, nil
+		}
+		if sum, size, err := hashFile(dst); err == nil && size == i.bin.srcSize && sum == i.bin.srcSum {
+			i.bin.verified = have
+			return false, nil
+		}
+	}
 	want, err := os.ReadFile(i.cfg.BinSource)
 	if err != nil {
 		return false, fmt.Errorf("reading plugin binary: %w", err)
 	}
-	dst := i.binPath()
-	if have, err := os.ReadFile(dst); err == nil && bytes.Equal(have, want) {
-		if fi, err := os.Stat(dst); err == nil && fi.Mode().Perm()&0o111 != 0 {
-			return false, nil
-		}
-	}
 	if err := os.MkdirAll(i.cfg.BinDir, 0o755); err != nil {
 		return false, fmt.Errorf("creating CNI bin dir: %w", err)
 	}
-	if err := writeAtomic(dst, want, 0o755); err != nil {
+	attrs := newFileAttrs()
+	attrs.mode = 0o755
+	if err := writeAtomic(dst, want, attrs); err != nil {
 		return false, fmt.Errorf("installing plugin binary: %w", err)
+	}
+	i.bin.srcSum, i.bin.srcSize = sha256.Sum256(want), int64(len(want))
+	if have, err := statPath(dst); err == nil {
+		i.bin.verified = have
 	}
 	i.log.Info("installed CNI plugin binary", "path", dst, "bytes", len(want))
 	return true, nil
+}
+
+func hashFile(path string) ([sha256.Size]byte, int64, error) {
+	var sum [sha256.Size]byte
+	f, err := os.Open(path)
+	if err != nil {
+		return sum, 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return sum, 0, err
+	}
+	copy(sum[:], h.Sum(nil))
+	return sum, n, nil
+}
+
+// statPath is the identity and mode of path (following symlinks).
+func statPath(path string) (fileAttrs, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return fileAttrs{}, err
+	}
+	defer f.Close()
+	return statAttrs(f)
 }
 
 func (i *Installer) entryOnly(data []byte) ([]byte, error) {
@@ -173,51 +276,65 @@ func (i *Installer) entryOnly(data []byte) ([]byte, error) {
 }
 
 func (i *Installer) ensureConfig() (bool, error) {
+	if err := os.MkdirAll(i.cfg.ConfDir, 0o755); err != nil {
+		return false, fmt.Errorf("CNI conf dir: %w", err)
+	}
 	confs, err := listConfs(i.cfg.ConfDir)
 	if err != nil {
 		return false, err
 	}
-	if i.cfg.Owned {
+	if !i.cfg.InPlace {
 		return i.ensureOwned(confs)
 	}
-	changed := false
-	// Back from owned mode: our owned file would shadow the primary.
-	if c, ok := find(confs, i.cfg.OwnedName); ok && hasKey(c.data, ownedKey) {
-		if err := os.Remove(c.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return false, fmt.Errorf("removing owned config %s: %w", c.path, err)
-		}
-		i.log.Info("removed owned CNI config (owned mode is off)", "path", c.path)
-		changed = true
-		confs = without(confs, c.name)
+	// Back from owned mode: our owned file, which the runtime uses, goes
+	// only once the primary's file has our entry — the runtime never sees
+	// a config without our plugin.
+	owned, hasOwned := find(confs, i.cfg.OwnedName)
+	if hasOwned = hasOwned && hasKey(owned.data, ownedKey); hasOwned {
+		confs = without(confs, owned.name)
 	}
 	target, err := i.primary(confs)
 	if err != nil {
-		return changed, err
+		return false, err
 	}
 	if !target.list {
-		return true, i.convert(target)
+		if err := i.convert(target); err != nil {
+			return true, err
+		}
+		if hasOwned { // look again: the converted list is the target now
+			return true, fmt.Errorf("converted %s: %w", target.path, errConflict)
+		}
+		return true, nil
 	}
-	want, err := i.entryOnly(target.data)
+	wrote, err := editFile(target.real, target.snap, i.entryOnly)
+	if wrote {
+		i.step()
+		i.log.Info("inserted CNI plugin into config", "path", target.path, "file", target.real)
+	}
 	if err != nil {
-		return changed, fmt.Errorf("inserting into %s: %w", target.path, err)
+		return wrote, fmt.Errorf("inserting into %s: %w", target.path, err)
 	}
-	if bytes.Equal(want, target.data) {
-		return changed, nil
+	if hasOwned {
+		if err := os.Remove(owned.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return true, fmt.Errorf("removing owned config %s: %w", owned.path, err)
+		}
+		i.step()
+		i.log.Info("removed owned CNI config (in-place mode)", "path", owned.path)
+		return true, nil
 	}
-	if err := writeAtomic(target.path, want, target.mode); err != nil {
-		return changed, err
-	}
-	i.log.Info("inserted CNI plugin into config", "path", target.path)
-	return true, nil
+	return wrote, nil
 }
 
-// primary is the config the runtime uses (ConfName, or the first valid file
-// other than our owned one).
+// primary is the primary CNI's config: ConfName, or the first valid file
+// other than our owned one.
 func (i *Installer) primary(confs []confFile) (confFile, error) {
 	if i.cfg.ConfName != "" {
 		c, ok := find(confs, i.cfg.ConfName)
 		if !ok {
 			return c, fmt.Errorf("%w: %s not found", ErrNoConfig, i.cfg.ConfName)
+		}
+		if c.unknown {
+			return c, c.err
 		}
 		if !c.valid() {
 			return c, fmt.Errorf("%w: %s is invalid: %v", ErrNoConfig, c.path, c.err)
@@ -229,30 +346,22 @@ func (i *Installer) primary(confs []confFile) (confFile, error) {
 			i.log.Debug("skipping invalid CNI config", "path", c.path, "error", c.err)
 		}
 	}
-	c, ok := firstValid(confs, i.ownedNameIfOwned()...)
-	if !ok {
-		return c, fmt.Errorf("%w (%s)", ErrNoConfig, i.cfg.ConfDir)
+	var skip []string
+	if !i.cfg.InPlace {
+		skip = []string{i.cfg.OwnedName}
 	}
-	return c, nil
-}
-
-func (i *Installer) ownedNameIfOwned() []string {
-	if i.cfg.Owned {
-		return []string{i.cfg.OwnedName}
-	}
-	return nil
+	return runtimeChoice(i.cfg.ConfDir, confs, skip...)
 }
 
 // convert replaces a single-plugin config by a conflist of the same base
-// name holding it verbatim plus our entry; the .conf goes (it would sort
-// before the .conflist).
+// name holding it verbatim plus our entry, with the .conf's owner, mode and
+// xattrs; the .conf goes (it would sort before the .conflist) — but only if
+// the primary has not written it again meanwhile.
 func (i *Installer) convert(c confFile) error {
-	dst := strings.TrimSuffix(c.path, filepath.Ext(c.path)) + ".conflist"
-	if existing := readConf(dst); existing.err == nil || !errors.Is(existing.err, fs.ErrNotExist) {
-		if !hasKey(existing.data, convertedKey) {
-			return fmt.Errorf("cannot convert %s: %s exists and is not ours", c.path, dst)
-		}
+	if c.real != c.path {
+		return fmt.Errorf("cannot convert %s to a conflist: it is a symlink (to %s), which converting would replace by a file; use owned mode (the default)", c.path, c.real)
 	}
+	dst := strings.TrimSuffix(c.path, filepath.Ext(c.path)) + ".conflist"
 	list, err := listFromConf(c.data, convertedKey, c.name)
 	if err != nil {
 		return fmt.Errorf("converting %s: %w", c.path, err)
@@ -261,18 +370,35 @@ func (i *Installer) convert(c confFile) error {
 	if err != nil {
 		return fmt.Errorf("converting %s: %w", c.path, err)
 	}
-	if err := writeAtomic(dst, want, c.mode); err != nil {
+	existing, err := readSnapshot(dst)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		err = createFile(dst, want, c.snap.attrs)
+	case err != nil:
+		return fmt.Errorf("cannot convert %s: %w", c.path, err)
+	case !hasKey(existing.data, convertedKey):
+		return fmt.Errorf("cannot convert %s: %s exists and is not ours", c.path, dst)
+	default: // ours, from an earlier conversion of this .conf
+		if !bytes.Equal(existing.data, want) || !existing.attrs.keeps(c.snap.attrs) {
+			err = writeAtomic(dst, want, c.snap.attrs)
+		}
+	}
+	if err != nil {
 		return err
 	}
-	if err := os.Remove(c.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	i.step()
+	if err := removeFile(c.path, c.snap); err != nil {
 		return fmt.Errorf("removing %s after converting it to %s: %w", c.path, dst, err)
 	}
+	i.step()
 	i.log.Info("converted CNI config to a conflist with our plugin", "from", c.path, "to", dst)
 	return nil
 }
 
 // ensureOwned writes OwnedName = primary + our entry, marked as ours, and
-// takes our entry out of the primary (left from non-owned mode).
+// then takes what in-place mode left in the primary's config out of it (our
+// entry; a .conf converted to a conflist comes back) — in that order, so
+// that the runtime never sees a config without our plugin.
 func (i *Installer) ensureOwned(confs []confFile) (bool, error) {
 	p, err := i.primary(confs)
 	if err != nil {
@@ -281,43 +407,89 @@ func (i *Installer) ensureOwned(confs []confFile) (bool, error) {
 	if p.name < i.cfg.OwnedName {
 		return false, fmt.Errorf("owned config %s would not be used: %s sorts before it; choose an owned name that sorts first", i.cfg.OwnedName, p.name)
 	}
-	changed := false
 	var base []byte
-	if p.list {
+	var cleanup func() error // undoes in-place mode's change to the primary
+	switch {
+	case p.list:
 		stripped, n, err := removeEntries(p.data, i.cfg.Entry.Type)
 		if err != nil {
 			return false, fmt.Errorf("reading %s: %w", p.path, err)
 		}
-		if n > 0 {
-			if err := writeAtomic(p.path, stripped, p.mode); err != nil {
-				return false, err
+		if from := stringKey(p.data, convertedKey); from != "" && p.real == p.path {
+			if orig, ok := confFromList(stripped); ok {
+				// In-place mode converted the primary's .conf: copy the
+				// .conf, then put it back.
+				if base, err = listFromConf(orig, ownedKey, true); err != nil {
+					return false, fmt.Errorf("copying %s: %w", p.path, err)
+				}
+				cleanup = func() error { return i.uninstallFrom(p, confs) }
+				break
 			}
-			i.log.Info("removed our plugin from the primary config (owned mode)", "path", p.path)
-			changed = true
 		}
 		base = markOwned(stripped)
-	} else {
+		if n > 0 {
+			cleanup = func() error {
+				_, err := editFile(p.real, p.snap, func(b []byte) ([]byte, error) {
+					s, _, err := removeEntries(b, i.cfg.Entry.Type)
+					return s, err
+				})
+				if err == nil {
+					i.step()
+					i.log.Info("removed our plugin from the primary config (owned mode)", "path", p.path)
+				}
+				return err
+			}
+		}
+	default:
 		if base, err = listFromConf(p.data, ownedKey, true); err != nil {
-			return changed, fmt.Errorf("copying %s: %w", p.path, err)
+			return false, fmt.Errorf("copying %s: %w", p.path, err)
 		}
 	}
 	want, err := appendEntry(base, i.cfg.Entry)
 	if err != nil {
-		return changed, fmt.Errorf("copying %s: %w", p.path, err)
+		return false, fmt.Errorf("copying %s: %w", p.path, err)
 	}
-	dst := filepath.Join(i.cfg.ConfDir, i.cfg.OwnedName)
-	mode := os.FileMode(0o600)
-	if have, ok := find(confs, i.cfg.OwnedName); ok {
-		if bytes.Equal(have.data, want) {
-			return changed, nil
-		}
-		mode = have.mode
-	}
-	if err := writeAtomic(dst, want, mode); err != nil {
+	changed, err := i.writeOwned(want, ownedAttrs(p.snap.attrs), p.path)
+	if err != nil || cleanup == nil {
 		return changed, err
 	}
-	i.log.Info("wrote owned CNI config", "path", dst, "primary", p.path)
+	if err := cleanup(); err != nil {
+		return true, fmt.Errorf("undoing in-place mode's change to %s: %w", p.path, err)
+	}
+	// Copy what the primary holds now.
+	return true, fmt.Errorf("undid in-place mode's change to %s: %w", p.path, errConflict)
+}
+
+// writeOwned makes the owned file hold want with attrs, unless it does.
+func (i *Installer) writeOwned(want []byte, attrs fileAttrs, primary string) (bool, error) {
+	dst := filepath.Join(i.cfg.ConfDir, i.cfg.OwnedName)
+	have, err := readSnapshot(dst)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return false, fmt.Errorf("owned config: %w", err)
+	case !hasKey(have.data, ownedKey):
+		return false, fmt.Errorf("owned config %s exists and is not ours (no %q mark): not replacing it; remove it or choose another --cni-owned-config-name", dst, ownedKey)
+	case bytes.Equal(have.data, want) && have.attrs.keeps(attrs):
+		return false, nil
+	}
+	if err := writeAtomic(dst, want, attrs); err != nil {
+		return false, err
+	}
+	i.step()
+	i.log.Info("wrote owned CNI config", "path", dst, "primary", primary)
 	return true, nil
+}
+
+// ownedAttrs are the owned config's attributes: the primary's owner, group
+// and xattrs (its SELinux label is one the runtime can read), and its mode
+// without group and other bits — the file names the agent's socket (Istio
+// writes its configs 0600 since 1.30).
+func ownedAttrs(primary fileAttrs) fileAttrs {
+	a := primary
+	a.mode = primary.mode & 0o700
+	a.mode |= 0o600
+	return a
 }
 
 // markOwned adds the owned mark as the first key of a conflist object.
@@ -345,10 +517,15 @@ func without(confs []confFile, name string) []confFile {
 	return out
 }
 
-// Check reports whether the plugin is really installed: the binary is in
-// BinDir, executable, and the config the runtime uses (the first valid one,
-// or ConfName) has our entry last. nil means installed.
+// Check reports whether the plugin is really installed and kept installed:
+// the installer's last pass did not fail, the binary is in BinDir,
+// executable, and the config the runtime uses right now — the first valid
+// file of the conf dir, whatever the mode or --cni-conf-name — has our
+// entry last. nil means installed.
 func (i *Installer) Check() error {
+	if err := i.healthErr(); err != nil {
+		return err
+	}
 	fi, err := os.Stat(i.binPath())
 	if err != nil {
 		return fmt.Errorf("plugin binary: %w", err)
@@ -360,22 +537,16 @@ func (i *Installer) Check() error {
 	if err != nil {
 		return err
 	}
-	var active confFile
-	if i.cfg.ConfName != "" && !i.cfg.Owned {
-		c, ok := find(confs, i.cfg.ConfName)
-		if !ok || !c.valid() {
-			return fmt.Errorf("config %s missing or invalid", filepath.Join(i.cfg.ConfDir, i.cfg.ConfName))
-		}
-		active = c
-	} else {
-		c, ok := firstValid(confs)
-		if !ok {
-			return fmt.Errorf("%w (%s)", ErrNoConfig, i.cfg.ConfDir)
-		}
-		active = c
+	active, err := runtimeChoice(i.cfg.ConfDir, confs)
+	if err != nil {
+		return err
+	}
+	hint := ""
+	if i.cfg.ConfName != "" && active.name != i.cfg.ConfName {
+		hint = fmt.Sprintf(" (it sorts before --cni-conf-name %s)", i.cfg.ConfName)
 	}
 	if !active.list {
-		return fmt.Errorf("runtime's config %s is a single plugin, without ours", active.path)
+		return fmt.Errorf("runtime's config %s is a single plugin, without ours%s", active.path, hint)
 	}
 	l, err := parseList(active.data)
 	if err != nil {
@@ -383,7 +554,7 @@ func (i *Installer) Check() error {
 	}
 	last := l.elems[len(l.elems)-1]
 	if pluginType(active.data[last.start:last.end]) != i.cfg.Entry.Type {
-		return fmt.Errorf("runtime's config %s does not have %s as its last plugin", active.path, i.cfg.Entry.Type)
+		return fmt.Errorf("runtime's config %s does not have %s as its last plugin%s", active.path, i.cfg.Entry.Type, hint)
 	}
 	return nil
 }
@@ -399,27 +570,43 @@ func (i *Installer) Ready() (bool, string) {
 // Uninstall removes what the installer put on the node: our entry from every
 // config (restoring a converted .conf byte for byte), our owned config, then
 // the binary (last, so a runtime never calls a missing plugin). Other
-// components' entries and files are not touched. Absent is fine.
+// components' entries and files are not touched; edits are compare-and-swap
+// and keep owner, mode and xattrs. Absent is fine.
 func (i *Installer) Uninstall() error {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	confs, err := listConfs(i.cfg.ConfDir)
-	if err != nil {
-		return err
-	}
 	var errs []error
-	for _, c := range confs {
-		if err := i.uninstallFrom(c, confs); err != nil {
-			errs = append(errs, err)
+	for redo := 0; ; redo++ {
+		confs, err := listConfs(i.cfg.ConfDir)
+		if errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		errs = errs[:0]
+		conflict := false
+		for _, c := range confs {
+			if err := i.uninstallFrom(c, confs); err != nil {
+				conflict = conflict || errors.Is(err, errConflict)
+				errs = append(errs, err)
+			}
+		}
+		if !conflict || redo == maxRedo {
+			break
 		}
 	}
 	if err := os.Remove(i.binPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("removing plugin binary: %w", err))
 	}
+	i.bin = binState{}
 	return errors.Join(errs...)
 }
 
 func (i *Installer) uninstallFrom(c confFile, all []confFile) error {
+	if c.unknown {
+		return fmt.Errorf("cannot check %s for our plugin: %w", c.path, c.err)
+	}
 	if !c.list || c.err != nil {
 		return nil
 	}
@@ -434,7 +621,7 @@ func (i *Installer) uninstallFrom(c confFile, all []confFile) error {
 	if err != nil {
 		return fmt.Errorf("removing our plugin from %s: %w", c.path, err)
 	}
-	if from := stringKey(c.data, convertedKey); from != "" && !strings.ContainsRune(from, '/') {
+	if from := stringKey(c.data, convertedKey); from != "" && !strings.ContainsRune(from, '/') && c.real == c.path {
 		if orig, ok := confFromList(stripped); ok {
 			return i.restoreConverted(c, from, orig, all)
 		}
@@ -442,25 +629,32 @@ func (i *Installer) uninstallFrom(c confFile, all []confFile) error {
 	if n == 0 {
 		return nil
 	}
-	if err := writeAtomic(c.path, stripped, c.mode); err != nil {
-		return err
+	if _, err := editFile(c.real, c.snap, func(b []byte) ([]byte, error) {
+		s, _, err := removeEntries(b, i.cfg.Entry.Type)
+		return s, err
+	}); err != nil {
+		return fmt.Errorf("removing our plugin from %s: %w", c.path, err)
 	}
-	i.log.Info("removed our plugin from CNI config", "path", c.path)
+	i.log.Info("removed our plugin from CNI config", "path", c.path, "file", c.real)
 	return nil
 }
 
-// restoreConverted puts a converted .conf back as it was and removes the
-// conflist made from it; when the primary CNI has written the .conf again
-// meanwhile, the conflist is a stale copy and just goes.
+// restoreConverted puts a converted .conf back as it was (text, owner, mode,
+// xattrs) and removes the conflist made from it; when the primary CNI has
+// written the .conf again meanwhile, the conflist is a stale copy and just
+// goes.
 func (i *Installer) restoreConverted(c confFile, from string, orig []byte, all []confFile) error {
+	conf := filepath.Join(i.cfg.ConfDir, from)
 	if _, exists := find(all, from); !exists {
-		if err := writeAtomic(filepath.Join(i.cfg.ConfDir, from), orig, c.mode); err != nil {
+		if err := createFile(conf, orig, c.snap.attrs); err != nil {
 			return err
 		}
+		i.step()
 	}
-	if err := os.Remove(c.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := removeFile(c.path, c.snap); err != nil {
 		return fmt.Errorf("removing converted config: %w", err)
 	}
-	i.log.Info("restored single-plugin CNI config", "path", filepath.Join(i.cfg.ConfDir, from), "removed", c.path)
+	i.step()
+	i.log.Info("restored single-plugin CNI config", "path", conf, "removed", c.path)
 	return nil
 }

@@ -59,6 +59,9 @@ func (h hostTree) installer(t *testing.T, mutate ...func(*Config)) *Installer {
 
 func (h hostTree) path(name string) string { return filepath.Join(h.conf, name) }
 
+// inPlace selects in-place mode (the default is owned mode).
+func inPlace(c *Config) { c.InPlace = true }
+
 func writeFile(t *testing.T, path, data string, mode os.FileMode) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(data), mode); err != nil {
@@ -88,9 +91,9 @@ func runtimeView(t *testing.T, dir string) (string, []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, ok := firstValid(confs)
-	if !ok {
-		t.Fatalf("no valid config in %s", dir)
+	c, err := runtimeChoice(dir, confs)
+	if err != nil {
+		t.Fatal(err)
 	}
 	var l *libcni.NetworkConfigList
 	if c.list {
@@ -143,7 +146,7 @@ func TestInstallFirstTime(t *testing.T) {
 	cases := []struct {
 		name, file, content string
 		mode                os.FileMode
-		wantFile            string
+		wantFile            string // in-place mode
 		wantChain           []string
 	}{
 		{"conflist", "10-flannel.conflist", flannelConflist, 0o640, "10-flannel.conflist", []string{"flannel", "portmap", "ambientd-cni"}},
@@ -151,59 +154,75 @@ func TestInstallFirstTime(t *testing.T) {
 		{"json becomes conflist", "10-mynet.json", bridgeConf, 0o644, "10-mynet.conflist", []string{"bridge", "ambientd-cni"}},
 		{"compact conflist", "05-c.conflist", `{"cniVersion":"1.0.0","name":"c","plugins":[{"type":"ptp"}]}`, 0o644, "05-c.conflist", []string{"ptp", "ambientd-cni"}},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHostTree(t)
-			writeFile(t, h.path(tc.file), tc.content, tc.mode)
-			i := h.installer(t)
-			if _, err := i.Install(); err != nil {
-				t.Fatal(err)
+	for _, owned := range []bool{true, false} {
+		for _, tc := range cases {
+			name := "in-place/" + tc.name
+			if owned {
+				name = "owned/" + tc.name
 			}
-			if err := i.Check(); err != nil {
-				t.Fatalf("Check after install: %v", err)
-			}
-			name, chain := runtimeView(t, h.conf)
-			if name != tc.wantFile || strings.Join(chain, ",") != strings.Join(tc.wantChain, ",") {
-				t.Fatalf("runtime uses %s with %v, want %s with %v", name, chain, tc.wantFile, tc.wantChain)
-			}
-			if tc.file != tc.wantFile && exists(h.path(tc.file)) {
-				t.Fatalf("%s still there: it would sort before %s", tc.file, tc.wantFile)
-			}
-			fi, _ := os.Stat(h.path(tc.wantFile))
-			if fi.Mode().Perm() != tc.mode {
-				t.Fatalf("mode %v, want %v kept", fi.Mode().Perm(), tc.mode)
-			}
-			if got := readFile(t, filepath.Join(h.bin, "ambientd-cni")); got != readFile(t, h.src) {
-				t.Fatal("binary not installed")
-			}
-			// Idempotent: a second pass changes nothing.
-			before := readFile(t, h.path(tc.wantFile))
-			if changed, err := i.Install(); err != nil || changed {
-				t.Fatalf("second Install: changed=%v err=%v", changed, err)
-			}
-			if readFile(t, h.path(tc.wantFile)) != before {
-				t.Fatal("second Install rewrote the config")
-			}
-			// Uninstall gives back the original, byte for byte, same name and mode.
-			if err := i.Uninstall(); err != nil {
-				t.Fatal(err)
-			}
-			if got := readFile(t, h.path(tc.file)); got != tc.content {
-				t.Fatalf("after uninstall %s =\n%s\nwant the original\n%s", tc.file, got, tc.content)
-			}
-			if fi, _ := os.Stat(h.path(tc.file)); fi.Mode().Perm() != tc.mode {
-				t.Fatalf("after uninstall mode %v, want %v", fi.Mode().Perm(), tc.mode)
-			}
-			if tc.file != tc.wantFile && exists(h.path(tc.wantFile)) {
-				t.Fatal("converted conflist left behind")
-			}
-			if exists(filepath.Join(h.bin, "ambientd-cni")) {
-				t.Fatal("binary left behind")
-			}
-			if i.Check() == nil {
-				t.Fatal("Check says installed after uninstall")
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				h := newHostTree(t)
+				writeFile(t, h.path(tc.file), tc.content, tc.mode)
+				i := h.installer(t, func(c *Config) { c.InPlace = !owned })
+				if _, err := i.Install(); err != nil {
+					t.Fatal(err)
+				}
+				if err := i.Check(); err != nil {
+					t.Fatalf("Check after install: %v", err)
+				}
+				wantFile, wantMode := tc.wantFile, tc.mode
+				if owned {
+					wantFile, wantMode = DefaultOwnedName, 0o600
+				}
+				name, chain := runtimeView(t, h.conf)
+				if name != wantFile || strings.Join(chain, ",") != strings.Join(tc.wantChain, ",") {
+					t.Fatalf("runtime uses %s with %v, want %s with %v", name, chain, wantFile, tc.wantChain)
+				}
+				if owned && readFile(t, h.path(tc.file)) != tc.content {
+					t.Fatalf("owned mode changed the primary's %s", tc.file)
+				}
+				if !owned && tc.file != wantFile && exists(h.path(tc.file)) {
+					t.Fatalf("%s still there: it would sort before %s", tc.file, wantFile)
+				}
+				fi, _ := os.Stat(h.path(wantFile))
+				if fi.Mode().Perm() != wantMode {
+					t.Fatalf("mode %v, want %v", fi.Mode().Perm(), wantMode)
+				}
+				if got := readFile(t, filepath.Join(h.bin, "ambientd-cni")); got != readFile(t, h.src) {
+					t.Fatal("binary not installed")
+				}
+				// Idempotent: a second pass changes nothing.
+				before := readFile(t, h.path(wantFile))
+				if changed, err := i.Install(); err != nil || changed {
+					t.Fatalf("second Install: changed=%v err=%v", changed, err)
+				}
+				if readFile(t, h.path(wantFile)) != before {
+					t.Fatal("second Install rewrote the config")
+				}
+				// Uninstall gives back the original, byte for byte, same name and mode.
+				if err := i.Uninstall(); err != nil {
+					t.Fatal(err)
+				}
+				if got := readFile(t, h.path(tc.file)); got != tc.content {
+					t.Fatalf("after uninstall %s =\n%s\nwant the original\n%s", tc.file, got, tc.content)
+				}
+				if fi, _ := os.Stat(h.path(tc.file)); fi.Mode().Perm() != tc.mode {
+					t.Fatalf("after uninstall mode %v, want %v", fi.Mode().Perm(), tc.mode)
+				}
+				if tc.file != wantFile && exists(h.path(wantFile)) {
+					t.Fatalf("%s left behind", wantFile)
+				}
+				if entries, _ := os.ReadDir(h.conf); len(entries) != 1 {
+					t.Fatalf("conf dir after uninstall has %d entries, want only %s", len(entries), tc.file)
+				}
+				if exists(filepath.Join(h.bin, "ambientd-cni")) {
+					t.Fatal("binary left behind")
+				}
+				if i.Check() == nil {
+					t.Fatal("Check says installed after uninstall")
+				}
+			})
+		}
 	}
 }
 
@@ -212,7 +231,7 @@ func TestInstallFirstTime(t *testing.T) {
 func TestInstallPreservesOtherBytes(t *testing.T) {
 	h := newHostTree(t)
 	writeFile(t, h.path("10-flannel.conflist"), flannelConflist, 0o644)
-	i := h.installer(t)
+	i := h.installer(t, inPlace)
 	if _, err := i.Install(); err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +263,7 @@ func TestInstallReplacesOlderEntry(t *testing.T) {
 	h := newHostTree(t)
 	old := `{"cniVersion":"1.0.0","name":"k","plugins":[{"type":"calico"},{"type":"ambientd-cni","timeout":"5s"},{"type":"istio-cni","x":1},{"type":"portmap"}]}`
 	writeFile(t, h.path("10-calico.conflist"), old, 0o644)
-	i := h.installer(t)
+	i := h.installer(t, inPlace)
 	if _, err := i.Install(); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +297,7 @@ func TestInvalidFilesSkipped(t *testing.T) {
 	writeFile(t, h.path("05-other.txt"), "not a config", 0o644)
 	writeFile(t, h.path("10-flannel.conflist"), flannelConflist, 0o644)
 	writeFile(t, h.path("20-later.conflist"), `{"cniVersion":"1.0.0","name":"l","plugins":[{"type":"a"}]}`, 0o644)
-	i := h.installer(t)
+	i := h.installer(t, inPlace)
 	if _, err := i.Install(); err != nil {
 		t.Fatal(err)
 	}
@@ -295,18 +314,38 @@ func TestInvalidFilesSkipped(t *testing.T) {
 	}
 }
 
+// --cni-conf-name names the primary. Readiness judges the file the runtime
+// really uses: in in-place mode, an earlier valid file shadows the named
+// one, and Check says so; in owned mode the copy of the named file sorts
+// first and is used.
 func TestConfName(t *testing.T) {
 	h := newHostTree(t)
 	writeFile(t, h.path("10-flannel.conflist"), flannelConflist, 0o644)
 	writeFile(t, h.path("99-mine.conflist"), `{"cniVersion":"1.0.0","name":"m","plugins":[{"type":"a"}]}`, 0o644)
-	i := h.installer(t, func(c *Config) { c.ConfName = "99-mine.conflist" })
+	i := h.installer(t, inPlace, func(c *Config) { c.ConfName = "99-mine.conflist" })
 	if _, err := i.Install(); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(readFile(t, h.path("99-mine.conflist")), "ambientd-cni") || strings.Contains(readFile(t, h.path("10-flannel.conflist")), "ambientd-cni") {
 		t.Fatal("--cni-conf-name not honoured")
 	}
-	if err := i.Check(); err != nil {
+	err := i.Check()
+	if err == nil || !strings.Contains(err.Error(), "10-flannel.conflist") || !strings.Contains(err.Error(), "sorts before --cni-conf-name 99-mine.conflist") {
+		t.Fatalf("Check with the runtime on 10-flannel.conflist = %v, want not installed, naming the file the runtime uses", err)
+	}
+	if ok, reason := i.Ready(); ok {
+		t.Fatalf("Ready = true (%s) while the runtime uses 10-flannel.conflist, without our plugin", reason)
+	}
+
+	// Owned mode: the copy of 99-mine sorts first; the runtime calls us.
+	o := h.installer(t, func(c *Config) { c.ConfName = "99-mine.conflist" })
+	if _, err := o.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if name, chain := runtimeView(t, h.conf); name != DefaultOwnedName || strings.Join(chain, ",") != "a,ambientd-cni" {
+		t.Fatalf("runtime uses %s %v", name, chain)
+	}
+	if err := o.Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -380,7 +419,7 @@ func TestRunWaitsForConfig(t *testing.T) {
 func TestRunRepairsExternalRewrites(t *testing.T) {
 	h := newHostTree(t)
 	writeFile(t, h.path("10-flannel.conflist"), flannelConflist, 0o644)
-	i := h.installer(t)
+	i := h.installer(t, inPlace)
 	runInstaller(t, i)
 	waitInstalled(t, i, "first install")
 
@@ -434,7 +473,7 @@ func TestOwnedMode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHostTree(t)
 			writeFile(t, h.path(tc.file), tc.content, 0o644)
-			i := h.installer(t, func(c *Config) { c.Owned = true })
+			i := h.installer(t)
 			runInstaller(t, i)
 			waitInstalled(t, i, "owned config written")
 			name, chain := runtimeView(t, h.conf)
@@ -470,14 +509,14 @@ func TestOwnedMode(t *testing.T) {
 	}
 }
 
-// Switching owned mode off removes the owned file and inserts into the primary.
+// Switching to in-place mode removes the owned file and inserts into the primary.
 func TestOwnedModeOff(t *testing.T) {
 	h := newHostTree(t)
 	writeFile(t, h.path("10-flannel.conflist"), flannelConflist, 0o644)
-	if _, err := h.installer(t, func(c *Config) { c.Owned = true }).Install(); err != nil {
+	if _, err := h.installer(t).Install(); err != nil {
 		t.Fatal(err)
 	}
-	i := h.installer(t)
+	i := h.installer(t, inPlace)
 	if _, err := i.Install(); err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +531,7 @@ func TestOwnedModeOff(t *testing.T) {
 func TestOwnedNameMustSortFirst(t *testing.T) {
 	h := newHostTree(t)
 	writeFile(t, h.path("00-aaa.conflist"), `{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"a"}]}`, 0o644)
-	i := h.installer(t, func(c *Config) { c.Owned = true; c.OwnedName = "50-ambientd.conflist" })
+	i := h.installer(t, func(c *Config) { c.OwnedName = "50-ambientd.conflist" })
 	if _, err := i.Install(); err == nil || !strings.Contains(err.Error(), "sorts before") {
 		t.Fatalf("Install = %v, want a sorts-before error", err)
 	}
@@ -501,7 +540,7 @@ func TestOwnedNameMustSortFirst(t *testing.T) {
 func TestCheckNotLast(t *testing.T) {
 	h := newHostTree(t)
 	writeFile(t, h.path("10-x.conflist"), `{"cniVersion":"1.0.0","name":"x","plugins":[{"type":"a"},{"type":"ambientd-cni"},{"type":"b"}]}`, 0o644)
-	i := h.installer(t)
+	i := h.installer(t, inPlace)
 	if _, err := i.ensureBinary(); err != nil {
 		t.Fatal(err)
 	}
@@ -585,6 +624,7 @@ func TestRunFightIsDetected(t *testing.T) {
 	writeFile(t, path, flannelConflist, 0o644)
 	var logs syncBuffer
 	cfg := h.config()
+	cfg.InPlace = true
 	cfg.RepairLimit = 2
 	i, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -617,4 +657,54 @@ func TestRunFightIsDetected(t *testing.T) {
 	close(stop)
 	t.Logf("fighter stripped our entry %d times before the warning", <-fought)
 	waitInstalled(t, i, "entry back once the fight stops")
+}
+
+// Switching modes — the upgrade from in-place mode (the old default) to
+// owned mode, and back — never leaves the runtime on a config without our
+// plugin: after every single change the installer makes to the conf dir,
+// the runtime's config has our plugin last. At the end of each switch the
+// layout is the mode's, and uninstall gives back the original byte for byte.
+func TestModeSwitchKeepsOurPluginInUse(t *testing.T) {
+	cases := []struct{ name, file, content string }{
+		{"conflist", "10-flannel.conflist", flannelConflist},
+		{"conf", "10-mynet.conf", bridgeConf},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHostTree(t)
+			writeFile(t, h.path(tc.file), tc.content, 0o644)
+			if _, err := h.installer(t, inPlace).Install(); err != nil {
+				t.Fatal(err)
+			}
+			for _, toInPlace := range []bool{false, true, false} {
+				i := h.installer(t, func(c *Config) { c.InPlace = toInPlace })
+				steps := 0
+				i.stepped = func() {
+					steps++
+					if name, chain := runtimeView(t, h.conf); chain[len(chain)-1] != "ambientd-cni" {
+						t.Errorf("to in-place=%v, after step %d the runtime uses %s %v, without our plugin", toInPlace, steps, name, chain)
+					}
+				}
+				if _, err := i.Install(); err != nil {
+					t.Fatal(err)
+				}
+				if err := i.Check(); err != nil {
+					t.Fatal(err)
+				}
+				if toInPlace == exists(h.path(DefaultOwnedName)) {
+					t.Fatalf("in-place=%v: owned file present=%v", toInPlace, !toInPlace)
+				}
+				if !toInPlace && readFile(t, h.path(tc.file)) != tc.content {
+					t.Fatalf("owned mode left the primary changed:\n%s", readFile(t, h.path(tc.file)))
+				}
+				t.Logf("to in-place=%v: %d steps, the runtime on our plugin after each", toInPlace, steps)
+			}
+			if err := h.installer(t).Uninstall(); err != nil {
+				t.Fatal(err)
+			}
+			if entries, _ := os.ReadDir(h.conf); len(entries) != 1 || readFile(t, h.path(tc.file)) != tc.content {
+				t.Fatalf("after uninstall: %d files, %s =\n%s", len(entries), tc.file, readFile(t, h.path(tc.file)))
+			}
+		})
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -50,6 +51,9 @@ type Config struct {
 	AdminSocket     string
 	StatusProviders []admin.Provider
 	Version         string
+	// Components are further parts of the process (the CNI installer),
+	// started before all others and stopped after them.
+	Components []Component
 }
 
 // Node is the whole node agent process: the agent core, its two socket
@@ -160,11 +164,11 @@ func (n *Node) runNodeReady(ctx context.Context) error {
 	return n.ready.Run(ctx)
 }
 
-// components lists the parts of the process in start order (see Run): the
-// listeners first (a bad address fails the start), the status writer, the
+// components lists the parts of the process in start order (see Run):
+// cfg.Components, the listeners (a bad address fails the start), the status writer, the
 // agent (ready once its registry is rebuilt), then the servers that feed it.
 func (n *Node) components() []Component {
-	var cs []Component
+	cs := slices.Clone(n.cfg.Components)
 	if n.cfg.HealthAddr != "" {
 		cs = append(cs, HTTP("--health-addr server", n.cfg.HealthAddr, n.healthHandler()))
 	}

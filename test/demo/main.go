@@ -175,8 +175,9 @@ func (d *demo) run(ctx context.Context) int {
 	if err != nil {
 		return d.fail("%v", err)
 	}
-	d.printf("agent pod running: ambientd-cni installed in %s (last in the chain: %s); /readyz %s",
-		nodeenv.Conflist, chainOf(n), readyz)
+	name, _, _ := n.RuntimeConfig()
+	d.printf("agent pod running: ambientd-cni installed in %s, the CNI config containerd uses (last in the chain: %s); /readyz %s",
+		name, chainOf(n), readyz)
 	if tainted, _ := n.Tainted(ctx, nodeenv.StartupTaint); tainted {
 		d.printf("startup taint still on the node (no ztunnel yet)")
 	} else {
@@ -675,9 +676,10 @@ func addWorkload(st ztunnelemu.State, uid string) string {
 	return last
 }
 
-// chainOf lists the plugin types of the node's conflist, in order.
+// chainOf lists the plugin types of the CNI config containerd uses, in
+// order.
 func chainOf(n *nodeenv.Node) string {
-	s, err := n.ConflistText()
+	_, s, err := n.RuntimeConfig()
 	if err != nil {
 		return "?"
 	}
@@ -771,7 +773,7 @@ func (d *demo) cleanup() {
 	if err != nil {
 		d.printf("cleanup: %v", err)
 	} else {
-		d.printf("cleanup: pods deleted through the CNI chain, DaemonSet deleted, ambientd-cni removed from %s (%s)", nodeenv.Conflist, time.Since(start).Round(100*time.Millisecond))
+		d.printf("cleanup: pods deleted through the CNI chain, DaemonSet deleted, ambientd-cni removed from the CNI config (%s)", time.Since(start).Round(100*time.Millisecond))
 	}
 	if d.em != nil {
 		_ = d.em.Stop(5 * time.Second)

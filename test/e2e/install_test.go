@@ -10,19 +10,23 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
-// TestAgentInstallCNI runs bin/ambientd with --install-cni against a
-// temporary host CNI tree: it installs the plugin and its entry; stopped
-// while its DaemonSet exists and selects the node (an upgrade) it leaves them
-// in place; stopped after the DaemonSet is deleted it uninstalls, leaving the
-// primary's config byte-identical.
+// TestAgentInstallCNI runs bin/ambientd with --install-cni (default
+// settings: owned mode) against a temporary host CNI tree: it installs the
+// plugin and its own conflist, which the runtime uses, never touching the
+// primary's file; stopped while its DaemonSet exists and selects the node
+// (an upgrade) it leaves them in place; stopped after the DaemonSet is
+// deleted it uninstalls, leaving the conf dir as it was before the install.
 func TestAgentInstallCNI(t *testing.T) {
 	ctx := testContext(t, 3*time.Minute)
 	admin := testEnv.CP.Admin
@@ -37,11 +41,13 @@ func TestAgentInstallCNI(t *testing.T) {
 		t.Fatal(err)
 	}
 	installed := func() bool {
-		b, err := os.ReadFile(confPath)
-		if err != nil || !strings.Contains(string(b), `"type": "ambientd-cni"`) {
+		if daemon.PluginInConfDir(confDir, "ambientd-cni") != nil {
 			return false
 		}
-		_, err = os.Stat(filepath.Join(binDir, "ambientd-cni"))
+		if b, err := os.ReadFile(confPath); err != nil || string(b) != primary {
+			t.Errorf("the primary's config changed (%v):\n%s", err, b)
+		}
+		_, err := os.Stat(filepath.Join(binDir, "ambientd-cni"))
 		return err == nil
 	}
 	start := func(name string) *e2eenv.Agent {
@@ -103,7 +109,71 @@ func TestAgentInstallCNI(t *testing.T) {
 	if b, _ := os.ReadFile(confPath); string(b) != primary {
 		t.Fatalf("after uninstall-on-delete the config is\n%s\nwant the original\n%s\nagent log:\n%s", b, primary, a.LogTail(30))
 	}
+	if entries, _ := os.ReadDir(confDir); len(entries) != 1 {
+		t.Fatalf("after uninstall-on-delete the conf dir holds %d files, want only the primary's", len(entries))
+	}
 	if _, err := os.Stat(filepath.Join(binDir, "ambientd-cni")); !os.IsNotExist(err) {
 		t.Fatalf("plugin binary left after uninstall-on-delete: %v", err)
+	}
+}
+
+// TestInstallerUnreadyUntilItWorks: bin/ambientd run --install-cni whose conf
+// dir cannot be used — the path is a regular file, so the kernel answers
+// ENOTDIR to everything the installer tries. The agent runs (live, ztunnel
+// connected) but is not ready: /readyz fails and the node condition is
+// False/PluginNotInstalled, both saying the installer is failing and why.
+// The installer keeps retrying on its own (it is supervised, not a goroutine
+// that died): once the conf dir is a directory with the primary's config,
+// the plugin is installed and /readyz and the condition turn ready without a
+// restart.
+func TestInstallerUnreadyUntilItWorks(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	node := testEnv.NodeName
+	root := t.TempDir()
+	binDir, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
+	if err := os.MkdirAll(filepath.Dir(confDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(confDir, []byte("a file where the conf dir should be"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startEmulator(t, ctx, "ztunnel-installer")
+	a := startAgent(t, ctx, "--install-cni", "--cni-bin-dir="+binDir, "--cni-conf-dir="+confDir,
+		"--cni-bin-source="+testEnv.Bins.CNIPlugin, "--daemonset-namespace="+e2eenv.AgentNamespace,
+		"--node-condition-resync=200ms")
+	n := waitNode(t, ctx, node, "condition False/PluginNotInstalled naming the installer's failure", func(n *corev1.Node) bool {
+		c := nodeCondition(n)
+		return c != nil && c.Status == corev1.ConditionFalse && c.Reason == nodeready.ReasonPluginNotInstalled &&
+			strings.Contains(c.Message, "CNI installer failing") && strings.Contains(c.Message, "not a directory")
+	})
+	t.Logf("node condition: %s", nodeCondition(n).Message)
+	err := a.WaitReady(testContext(t, 2*time.Second))
+	if err == nil || !strings.Contains(err.Error(), "CNI installer failing") {
+		t.Fatalf("/readyz while the installer cannot work: %v, want a failure naming it", err)
+	}
+	t.Logf("/readyz: %s", strings.SplitN(err.Error(), "\n", 2)[0])
+
+	// The cause goes away.
+	if err := os.Remove(confDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	primary := `{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"calico"}]}`
+	if err := os.WriteFile(filepath.Join(confDir, "10-calico.conflist"), []byte(primary), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fixed := time.Now()
+	if err := a.WaitReady(ctx); err != nil {
+		t.Fatalf("/readyz after the conf dir became usable: %v\n%s", err, a.LogTail(30))
+	}
+	waitNode(t, ctx, node, "condition True again", conditionIs(corev1.ConditionTrue, nodeready.ReasonReady))
+	t.Logf("conf dir usable -> /readyz 200 and condition True: %s", time.Since(fixed).Round(time.Millisecond))
+	if err := daemon.PluginInConfDir(confDir, "ambientd-cni"); err != nil {
+		t.Fatalf("runtime's config after recovery: %v", err)
+	}
+	if !strings.Contains(a.Logs(), "CNI installer working again") {
+		t.Errorf("the agent did not log its recovery:\n%s", a.LogTail(30))
 	}
 }

@@ -67,6 +67,27 @@ func conflist(t *testing.T) string {
 	return s
 }
 
+// pluginInstalled reports whether the agent's plugin is in the CNI config
+// containerd uses (the agent's own conflist or the primary's file).
+func pluginInstalled(t *testing.T) bool {
+	t.Helper()
+	ok, err := node.PluginInstalled()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// runtimeConfig is the name and text of the CNI config containerd uses.
+func runtimeConfig(t *testing.T) string {
+	t.Helper()
+	name, text, err := node.RuntimeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name + ":\n" + text
+}
+
 // agentCNISocket is where the plugin reaches the agent (deploy/'s ConfigMap).
 const agentCNISocket = "/run/ambientd/cni.sock"
 
@@ -164,8 +185,8 @@ func (r *agentRun) daemonSetReadyOnlyAfterZtunnel(t *testing.T, ctx context.Cont
 	if err != nil || !tainted {
 		t.Fatalf("node should carry the startup taint %s before the agent runs: tainted=%v %v", startupTaint.Key, tainted, err)
 	}
-	if strings.Contains(conflist(t), `"ambientd-cni"`) {
-		t.Fatalf("the node's conflist mentions ambientd before the agent runs:\n%s", conflist(t))
+	if strings.Contains(conflist(t), `"ambientd-cni"`) || pluginInstalled(t) {
+		t.Fatalf("the node's CNI config mentions ambientd before the agent runs:\n%s", runtimeConfig(t))
 	}
 	if err := node.ImportImage(ctx, agentImageArchive(t)); err != nil {
 		t.Fatal(err)
@@ -181,8 +202,8 @@ func (r *agentRun) daemonSetReadyOnlyAfterZtunnel(t *testing.T, ctx context.Cont
 	// ztunnel is missing.
 	var body string
 	if err := nodeenv.Poll(ctx, "agent installs the plugin and serves /readyz", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		if !strings.Contains(conflist(t), `"ambientd-cni"`) {
-			return false, fmt.Errorf("plugin not in %s yet", nodeenv.Conflist)
+		if !pluginInstalled(t) {
+			return false, fmt.Errorf("plugin not in the runtime's CNI config yet")
 		}
 		code, b, err := nodeenv.AgentReadyz(ctx)
 		body = b
@@ -260,9 +281,9 @@ func (r *agentRun) remove(t *testing.T) {
 		}
 		if err := nodeenv.Poll(ctx, "agent pod gone and plugin uninstalled", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 			p, err := node.AgentPod(ctx)
-			return p == nil && !strings.Contains(conflist(t), `"ambientd-cni"`), err
+			return p == nil && !pluginInstalled(t), err
 		}); err != nil {
-			t.Errorf("%v; conflist:\n%s", err, conflist(t))
+			t.Errorf("%v; runtime's CNI config %s", err, runtimeConfig(t))
 		}
 	}
 	if r.em != nil {
@@ -833,8 +854,8 @@ func (r *agentRun) rollingUpdateKeepsCapture(t *testing.T, ctx context.Context) 
 	if err != nil || !podReady(p) || p.Annotations[podmeta.AnnotationRedirection] != "enabled" {
 		t.Errorf("enrolled pod after the update: %s (%v)", describe(p), err)
 	}
-	if !strings.Contains(conflist(t), `"ambientd-cni"`) {
-		t.Errorf("plugin gone from the conflist after the update:\n%s", conflist(t))
+	if !pluginInstalled(t) {
+		t.Errorf("plugin gone from the runtime's CNI config after the update: %s", runtimeConfig(t))
 	}
 }
 
@@ -886,18 +907,9 @@ func appStartedAt(t *testing.T, ctx context.Context, ns, name string) time.Time 
 // on ztunnel's 15001. It returns ztunnel's Add.
 func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *corev1.Pod) ztunnelemu.RequestRecord {
 	t.Helper()
-	netnsPath, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
-	if err != nil {
-		t.Fatal(err)
-	}
+	netnsPath, started, rulesAt, outcome := startedCaptured(t, ctx, p)
 	ino := inode(t, netnsPath)
 	uid := string(p.UID)
-	started := appStartedAt(t, ctx, p.Namespace, p.Name)
-	rulesAt, outcome := ruledAt(t, ctx, uid, netnsPath)
-	if !rulesAt.Before(started) {
-		t.Errorf("pod %s/%s: its app started at %s, before the agent answered the CNI ADD for its netns %s (%s at %s): it ran uncaptured",
-			p.Namespace, p.Name, started.Format(time.RFC3339Nano), netnsPath, outcome, rulesAt.Format(time.RFC3339Nano))
-	}
 	st := r.waitEmu(t, ctx, "workload "+p.Name+" with netns inode "+strconv.FormatUint(ino, 10), func(s ztunnelemu.State) bool {
 		w, ok := s.Workload(uid)
 		return ok && w.NetnsInode == ino
@@ -922,6 +934,26 @@ func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *cor
 	t.Logf("pod %s: CNI ADD answered (%s, rules in netns inode %d) %s before its app started; ztunnel's Add %s after the app started",
 		p.Name, outcome, ino, started.Sub(rulesAt).Round(time.Millisecond), add.At.Sub(started).Round(time.Millisecond))
 	return add
+}
+
+// startedCaptured checks that pod p's app started only after the agent had
+// answered the CNI ADD that programmed the redirection in the netns its
+// running sandbox has (found by the pod's IP): the agent's log line for that
+// ADD against the app's first log line, both by timestamp. It returns that
+// netns, when the app started, when the ADD was answered and its outcome.
+func startedCaptured(t *testing.T, ctx context.Context, p *corev1.Pod) (netnsPath string, started, rulesAt time.Time, outcome string) {
+	t.Helper()
+	netnsPath, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started = appStartedAt(t, ctx, p.Namespace, p.Name)
+	rulesAt, outcome = ruledAt(t, ctx, string(p.UID), netnsPath)
+	if !rulesAt.Before(started) {
+		t.Errorf("pod %s/%s: its app started at %s, before the agent answered the CNI ADD for its netns %s (%s at %s): it ran uncaptured",
+			p.Namespace, p.Name, started.Format(time.RFC3339Nano), netnsPath, outcome, rulesAt.Format(time.RFC3339Nano))
+	}
+	return netnsPath, started, rulesAt, outcome
 }
 
 // ruledAt finds in the agent's log (JSON lines) the CNI ADD that enrolled
@@ -1018,10 +1050,16 @@ func (rw *readyWatch) ready(name string) time.Time {
 // plain pod running, then boots (nodeenv PowerOff/PowerOn: kubelet,
 // containerd, every container and the agent killed; netns, /run, firewall and
 // bridge gone; the control plane keeps the pods, their `enabled` annotations
-// and True enrolled conditions). ztunnel comes back only after the agent and
-// the pods' new sandboxes. Every ambient pod must be captured again — ztunnel
-// has its new netns — before its app starts and before it turns Ready; none
-// turns Ready while ztunnel is away; the plain pod comes back untouched.
+// and True enrolled conditions). At boot, before kubelet starts anything (the
+// agent included), the primary CNI's installer writes its conflist again from
+// its template, as Calico's install-cni, flannel's init container and Cilium
+// do: a chained entry in that file is gone. ztunnel comes back only after the
+// agent and the pods' new sandboxes. With the DaemonSet's default settings,
+// every ambient pod must be captured again — the CNI ADD of its new sandbox
+// reaches the agent and ztunnel gets its new netns — before its app starts
+// and before it turns Ready; none turns Ready while ztunnel is away; the
+// config the runtime uses carries the primary's boot-time rewrite and our
+// plugin; the plain pod comes back untouched.
 func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Context) {
 	ns := ambientNamespace(t, ctx, "ambient-reboot")
 	plainNs := namespace(t, ctx, "plain-reboot")
@@ -1055,6 +1093,13 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 	var emu atomic.Pointer[e2eenv.Emulator]
 	var violations []string
 	var vmu sync.Mutex
+	defer func() { // also when a check below stops the test
+		vmu.Lock()
+		defer vmu.Unlock()
+		for _, v := range violations {
+			t.Error(v)
+		}
+	}()
 	rw := watchReady(t, ctx, ns, func(p *corev1.Pod) {
 		em := emu.Load()
 		var msg string
@@ -1091,6 +1136,11 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 		t.FailNow()
 	}
 	t.Logf("power off: %s", time.Since(off).Round(time.Millisecond))
+	bootMark := fmt.Sprintf("boot-%d", time.Now().UnixNano())
+	if _, err := node.PrimaryCNIBoot(bootMark); err != nil {
+		t.Fatalf("primary CNI installer at boot: %v", err)
+	}
+	t.Logf("primary CNI installer at boot rewrote %s from its template (%s); the runtime's config now: %s", nodeenv.Conflist, bootMark, runtimeConfig(t))
 	on := time.Now()
 	if err := node.PowerOn(ctx); err != nil {
 		t.Fatalf("power on: %v", err)
@@ -1129,6 +1179,13 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 		if podReady(p) {
 			t.Errorf("pod %s Ready after the reboot without ztunnel: %s", name, describe(p))
 		}
+		// Its new sandbox ran through our plugin, despite the primary's
+		// rewrite at boot: the redirection was in place before its app
+		// started.
+		startedCaptured(t, ctx, p)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	// kubelet probes them meanwhile (the probes fail: a pending pod's probe
 	// address is set only once ztunnel acks); still nothing turns Ready.
@@ -1175,11 +1232,11 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 		t.Logf("pod %s: ztunnel back -> Add %s, -> Ready %s (power on -> Ready %s)", name,
 			add.At.Sub(ztStart).Round(time.Millisecond), rw.ready(name).Sub(ztStart).Round(time.Millisecond), rw.ready(name).Sub(on).Round(time.Millisecond))
 	}
-	vmu.Lock()
-	for _, v := range violations {
-		t.Error(v)
+	// The primary's boot-time rewrite reached the config the runtime uses,
+	// with our plugin last.
+	if _, text, err := node.RuntimeConfig(); err != nil || !strings.Contains(text, bootMark) || !strings.Contains(text, `"ambientd-cni"`) {
+		t.Errorf("after the reboot the runtime's CNI config lacks the primary's rewrite %s or our plugin (%v): %s", bootMark, err, runtimeConfig(t))
 	}
-	vmu.Unlock()
 
 	// The plain pod is back, not enrolled, never handed to ztunnel.
 	p, err := waitPod(ctx, plainNs, "plain", func(p *corev1.Pod) bool { return podReady(p) && containerStartedSince(p, on) })

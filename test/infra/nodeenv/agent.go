@@ -11,9 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	cnins "github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
@@ -144,16 +146,43 @@ func AgentReadyz(ctx context.Context) (int, string, error) {
 	return resp.StatusCode, string(b), nil
 }
 
-// ConflistText returns the node's CNI config file.
+// ConflistText returns the node's CNI config file (the primary CNI's; the
+// agent may use its own file instead, see RuntimeConfig).
 func (n *Node) ConflistText() (string, error) {
 	b, err := os.ReadFile(filepath.Join(n.CNIConfDir, Conflist))
 	return string(b), err
 }
 
-// PluginInstalled reports whether the agent's plugin is in the node's
-// conflist.
+// RuntimeConfig returns the name and text of the CNI config containerd uses:
+// the lexically first valid .conf, .conflist or .json of the conf dir (the
+// agent's own conflist when it writes one, else the primary's).
+func (n *Node) RuntimeConfig() (name, text string, err error) {
+	files, err := libcni.ConfFiles(n.CNIConfDir, []string{".conf", ".conflist", ".json"})
+	if err != nil {
+		return "", "", err
+	}
+	sort.Strings(files)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if filepath.Ext(f) == ".conflist" {
+			_, err = libcni.ConfListFromBytes(b)
+		} else {
+			_, err = libcni.NetworkPluginConfFromBytes(b)
+		}
+		if err == nil {
+			return filepath.Base(f), string(b), nil
+		}
+	}
+	return "", "", fmt.Errorf("no valid CNI config in %s", n.CNIConfDir)
+}
+
+// PluginInstalled reports whether the agent's plugin is in the CNI config
+// containerd uses.
 func (n *Node) PluginInstalled() (bool, error) {
-	s, err := n.ConflistText()
+	_, s, err := n.RuntimeConfig()
 	return strings.Contains(s, `"ambientd-cni"`), err
 }
 

@@ -67,7 +67,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 // IPAM (leases in ipamDir). ambientd's installer appends its plugin to this
 // file later.
 func nodeConflist(bridge, subnet, ipamDir string) ([]byte, error) {
-	return json.MarshalIndent(map[string]any{
+	return primaryConflist(bridge, subnet, ipamDir, "")
+}
+
+// primaryConflist is nodeConflist as the primary CNI's installer writes it
+// at a boot: with boot non-empty it records that boot in a top-level key
+// ("primaryBoot"; runtimes ignore unknown top-level keys), so a test can
+// tell which write a copy was made from.
+func primaryConflist(bridge, subnet, ipamDir, boot string) ([]byte, error) {
+	conf := map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "ambientd-node",
 		"plugins": []any{
@@ -84,7 +92,11 @@ func nodeConflist(bridge, subnet, ipamDir string) ([]byte, error) {
 				},
 			},
 		},
-	}, "", "  ")
+	}
+	if boot != "" {
+		conf["primaryBoot"] = boot
+	}
+	return json.MarshalIndent(conf, "", "  ")
 }
 
 // shimPids lists the containerd-shim processes serving the containerd at

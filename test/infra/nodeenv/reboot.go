@@ -81,6 +81,30 @@ func (n *Node) PowerOn(ctx context.Context) error {
 	return n.waitKubeletHealthy(ctx)
 }
 
+// PrimaryCNIBoot does what a primary CNI's installer does when a node boots
+// (Calico's install-cni, flannel's init container, Cilium's agent): it
+// writes its conflist from its template again, in place (`cp -f`), whatever
+// the file held — a chained plugin's entry in that file is gone. boot is
+// recorded in the file (primaryConflist) so a test can see whether a copy
+// of the primary's config follows this write. It returns what it wrote.
+// Called between PowerOff and PowerOn it runs before anything kubelet
+// starts, the agent included.
+func (n *Node) PrimaryCNIBoot(boot string) ([]byte, error) {
+	conf, err := primaryConflist(n.Bridge, n.PodSubnet.String(), n.IPAMDir, boot)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(n.CNIConfDir, Conflist), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write(conf); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return conf, f.Close()
+}
+
 // emptyDir removes everything in dir whose name keep does not accept (keep
 // may be nil), unmounting what is mounted there first (network namespace
 // files, container root filesystems), and keeps dir itself.
