@@ -61,7 +61,7 @@ func TestDeployDryRunApply(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()] = true
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet"} {
 		if !kinds[k] {
 			t.Errorf("kustomized deploy/ has no %s", k)
 		}
@@ -134,9 +134,13 @@ func TestDeployAgentRights(t *testing.T) {
 			spec, _, _ := unstructured.NestedString(o.Object, "spec", "template", "spec", "serviceAccountName")
 			saName = "system:serviceaccount:" + o.GetNamespace() + ":" + spec
 		case "ValidatingAdmissionPolicy":
-			vap = o
+			if o.GetName() == "ambientd-own-node-only" { // deploy/ has a pod policy too
+				vap = o
+			}
 		case "ValidatingAdmissionPolicyBinding":
-			vapBinding = o
+			if o.GetName() == "ambientd-own-node-only" {
+				vapBinding = o
+			}
 		}
 	}
 	if saName != e2eenv.AgentUser || vap == nil || vapBinding == nil {
