@@ -9,9 +9,11 @@ package e2e
 // does not enroll.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
 
 	"github.com/ambientd/ambientd/admission"
 	"github.com/ambientd/ambientd/admission/cases"
@@ -79,6 +82,23 @@ func TestAdmissionGateNeverDeadlocks(t *testing.T) {
 type podAdmission struct {
 	objs      []*unstructured.Unstructured // policies and bindings
 	configMap *unstructured.Unstructured
+	// active reports whether either policy still acts (probe pods).
+	active func(context.Context) bool
+}
+
+// remove deletes the policies, bindings and ConfigMap and waits until
+// neither policy acts any more (idempotent).
+func (pa podAdmission) remove(t *testing.T, ctx context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
+	for _, o := range append(slices.Clone(pa.objs), pa.configMap) {
+		if err := deleteObject(ctx, dyn, mapper, o); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+	testutil.Eventually(t, "pod admission policies no longer acting", time.Minute, func() bool { return !pa.active(ctx) })
 }
 
 func renderPodAdmission(t *testing.T) podAdmission {
@@ -117,16 +137,8 @@ func installPodAdmission(t *testing.T, ctx context.Context) podAdmission {
 		_, err := dryRunPod(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: probeNS, Annotations: map[string]string{annDNSCapture: "maybe"}}})
 		return err != nil
 	}
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		for _, o := range append(slices.Clone(pa.objs), pa.configMap) {
-			if err := deleteObject(c, dyn, mapper, o); err != nil && !apierrors.IsNotFound(err) {
-				t.Errorf("delete %s %s: %v", o.GetKind(), o.GetName(), err)
-			}
-		}
-		testutil.Eventually(t, "pod admission policies no longer acting", time.Minute, func() bool { return !gating(c) && !validating(c) })
-	})
+	pa.active = func(ctx context.Context) bool { return gating(ctx) || validating(ctx) }
+	t.Cleanup(func() { pa.remove(t, context.Background()) })
 	for _, o := range append([]*unstructured.Unstructured{pa.configMap}, pa.objs...) {
 		if err := serverSideApply(ctx, dyn, mapper, o, false); err != nil {
 			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
@@ -342,4 +354,129 @@ func TestAdmissionAnnotationTable(t *testing.T) {
 	if err := patch(fmt.Sprintf(`{"metadata":{"annotations":{%q:"false"}}}`, annDNSCapture)); err != nil {
 		t.Errorf("fixing the value: %v", err)
 	}
+}
+
+// injectManifest runs `bin/ambientd inject` on manifest with args.
+func injectManifest(t *testing.T, ctx context.Context, manifest string, args ...string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, testEnv.Bins.Agent, append([]string{"inject"}, args...)...)
+	cmd.Stdin = strings.NewReader(manifest)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ambientd inject: %v\n%s", err, stderr.String())
+	}
+	t.Logf("%s", strings.TrimSpace(stderr.String()))
+	return string(out)
+}
+
+// podsOf decodes the Pod documents of a YAML stream.
+func podsOf(t *testing.T, manifest string) map[string]*corev1.Pod {
+	t.Helper()
+	out := map[string]*corev1.Pod{}
+	for _, doc := range strings.Split(manifest, "\n---\n") {
+		var p corev1.Pod
+		if err := yaml.UnmarshalStrict([]byte(doc), &p); err != nil {
+			t.Fatalf("decode %q: %v", doc, err)
+		}
+		out[p.Name] = &p
+	}
+	return out
+}
+
+// TestAdmissionInjectLikeAdmission: the same pod manifests (no gate written
+// in them) go into the mesh once through the shipped admission policy and
+// once through `ambientd inject` with the policy removed (an older
+// cluster): the pods come out with the same readiness gates, are held
+// NotReady alike while no ztunnel takes them, and turn ready alike once the
+// emulator acks them. The out-of-mesh and opted-out pods get no gate either
+// way.
+func TestAdmissionInjectLikeAdmission(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("adm-inject")
+	createNamespace(t, ctx, nsName, true)
+	startAgent(t, ctx, "--retry-base-delay=10m", "--retry-max-delay=10m")
+	manifest := strings.Join([]string{
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  readinessGates: [{conditionType: example.com/lb}]\n  containers: [{name: c, image: x}]",
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: batch, labels: {istio.io/dataplane-mode: none}}\nspec: {containers: [{name: c, image: x}]}",
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: quiet, labels: {ambient.istio.io/readiness-gate: \"false\"}}\nspec: {containers: [{name: c, image: x}]}",
+	}, "\n---\n")
+	type path struct {
+		name string
+		pods map[string]*corev1.Pod
+	}
+	create := func(prefix string, pods map[string]*corev1.Pod) map[string]*e2eenv.Pod {
+		out := map[string]*e2eenv.Pod{}
+		for name, p := range pods {
+			out[name] = createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: prefix + name, Labels: p.Labels, Mutate: func(o *corev1.Pod) {
+				o.Spec.ReadinessGates = p.Spec.ReadinessGates
+			}})
+		}
+		return out
+	}
+
+	// Through admission.
+	pa := installPodAdmission(t, ctx)
+	viaPolicy := create("policy-", podsOf(t, manifest))
+	// Through inject, with the policy removed (deleted the way the
+	// cleanup does it, and waited for).
+	pa.remove(t, ctx)
+	injected := injectManifest(t, ctx, manifest, "-n", nsName, "--cluster", "--kubeconfig", testEnv.CP.AdminKubeconfig)
+	viaInject := create("inject-", podsOf(t, injected))
+
+	objects := func(ps map[string]*e2eenv.Pod, cond func(*corev1.Pod) bool, what string) map[string]*corev1.Pod {
+		out := map[string]*corev1.Pod{}
+		for name, p := range ps {
+			out[name] = waitPod(t, ctx, p, what, cond)
+		}
+		return out
+	}
+	held := func(p *corev1.Pod) bool {
+		if p.Labels[labelMode] == "none" {
+			return true
+		}
+		return podConditionIs(corev1.ConditionFalse, agent.ReasonZtunnelUnavailable)(p)
+	}
+	a, b := objects(viaPolicy, held, "pending without ztunnel"), objects(viaInject, held, "pending without ztunnel")
+	for name := range a {
+		ga, gb := gateTypes(a[name]), gateTypes(b[name])
+		if !slices.Equal(ga, gb) {
+			t.Errorf("%s: gates through admission %q, through inject %q", name, ga, gb)
+		}
+		ra, rb := kubeletWouldBeReadyExcept(a[name], "example.com/lb"), kubeletWouldBeReadyExcept(b[name], "example.com/lb")
+		if ra != rb {
+			t.Errorf("%s: ready through admission %v, through inject %v", name, ra, rb)
+		}
+		t.Logf("%s: gates %q; would be ready while pending (the load balancer's gate aside): %v", name, ga, ra)
+	}
+	if want := []string{"example.com/lb", podCondition}; !slices.Equal(gateTypes(a["web"]), want) || kubeletWouldBeReadyExcept(a["web"], "example.com/lb") {
+		t.Errorf("web: gates %q (want %q), would be ready %v while pending", gateTypes(a["web"]), want, kubeletWouldBeReadyExcept(a["web"], "example.com/lb"))
+	}
+	for _, n := range []string{"batch", "quiet"} {
+		if len(gateTypes(a[n])) != 0 {
+			t.Errorf("%s got gates %q", n, gateTypes(a[n]))
+		}
+	}
+	startEmulator(t, ctx, "inject")
+	enabled := func(p *corev1.Pod) bool {
+		if p.Labels[labelMode] == "none" {
+			return true
+		}
+		return podConditionIs(corev1.ConditionTrue, agent.ReasonEnrolled)(p)
+	}
+	a, b = objects(viaPolicy, enabled, "True/Enrolled"), objects(viaInject, enabled, "True/Enrolled")
+	for name := range a {
+		if !kubeletWouldBeReadyExcept(a[name], "example.com/lb") || !kubeletWouldBeReadyExcept(b[name], "example.com/lb") {
+			t.Errorf("%s: not ready once enrolled: %+v / %+v", name, a[name].Status.Conditions, b[name].Status.Conditions)
+		}
+	}
+}
+
+// kubeletWouldBeReadyExcept is kubeletWouldBeReady ignoring the gate of
+// another controller (nobody runs it here).
+func kubeletWouldBeReadyExcept(p *corev1.Pod, other corev1.PodConditionType) bool {
+	q := p.DeepCopy()
+	q.Spec.ReadinessGates = slices.DeleteFunc(q.Spec.ReadinessGates, func(g corev1.PodReadinessGate) bool { return g.ConditionType == other })
+	return kubeletWouldBeReady(q)
 }
