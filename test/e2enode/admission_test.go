@@ -109,11 +109,12 @@ func hasGate(p *corev1.Pod) bool {
 // injection. With deploy/ applied (its MutatingAdmissionPolicy and
 // ValidatingAdmissionPolicy came with `kubectl apply -k`), `kubectl apply`
 // of a Deployment WITHOUT a readiness gate into an ambient namespace: its
-// pods carry the gate, run (containers ready) but stay NotReady while no
-// ztunnel is there, and turn Ready only after the emulator acked them — no
-// pod version is ever Ready with the condition not True. A pod in a plain
-// namespace, a hostNetwork pod and a gate-opted-out pod get no gate and are
-// Ready. A pod with `ambient.istio.io/dns-capture: maybe` is refused by
+// pods carry the gate, run (containers ready: no probe) but stay NotReady
+// while no ztunnel is there, and turn Ready only after the emulator acked
+// them — no pod version is ever Ready with the condition not True. A pod in
+// a plain namespace, a hostNetwork pod and a gate-opted-out pod get no gate
+// and are Ready (the opted-out one while still pending: that is what
+// opting out means). A pod with `ambient.istio.io/dns-capture: maybe` is refused by
 // kubectl apply with a message naming the annotation. A gated pod switched
 // to `none` before the agent enrolled it (held by a scheduling gate while
 // relabelled) gets True/NotInMesh and turns Ready, never sent to ztunnel.
@@ -130,6 +131,12 @@ func (r *agentRun) admissionGatesFromPolicy(t *testing.T, ctx context.Context) {
 	plain := namespace(t, ctx, "adm-plain")
 	gw := watchGates(t, ctx, ns)
 
+	// No readiness probe in the Deployment's and the opted-out pod's
+	// containers: their containers are ready at once, so only the gate can
+	// hold them NotReady (a probe would fail too while pending: kubelet's
+	// probes pass the capture only once ztunnel acked the pod).
+	noProbe := nodeenv.AppPodSpec()
+	noProbe.Containers[0].ReadinessProbe = nil
 	replicas := int32(2)
 	sel := map[string]string{"app": "web"}
 	dep := &appsv1.Deployment{
@@ -137,7 +144,7 @@ func (r *agentRun) admissionGatesFromPolicy(t *testing.T, ctx context.Context) {
 		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: sel},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: nodeenv.AppPodSpec()},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: noProbe},
 		},
 	}
 	pod := func(namespace, name string, labels map[string]string, mut func(*corev1.Pod)) *corev1.Pod {
@@ -151,7 +158,7 @@ func (r *agentRun) admissionGatesFromPolicy(t *testing.T, ctx context.Context) {
 	}
 	plainPod := pod(plain, "plain", nil, nil)
 	hostPod := pod(ns, "host", nil, func(p *corev1.Pod) { p.Spec.HostNetwork = true })
-	optedOut := pod(ns, "opted-out", map[string]string{"ambient.istio.io/readiness-gate": "false"}, nil)
+	optedOut := pod(ns, "opted-out", map[string]string{"ambient.istio.io/readiness-gate": "false"}, func(p *corev1.Pod) { p.Spec = *noProbe.DeepCopy() })
 	start := time.Now()
 	if out, err := kubectlApply(t, ctx, dep, plainPod, hostPod, optedOut); err != nil {
 		t.Fatal(err)
