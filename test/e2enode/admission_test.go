@@ -204,7 +204,7 @@ func (r *agentRun) admissionGatesFromPolicy(t *testing.T, ctx context.Context) {
 			t.Errorf("%s Ready without ztunnel: %s", p.Name, describe(&p))
 		}
 	}
-	t.Logf("web pods gated by the admission policy, containers ready 3+ s (kubelet probed them), still NotReady: %v", describePods(list()))
+	t.Logf("web pods gated by the admission policy, containers ready 3+ s (no probe), still NotReady: %v", describePods(list()))
 	for _, p := range []*corev1.Pod{plainPod, hostPod, optedOut} {
 		got, err := waitPod(ctx, p.Namespace, p.Name, podReady)
 		if err != nil {
