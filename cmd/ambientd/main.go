@@ -15,6 +15,8 @@ commands:
   status   ask the running agent about this node's pods (root)
   uninstall remove the CNI plugin, its config entry and the host rules from this node
   rules    print the exact in-pod and host rules for given options, touching nothing
+  inject   add the readiness gate to manifests' pod templates the mesh will enroll (as the admission policy does)
+  check    say whether pods (or a manifest's) are in the mesh and gated, and why (kubeconfig only)
   version  print the version
 `
 
@@ -34,6 +36,10 @@ func main() {
 		os.Exit(statusCmd(args))
 	case "rules":
 		os.Exit(rulesCmd(args))
+	case "inject":
+		os.Exit(injectCmd(args))
+	case "check":
+		os.Exit(checkCmd(args))
 	case "uninstall":
 		os.Exit(uninstallCmd(args))
 	case "version":

@@ -36,6 +36,7 @@ type runFlags struct {
 	adminSocket                                     string
 	healthAddr, metricsAddr, hostProc, iptablesMode string
 	excludeNamespaces, logLevel, runDir             string
+	systemNamespace                                 string
 	podConditionType, ztunnelSocketMode             string
 	kubeletUID, ztunnelAllowedUIDs                  string
 	verifyInterval                                  time.Duration
@@ -59,6 +60,7 @@ var envOf = map[string]string{
 	"host-proc":            "AMBIENTD_HOST_PROC",
 	"iptables":             "AMBIENTD_IPTABLES",
 	"exclude-namespaces":   "AMBIENTD_EXCLUDE_NAMESPACES",
+	"system-namespace":     "AMBIENTD_SYSTEM_NAMESPACE",
 	"dns-capture":          "AMBIENTD_DNS_CAPTURE",
 	"ipv6":                 "AMBIENTD_IPV6",
 	"install-cni":          "AMBIENTD_INSTALL_CNI",
@@ -72,13 +74,13 @@ var envOf = map[string]string{
 	"verify-interval":      "AMBIENTD_VERIFY_INTERVAL",
 	"run-dir":              "AMBIENTD_RUN_DIR",
 	"ztunnel-socket-mode":  "AMBIENTD_ZTUNNEL_SOCKET_MODE",
-	"ztunnel-allowed-uids": "AMBIENTD_ZTUNNEL_ALLOWED_UIDS",
 	"pod-condition-type":   "AMBIENTD_POD_CONDITION_TYPE",
 	"kubelet-uid":          "AMBIENTD_KUBELET_UID",
 	"admin-socket":         "AMBIENTD_ADMIN_SOCKET",
 	"iptables-lock-wait":   "AMBIENTD_IPTABLES_LOCK_WAIT",
 	"workers":              "AMBIENTD_WORKERS",
 	"max-parallel-adds":    "AMBIENTD_MAX_PARALLEL_ADDS",
+	"ztunnel-allowed-uids": "AMBIENTD_ZTUNNEL_ALLOWED_UIDS",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -106,6 +108,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.iptablesMode, "iptables", "auto", "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
 	fs.DurationVar(&f.iptablesLockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
 	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(def.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
+	fs.StringVar(&f.systemNamespace, "system-namespace", def.Policy.SystemNamespace, "namespace of the mesh's own pods: only there are app=ztunnel and app=ambientd pods kept out of the mesh")
 	fs.BoolVar(&f.dnsCapture, "dns-capture", def.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
 	fs.BoolVar(&f.ipv6, "ipv6", def.IPv6, "also capture IPv6 (harmless in IPv4-only pods); with --ipv6=false a pod with an IPv6 address fails its CNI ADD rather than run with IPv6 uncaptured")
 	fs.DurationVar(&f.verifyInterval, "verify-interval", def.VerifyInterval, "period of the drift pass that reads back enrolled pods' rules and the host rules and repairs drift (jittered ±10%; 0 = off)")
@@ -204,6 +207,9 @@ func (f runFlags) validate() error {
 		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
 			return fmt.Errorf("--exclude-namespaces: %q: %s", n, strings.Join(errs, "; "))
 		}
+	}
+	if errs := validation.IsDNS1123Label(f.systemNamespace); len(errs) > 0 {
+		return fmt.Errorf("--system-namespace %q: %s", f.systemNamespace, strings.Join(errs, "; "))
 	}
 	if _, err := f.install.config(f.cniSocket, f.excluded()); f.installCNI && err != nil {
 		return err
@@ -333,6 +339,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac := agent.DefaultConfig()
 	ac.NodeName = f.nodeName
 	ac.Policy.ExcludeNamespaces = f.excluded()
+	ac.Policy.SystemNamespace = f.systemNamespace
 	ac.DNSCapture = f.dnsCapture
 	ac.HostProc = f.hostProc
 	ac.FailPending = f.failPending

@@ -55,6 +55,18 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "bad health addr", args: []string{"--node-name=n", "--health-addr=8000"}, env: env(), wantErr: "--health-addr"},
 		{name: "bad metrics addr", args: []string{"--node-name=n", "--metrics-addr=x"}, env: env(), wantErr: "--metrics-addr"},
 		{name: "bad namespace", args: []string{"--node-name=n", "--exclude-namespaces=ok,Not_OK"}, env: env(), wantErr: "--exclude-namespaces"},
+		{name: "system namespace default", args: []string{"--node-name=n"}, env: env(), check: func(t *testing.T, f runFlags) {
+			if f.systemNamespace != "istio-system" {
+				t.Errorf("system namespace %q, want istio-system", f.systemNamespace)
+			}
+		}},
+		{name: "system namespace from env", env: env("NODE_NAME", "n", "AMBIENTD_SYSTEM_NAMESPACE", "mesh-system"), check: func(t *testing.T, f runFlags) {
+			if f.systemNamespace != "mesh-system" {
+				t.Errorf("system namespace %q, want mesh-system", f.systemNamespace)
+			}
+		}},
+		{name: "system namespace empty", args: []string{"--node-name=n", "--system-namespace="}, env: env(), wantErr: "--system-namespace"},
+		{name: "bad system namespace", args: []string{"--node-name=n", "--system-namespace=Istio_System"}, env: env(), wantErr: "--system-namespace"},
 		{name: "install cni accepted", args: []string{"--node-name=n", "--install-cni"}, env: env(), check: func(t *testing.T, f runFlags) {
 			if !f.installCNI {
 				t.Error("--install-cni not set")

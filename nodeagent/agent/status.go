@@ -121,7 +121,9 @@ func podCondition(pod *corev1.Pod, t string) *corev1.PodCondition {
 // always; otherwise only to heal a pod that shows something else than its
 // phase says (a write lost during an API outage, a hand edit, a ztunnel that
 // refused the pod). A pod the agent does not hold is only cleaned when it is
-// out of the mesh and not finished (a terminal pod's network is gone).
+// out of the mesh and not finished (a terminal pod's network is gone), or
+// given True/NotInMesh when it is gated on the condition and shows none
+// (awaitsCondition).
 //
 // It is also where the pod's Events come from (the sync's error err says
 // what failed), so the Events follow the same phase moves as the status.
@@ -140,7 +142,7 @@ func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) 
 	case moved:
 	case after.Phase == registry.Absent:
 		terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-		if s.inMesh || terminal || !has || cur.Equal(want) {
+		if s.inMesh || terminal || (!has && !a.awaitsCondition(pod)) || cur.Equal(want) {
 			return
 		}
 	case has && cur.Equal(want):

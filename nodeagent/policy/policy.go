@@ -37,6 +37,11 @@ type Decision struct {
 type Config struct {
 	// ExcludeNamespaces are never enrolled (default kube-system).
 	ExcludeNamespaces []string
+	// SystemNamespace is where the mesh's own pods run (default
+	// istio-system, as Istio): only there do ZtunnelLabels and SelfLabels
+	// keep a pod out of the mesh. A user's pod labelled app=ztunnel in
+	// another namespace is an ordinary pod. Empty: no namespace.
+	SystemNamespace string
 	// ZtunnelLabels identify ztunnel pods (all must match). Default app=ztunnel.
 	ZtunnelLabels map[string]string
 	// SelfLabels identify the agent's own pods (all must match). Default
@@ -44,10 +49,15 @@ type Config struct {
 	SelfLabels map[string]string
 }
 
+// DefaultSystemNamespace is where Istio (and the shipped DaemonSet) runs
+// ztunnel and the node agent.
+const DefaultSystemNamespace = "istio-system"
+
 // DefaultConfig returns the documented defaults.
 func DefaultConfig() Config {
 	return Config{
 		ExcludeNamespaces: []string{"kube-system"},
+		SystemNamespace:   DefaultSystemNamespace,
 		ZtunnelLabels:     map[string]string{"app": "ztunnel"},
 		SelfLabels:        map[string]string{"app": "ambientd"},
 	}
@@ -55,7 +65,8 @@ func DefaultConfig() Config {
 
 // Decide says whether pod belongs in the mesh given its namespace's labels.
 // The exclusions come first: no label can enroll a hostNetwork pod, a sidecar
-// pod, ztunnel, the agent itself, or a pod in an excluded namespace. Terminal
+// pod, ztunnel or the agent itself (in the system namespace), or a pod in an
+// excluded namespace. Terminal
 // pods (Succeeded/Failed) are out: their network is about to go away.
 func (c Config) Decide(pod *corev1.Pod, nsLabels map[string]string) Decision {
 	switch {
@@ -65,9 +76,9 @@ func (c Config) Decide(pod *corev1.Pod, nsLabels map[string]string) Decision {
 		return Decision{Reason: ReasonHostNetwork}
 	case hasKey(pod.Annotations, podmeta.AnnotationSidecarStatus):
 		return Decision{Reason: ReasonSidecar}
-	case matches(pod.Labels, c.ZtunnelLabels):
+	case c.system(pod) && matches(pod.Labels, c.ZtunnelLabels):
 		return Decision{Reason: ReasonZtunnel}
-	case matches(pod.Labels, c.SelfLabels):
+	case c.system(pod) && matches(pod.Labels, c.SelfLabels):
 		return Decision{Reason: ReasonSelf}
 	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
 		return Decision{Reason: ReasonTerminal}
@@ -82,6 +93,11 @@ func (c Config) Decide(pod *corev1.Pod, nsLabels map[string]string) Decision {
 		return Decision{InMesh: true, Reason: ReasonNamespaceLabel}
 	}
 	return Decision{Reason: ReasonNotLabelled}
+}
+
+// system reports whether pod runs in the system namespace.
+func (c Config) system(pod *corev1.Pod) bool {
+	return c.SystemNamespace != "" && pod.Namespace == c.SystemNamespace
 }
 
 func hasKey(m map[string]string, k string) bool {

@@ -39,6 +39,10 @@ func TestDecide(t *testing.T) {
 		{"sidecar annotation empty still counts", pod("a", nil, map[string]string{podmeta.AnnotationSidecarStatus: ""}), ambient, Decision{false, ReasonSidecar}},
 		{"ztunnel pod", pod("istio-system", map[string]string{"app": "ztunnel"}, nil), ambient, Decision{false, ReasonZtunnel}},
 		{"agent pod", pod("istio-system", map[string]string{"app": "ambientd", podmeta.LabelDataplaneMode: podmeta.ModeAmbient}, nil), ambient, Decision{false, ReasonSelf}},
+		// Istio scopes the mesh's own pods to the system namespace: a
+		// user's app=ztunnel elsewhere is an ordinary pod.
+		{"app=ztunnel outside the system namespace", pod("shop", map[string]string{"app": "ztunnel"}, nil), ambient, Decision{true, ReasonNamespaceLabel}},
+		{"app=ambientd outside the system namespace", pod("shop", map[string]string{"app": "ambientd", podmeta.LabelDataplaneMode: podmeta.ModeAmbient}, nil), nil, Decision{true, ReasonPodLabel}},
 		{"succeeded pod", pod("a", nil, nil, phase(corev1.PodSucceeded)), ambient, Decision{false, ReasonTerminal}},
 		{"failed pod", pod("a", nil, nil, phase(corev1.PodFailed)), ambient, Decision{false, ReasonTerminal}},
 		{"running pod", pod("a", nil, nil, phase(corev1.PodRunning)), ambient, Decision{true, ReasonNamespaceLabel}},
@@ -58,5 +62,24 @@ func TestDecideEmptyConfigExcludesNothing(t *testing.T) {
 	got := Config{}.Decide(p, map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient})
 	if !got.InMesh {
 		t.Errorf("empty config: Decide = %+v, want in mesh", got)
+	}
+}
+
+func TestDecideSystemNamespaceSetting(t *testing.T) {
+	ambient := map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}
+	zt := func(ns string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Labels: map[string]string{"app": "ztunnel"}}}
+	}
+	cfg := DefaultConfig()
+	cfg.SystemNamespace = "mesh-system"
+	if got := cfg.Decide(zt("mesh-system"), ambient); got != (Decision{false, ReasonZtunnel}) {
+		t.Errorf("ztunnel in the configured system namespace: %+v", got)
+	}
+	if got := cfg.Decide(zt("istio-system"), ambient); got != (Decision{true, ReasonNamespaceLabel}) {
+		t.Errorf("app=ztunnel in istio-system when the system namespace is mesh-system: %+v", got)
+	}
+	cfg.SystemNamespace = ""
+	if got := cfg.Decide(zt("istio-system"), ambient); !got.InMesh {
+		t.Errorf("no system namespace: %+v, want in mesh", got)
 	}
 }

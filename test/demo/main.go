@@ -10,10 +10,11 @@
 //     node's conflist and reports not ready: no ztunnel yet;
 //  2. the ztunnel emulator starts at the node's ztunnel socket: the agent
 //     turns Ready and removes the startup taint;
-//  3. an ambient namespace gets a Deployment (HTTP readiness probe and the
-//     readiness gate ambient.istio.io/enrolled), a pod that ztunnel refuses
-//     and an opted-out pod; a plain namespace gets a pod labelled ambient and
-//     a plain client.
+//  3. an ambient namespace gets a Deployment (HTTP readiness probe; no
+//     readiness gate in the manifest: deploy/'s admission policy adds
+//     ambient.istio.io/enrolled to the pods the mesh enrolls), a pod that
+//     ztunnel refuses and an opted-out pod; a plain namespace gets a pod
+//     labelled ambient and a plain client.
 //
 // It prints who answered connections into and out of each pod (the app, or
 // ztunnel after the redirect), the annotation, the AddWorkload ztunnel got,
@@ -247,26 +248,26 @@ func (d *demo) createWorkloads(ctx context.Context) ([]expect, int) {
 		Spec: appsv1.DeploymentSpec{
 			Replicas: &replicas,
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: nodeenv.GatedPodSpec()},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: nodeenv.AppPodSpec()},
 		},
 	}
 	if _, err := c.AppsV1().Deployments("shop").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		return nil, d.fail("deployment: %v", err)
 	}
-	d.printf("deployment shop/productpage: 2 replicas, HTTP readiness probe on :%d/healthz, readinessGates: %s", nodeenv.AppPort, nodeenv.EnrolledCondition)
+	d.printf("deployment shop/productpage: 2 replicas, HTTP readiness probe on :%d/healthz, readinessGates: %s (added by the admission policy, not in the manifest)", nodeenv.AppPort, nodeenv.EnrolledCondition)
 	plain := func(name string, podLabels map[string]string) *corev1.Pod {
-		spec := nodeenv.GatedPodSpec()
-		spec.ReadinessGates = nil
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: podLabels}, Spec: spec}
+		p := nodeenv.AppPod(name)
+		p.Labels = podLabels
+		return p
 	}
 	bare := []struct {
 		ns  string
 		pod *corev1.Pod
 	}{
-		{"shop", nodeenv.GatedPod("quarantined")},
+		{"shop", nodeenv.AppPod("quarantined")},
 		{"shop", plain("batch-job", map[string]string{podmeta.LabelDataplaneMode: "none"})},
 		{"legacy", func() *corev1.Pod {
-			p := nodeenv.GatedPod("payments")
+			p := nodeenv.AppPod("payments")
 			p.Labels = map[string]string{podmeta.LabelDataplaneMode: "ambient"}
 			return p
 		}()},
@@ -408,6 +409,13 @@ func (d *demo) report(ctx context.Context, pods []expect) int {
 		}
 		readyCol := fmt.Sprintf("%v %s", nodeenv.PodReady(obj), readyAt)
 		var bad []string
+		// No manifest of the demo names the gate: only the admission
+		// policy puts it on the pods the mesh enrolls.
+		if gated := slices.ContainsFunc(obj.Spec.ReadinessGates, func(g corev1.PodReadinessGate) bool {
+			return g.ConditionType == nodeenv.EnrolledCondition
+		}); gated != p.inMesh {
+			bad = append(bad, fmt.Sprintf("readiness gate from the admission policy: %v", gated))
+		}
 		switch {
 		case p.refused:
 			if ann != "pending" || nodeenv.PodReady(obj) || !strings.HasPrefix(in, "refused") {

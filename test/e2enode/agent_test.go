@@ -135,6 +135,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"DaemonSetReadyOnlyAfterZtunnel", r.daemonSetReadyOnlyAfterZtunnel},
 		{"AmbientPodEnrolledCapturedReady", r.ambientPodEnrolledCapturedReady},
 		{"GatedPodNotReadyWithoutZtunnel", r.gatedPodNotReadyWithoutZtunnel},
+		{"AdmissionGatesFromPolicy", r.admissionGatesFromPolicy},
 		{"StartupCost", r.startupCost},
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},

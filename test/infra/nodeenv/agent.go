@@ -265,7 +265,7 @@ func Describe(p *corev1.Pod) string {
 }
 
 // GatedPod is a pod of the app image (HTTP readiness probe) with the enrolled
-// readiness gate; it does not tolerate the startup taint.
+// readiness gate written in it; it does not tolerate the startup taint.
 func GatedPod(name string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -275,11 +275,26 @@ func GatedPod(name string) *corev1.Pod {
 
 // GatedPodSpec is GatedPod's spec (for Deployments too).
 func GatedPodSpec() corev1.PodSpec {
+	spec := AppPodSpec()
+	spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: EnrolledCondition}}
+	return spec
+}
+
+// AppPod is GatedPod without the gate, as users write pods: in an ambient
+// namespace deploy/'s admission policy adds the gate.
+func AppPod(name string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       AppPodSpec(),
+	}
+}
+
+// AppPodSpec is AppPod's spec (for Deployments too).
+func AppPodSpec() corev1.PodSpec {
 	grace := int64(5)
 	return corev1.PodSpec{
 		Containers:                    []corev1.Container{AppContainer()},
 		TerminationGracePeriodSeconds: &grace,
-		ReadinessGates:                []corev1.PodReadinessGate{{ConditionType: EnrolledCondition}},
 	}
 }
 

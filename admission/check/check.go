@@ -1,0 +1,589 @@
+// Package check is `ambientd check` (the check-inject of this project): for
+// existing pods, or the pod templates of a manifest, it says whether each pod
+// is (or will be) in the ambient mesh and gated on ambient.istio.io/enrolled,
+// which label or annotation decided it, and — for existing pods — the node,
+// the agent's annotation and condition, and whether an agent serves that
+// node. It needs only a kubeconfig (reads through the API; no node access),
+// and degrades to notes where the user may not read something.
+package check
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ambientd/ambientd/admission"
+	"github.com/ambientd/ambientd/admission/inject"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/policy"
+)
+
+// Options configure a Checker.
+type Options struct {
+	// AgentNamespace holds the agent's ConfigMap and DaemonSet pods
+	// (default istio-system).
+	AgentNamespace string
+	// AgentSelector selects the agent's DaemonSet pods (default
+	// app=ambientd).
+	AgentSelector string
+	// NodeConditionType is the agent's node condition (default
+	// ambient.istio.io/NodeReady).
+	NodeConditionType string
+}
+
+// Defaults of Options.
+const (
+	DefaultAgentSelector     = "app=ambientd"
+	DefaultNodeConditionType = "ambient.istio.io/NodeReady"
+)
+
+// Report is what check found; it is the -o json output.
+type Report struct {
+	Settings  SettingsInfo  `json:"settings"`
+	Admission AdmissionInfo `json:"admission"`
+	Pods      []Pod         `json:"pods"`
+	Notes     []string      `json:"notes,omitempty"`
+}
+
+// SettingsInfo says which agent settings decided, and where they came from.
+type SettingsInfo struct {
+	Source            string   `json:"source"`
+	ExcludeNamespaces []string `json:"excludeNamespaces"`
+	SystemNamespace   string   `json:"systemNamespace"`
+	ConditionType     string   `json:"conditionType"`
+}
+
+// AdmissionInfo says whether the shipped pod admission policies are
+// installed.
+type AdmissionInfo struct {
+	GatePolicy       bool `json:"gatePolicy"`
+	AnnotationPolicy bool `json:"annotationPolicy"`
+	// Known is false when the user may not list admission policies.
+	Known bool `json:"known"`
+}
+
+// Pod is one pod, or one pod template of a manifest.
+type Pod struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Kind is Pod for an existing pod, else the manifest's kind.
+	Kind string `json:"kind"`
+	// Enrolled is nodeagent/policy's verdict; Reason its fixed reason;
+	// DecidedBy says in words which label, annotation or setting decided.
+	Enrolled  bool   `json:"enrolled"`
+	Reason    string `json:"reason"`
+	DecidedBy string `json:"decidedBy"`
+	// Gated: the pod names the condition in spec.readinessGates (existing
+	// pods), or will when created (manifests). Gate says why (not).
+	Gated bool   `json:"gated"`
+	Gate  string `json:"gate"`
+	// AnnotationError is the agent's refusal of the pod's mesh
+	// annotations, if any.
+	AnnotationError string `json:"annotationError,omitempty"`
+
+	// Existing pods only.
+	Node        string     `json:"node,omitempty"`
+	Phase       string     `json:"phase,omitempty"`
+	Ready       bool       `json:"ready"`
+	Redirection string     `json:"redirection,omitempty"`
+	Condition   *Condition `json:"condition,omitempty"`
+	Agent       *Agent     `json:"agent,omitempty"`
+
+	// Verdict is the one-line summary; Attention marks a pod the user
+	// should look at (not meshed while it should be, stuck, unprotected).
+	Verdict   string `json:"verdict"`
+	Attention bool   `json:"attention"`
+}
+
+// Condition is the agent's pod condition as the pod shows it.
+type Condition struct {
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message,omitempty"`
+}
+
+// Agent says whether an agent serves a pod's node.
+type Agent struct {
+	// Serves: an agent pod runs on the node.
+	Serves bool   `json:"serves"`
+	Pod    string `json:"pod,omitempty"`
+	Ready  bool   `json:"ready"`
+	// NodeCondition is the node's ambient.istio.io/NodeReady as
+	// "status/reason" ("" when absent or unreadable).
+	NodeCondition string `json:"nodeCondition,omitempty"`
+}
+
+// Checker answers check questions against one cluster.
+type Checker struct {
+	client   kubernetes.Interface
+	opts     Options
+	settings admission.Settings
+	report   Report // the common part: settings, admission, notes
+	nsCache  map[string]map[string]string
+	agents   map[string]*corev1.Pod // node → agent pod
+	agentsOK bool
+}
+
+// New reads the agent's settings (its ConfigMap; the agent's defaults, with
+// a note, when it cannot be read) and whether the admission policies are
+// installed.
+func New(ctx context.Context, client kubernetes.Interface, opts Options) *Checker {
+	if opts.AgentNamespace == "" {
+		opts.AgentNamespace = admission.DefaultAgentNamespace
+	}
+	if opts.AgentSelector == "" {
+		opts.AgentSelector = DefaultAgentSelector
+	}
+	if opts.NodeConditionType == "" {
+		opts.NodeConditionType = DefaultNodeConditionType
+	}
+	c := &Checker{client: client, opts: opts, nsCache: map[string]map[string]string{}}
+	c.settings = admission.DefaultSettings()
+	src := "ConfigMap " + opts.AgentNamespace + "/" + admission.ConfigMapName
+	cm, err := client.CoreV1().ConfigMaps(opts.AgentNamespace).Get(ctx, admission.ConfigMapName, metav1.GetOptions{})
+	if err == nil {
+		c.settings = admission.SettingsFrom(cm.Data)
+	} else {
+		src = "the agent's defaults"
+		c.note("cannot read ConfigMap %s/%s (%s): using the agent's defaults", opts.AgentNamespace, admission.ConfigMapName, short(err))
+	}
+	c.report.Settings = SettingsInfo{
+		Source: src, ExcludeNamespaces: c.settings.Policy.ExcludeNamespaces,
+		SystemNamespace: c.settings.Policy.SystemNamespace, ConditionType: c.settings.ConditionType,
+	}
+	c.report.Admission = c.admissionInfo(ctx)
+	return c
+}
+
+// Settings are the agent settings the checker decides with.
+func (c *Checker) Settings() admission.Settings { return c.settings }
+
+// Override replaces the settings (flags given on the command line win over
+// the cluster's ConfigMap); the report says so when they differ.
+func (c *Checker) Override(s admission.Settings) {
+	if !slices.Equal(s.Policy.ExcludeNamespaces, c.settings.Policy.ExcludeNamespaces) ||
+		s.Policy.SystemNamespace != c.settings.Policy.SystemNamespace || s.ConditionType != c.settings.ConditionType {
+		c.report.Settings.Source += ", overridden by flags"
+	}
+	c.settings = s
+	c.report.Settings.ExcludeNamespaces = s.Policy.ExcludeNamespaces
+	c.report.Settings.SystemNamespace = s.Policy.SystemNamespace
+	c.report.Settings.ConditionType = s.ConditionType
+}
+
+// NamespaceLabels returns the labels of namespace ns as the cluster has
+// them; ok=false when it does not exist or cannot be read.
+func (c *Checker) NamespaceLabels(ctx context.Context, ns string) (map[string]string, bool) {
+	return c.namespaceLabels(ctx, ns)
+}
+
+func (c *Checker) note(format string, args ...any) {
+	c.report.Notes = append(c.report.Notes, fmt.Sprintf(format, args...))
+}
+
+// short is an API error without the request details.
+func short(err error) string {
+	var se *apierrors.StatusError
+	if errors.As(err, &se) {
+		return string(se.ErrStatus.Reason)
+	}
+	return err.Error()
+}
+
+func (c *Checker) admissionInfo(ctx context.Context) AdmissionInfo {
+	a := AdmissionInfo{Known: true}
+	arv1 := c.client.AdmissionregistrationV1()
+	// Bindings make policies act: look for a binding of each policy.
+	maps, err := arv1.MutatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		a.Known = false
+		c.note("cannot list MutatingAdmissionPolicyBindings (%s): whether admission adds the gate is unknown", short(err))
+	} else {
+		for _, b := range maps.Items {
+			if _, err := arv1.MutatingAdmissionPolicies().Get(ctx, b.Spec.PolicyName, metav1.GetOptions{}); err == nil && strings.Contains(b.Spec.PolicyName, admission.MutatingPolicyName) {
+				a.GatePolicy = true
+			}
+		}
+	}
+	vaps, err := arv1.ValidatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		a.Known = false
+	} else {
+		for _, b := range vaps.Items {
+			if _, err := arv1.ValidatingAdmissionPolicies().Get(ctx, b.Spec.PolicyName, metav1.GetOptions{}); err == nil && strings.Contains(b.Spec.PolicyName, admission.ValidatingPolicyName) {
+				a.AnnotationPolicy = true
+			}
+		}
+	}
+	if a.Known && !a.GatePolicy {
+		c.note("the admission policy %s is not installed: new pods get no readiness gate (kubectl apply -k deploy/ on Kubernetes 1.36+, or ambientd inject)", admission.MutatingPolicyName)
+	}
+	return a
+}
+
+// namespaceLabels returns the labels of namespace ns (cached); ok=false
+// when it cannot be read.
+func (c *Checker) namespaceLabels(ctx context.Context, ns string) (map[string]string, bool) {
+	if l, ok := c.nsCache[ns]; ok {
+		return l, l != nil
+	}
+	n, err := c.client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	if err != nil {
+		c.nsCache[ns] = nil
+		if !apierrors.IsNotFound(err) {
+			c.note("cannot read namespace %s (%s): its labels are unknown", ns, short(err))
+		}
+		return nil, false
+	}
+	l := n.Labels
+	if l == nil {
+		l = map[string]string{}
+	}
+	c.nsCache[ns] = l
+	return l, true
+}
+
+// Pods checks existing pods: those named in namespace ns, or every pod of
+// ns when names is empty (every namespace when ns is empty too).
+func (c *Checker) Pods(ctx context.Context, ns string, names []string) (Report, error) {
+	var pods []corev1.Pod
+	if len(names) == 0 {
+		list, err := c.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return Report{}, fmt.Errorf("list pods: %w", err)
+		}
+		pods = list.Items
+	} else {
+		for _, n := range names {
+			p, err := c.client.CoreV1().Pods(ns).Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return Report{}, fmt.Errorf("pod %s/%s: %w", ns, n, err)
+			}
+			pods = append(pods, *p)
+		}
+	}
+	slices.SortFunc(pods, func(a, b corev1.Pod) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	r := c.report
+	r.Pods = []Pod{}
+	for i := range pods {
+		r.Pods = append(r.Pods, c.pod(ctx, &pods[i]))
+	}
+	r.Notes = slices.Clone(c.report.Notes)
+	return r, nil
+}
+
+func (c *Checker) pod(ctx context.Context, p *corev1.Pod) Pod {
+	nsLabels, _ := c.namespaceLabels(ctx, p.Namespace)
+	d := c.settings.Decide(p, nsLabels)
+	out := Pod{
+		Namespace: p.Namespace, Name: p.Name, Kind: "Pod",
+		Enrolled: d.Policy.InMesh, Reason: string(d.Policy.Reason), DecidedBy: c.decidedBy(p, d.Policy),
+		Gated: d.HasGate, Node: p.Spec.NodeName, Phase: string(p.Status.Phase),
+		Redirection: p.Annotations[podmeta.AnnotationRedirection],
+	}
+	if _, err := podmeta.PodOptions(true, p.Annotations); err != nil {
+		out.AnnotationError = err.Error()
+	}
+	for _, cond := range p.Status.Conditions {
+		switch string(cond.Type) {
+		case string(corev1.PodReady):
+			out.Ready = cond.Status == corev1.ConditionTrue
+		case c.settings.ConditionType:
+			out.Condition = &Condition{Status: string(cond.Status), Reason: cond.Reason, Message: cond.Message}
+		}
+	}
+	switch {
+	case d.HasGate:
+		out.Gate = "in spec.readinessGates"
+	case d.OptOut != "":
+		out.Gate = fmt.Sprintf("opted out (%s label %s=%s)", d.OptOut, admission.LabelReadinessGate, admission.OptOutValue)
+	case !d.Policy.InMesh:
+		out.Gate = "none (not in the mesh)"
+	case c.report.Admission.GatePolicy:
+		out.Gate = "none: created before the admission policy, or the policy did not apply"
+	default:
+		out.Gate = "none: the admission policy is not installed"
+	}
+	if p.Spec.NodeName != "" {
+		out.Agent = c.agentOn(ctx, p.Spec.NodeName)
+	}
+	out.Verdict, out.Attention = verdict(out)
+	return out
+}
+
+// agentOn says whether an agent pod serves node.
+func (c *Checker) agentOn(ctx context.Context, node string) *Agent {
+	if c.agents == nil {
+		c.agents = map[string]*corev1.Pod{}
+		list, err := c.client.CoreV1().Pods(c.opts.AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: c.opts.AgentSelector})
+		if err != nil {
+			c.note("cannot list the agent's pods in %s (%s): whether an agent serves each node is unknown", c.opts.AgentNamespace, short(err))
+		} else {
+			c.agentsOK = true
+			for i := range list.Items {
+				ap := &list.Items[i]
+				if ap.Spec.NodeName != "" && ap.DeletionTimestamp == nil {
+					c.agents[ap.Spec.NodeName] = ap
+				}
+			}
+		}
+	}
+	if !c.agentsOK {
+		return nil
+	}
+	a := &Agent{}
+	if ap := c.agents[node]; ap != nil {
+		a.Serves, a.Pod = true, ap.Name
+		for _, cond := range ap.Status.Conditions {
+			if cond.Type == corev1.PodReady {
+				a.Ready = cond.Status == corev1.ConditionTrue
+			}
+		}
+	}
+	if n, err := c.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil {
+		for _, cond := range n.Status.Conditions {
+			if string(cond.Type) == c.opts.NodeConditionType {
+				a.NodeCondition = string(cond.Status) + "/" + cond.Reason
+			}
+		}
+	}
+	return a
+}
+
+// decidedBy says in words what decided the policy's verdict d about p.
+func (c *Checker) decidedBy(p *corev1.Pod, d policy.Decision) string {
+	mode := podmeta.LabelDataplaneMode
+	switch d.Reason {
+	case policy.ReasonNamespaceLabel:
+		return fmt.Sprintf("namespace %s: %s=%s", p.Namespace, mode, podmeta.ModeAmbient)
+	case policy.ReasonPodLabel:
+		return fmt.Sprintf("pod label %s=%s", mode, podmeta.ModeAmbient)
+	case policy.ReasonPodOptOut:
+		return fmt.Sprintf("pod label %s=%s", mode, podmeta.ModeNone)
+	case policy.ReasonNotLabelled:
+		return fmt.Sprintf("no %s=%s on the pod or namespace %s", mode, podmeta.ModeAmbient, p.Namespace)
+	case policy.ReasonExcludedNamespace:
+		return fmt.Sprintf("namespace %s is excluded (%s)", p.Namespace, admission.EnvExcludeNamespaces)
+	case policy.ReasonHostNetwork:
+		return "spec.hostNetwork: true"
+	case policy.ReasonSidecar:
+		return "annotation " + podmeta.AnnotationSidecarStatus + " (a sidecar pod)"
+	case policy.ReasonZtunnel:
+		return fmt.Sprintf("ztunnel (app=ztunnel in the system namespace %s)", p.Namespace)
+	case policy.ReasonSelf:
+		return fmt.Sprintf("the agent itself (app=ambientd in the system namespace %s)", p.Namespace)
+	case policy.ReasonTerminal:
+		return "pod phase " + string(p.Status.Phase)
+	}
+	return string(d.Reason)
+}
+
+// verdict sums an existing pod up.
+func verdict(p Pod) (string, bool) {
+	c := p.Condition
+	noAgent := p.Agent != nil && !p.Agent.Serves
+	switch {
+	case p.Phase == string(corev1.PodSucceeded) || p.Phase == string(corev1.PodFailed):
+		return "finished", false
+	case !p.Enrolled && !p.Gated:
+		return "not in the mesh", false
+	case !p.Enrolled && c != nil && c.Status == string(corev1.ConditionTrue):
+		return "not in the mesh; the agent released its gate (" + c.Reason + ")", false
+	case !p.Enrolled && noAgent:
+		return fmt.Sprintf("STUCK: gated, not in the mesh, and no agent on node %s writes its condition: stays NotReady (run the agent there or remove the gate)", p.Node), true
+	case !p.Enrolled:
+		return "not in the mesh; gated: the agent writes True/NotInMesh when it syncs the pod", false
+	case p.AnnotationError != "":
+		return "NOT MESHED: the agent refuses its annotations: " + p.AnnotationError, true
+	case p.Node == "":
+		if p.Gated {
+			return "not scheduled yet; will be enrolled and Ready only once meshed", false
+		}
+		return "not scheduled yet; will be enrolled, but NOT gated: Ready will not wait for the mesh", true
+	case noAgent && p.Gated:
+		return fmt.Sprintf("NOT MESHED: no agent on node %s; the gate keeps it NotReady (fail closed)", p.Node), true
+	case noAgent:
+		return fmt.Sprintf("NOT MESHED: no agent on node %s, and no gate: it may be Ready without the mesh", p.Node), true
+	case p.Redirection == podmeta.RedirectionEnabled && c != nil && c.Status == string(corev1.ConditionTrue):
+		if !p.Gated {
+			return "meshed (enabled); no gate: Ready did not wait for the mesh", false
+		}
+		return "meshed (enabled)", false
+	case p.Redirection == podmeta.RedirectionPending || (c != nil && c.Status == string(corev1.ConditionFalse)):
+		msg := "pending"
+		if c != nil {
+			msg += ": " + c.Reason
+			if c.Message != "" {
+				msg += " (" + c.Message + ")"
+			}
+		}
+		if p.Gated {
+			return msg + "; NotReady until ztunnel takes it", true
+		}
+		return msg + "; NOT gated: it may be Ready while its traffic is held", true
+	default:
+		return "not enrolled yet (the agent has not handled its sandbox)", !p.Gated
+	}
+}
+
+// Manifest checks the pod templates of a manifest stream (the same kinds
+// as `ambientd inject`), in namespace defaultNS when a document names none:
+// would each pod be enrolled and gated if applied now.
+func (c *Checker) Manifest(ctx context.Context, r io.Reader, defaultNS string) (Report, error) {
+	res, err := inject.Inject(r, io.Discard, inject.Options{
+		Settings:  c.settings,
+		Namespace: defaultNS,
+		NamespaceLabels: func(ns string) (map[string]string, bool) {
+			return c.namespaceLabels(ctx, ns)
+		},
+		Warn: func(m string) { c.note("%s", m) },
+	})
+	if err != nil {
+		return Report{}, err
+	}
+	rep := c.report
+	rep.Pods = []Pod{}
+	for _, t := range res.Templates {
+		rep.Pods = append(rep.Pods, c.template(t))
+	}
+	rep.Notes = slices.Clone(c.report.Notes)
+	return rep, nil
+}
+
+func (c *Checker) template(t inject.Template) Pod {
+	d := t.Decision
+	fake := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: t.Namespace, Name: t.Name}}
+	p := Pod{
+		Namespace: t.Namespace, Name: t.Name, Kind: t.Kind,
+		Enrolled: d.Policy.InMesh, Reason: string(d.Policy.Reason), DecidedBy: c.decidedBy(fake, d.Policy),
+	}
+	switch {
+	case d.HasGate:
+		p.Gated, p.Gate = true, "in the manifest"
+	case d.OptOut != "":
+		p.Gate = fmt.Sprintf("opted out (%s label %s=%s)", d.OptOut, admission.LabelReadinessGate, admission.OptOutValue)
+	case !d.Policy.InMesh:
+		p.Gate = "none (not in the mesh)"
+	case c.report.Admission.GatePolicy:
+		p.Gated, p.Gate = true, "added at admission by "+admission.MutatingPolicyName
+	default:
+		p.Gate = "none: the admission policy is not installed (ambientd inject adds it)"
+	}
+	switch {
+	case !p.Enrolled:
+		p.Verdict = "will not be in the mesh"
+	case p.Gated:
+		p.Verdict = "will be enrolled; Ready only once meshed"
+	default:
+		p.Verdict, p.Attention = "will be enrolled, but NOT gated: Ready will not wait for the mesh", d.OptOut == ""
+	}
+	return p
+}
+
+// WriteTable writes r as a table, then the notes.
+func WriteTable(w io.Writer, r Report) error {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "settings: %s (excluded namespaces %s, system namespace %s, condition %s)\n",
+		r.Settings.Source, strings.Join(r.Settings.ExcludeNamespaces, ","), r.Settings.SystemNamespace, r.Settings.ConditionType)
+	switch {
+	case !r.Admission.Known:
+		fmt.Fprintf(&b, "admission: unknown (cannot list admission policies)\n")
+	default:
+		fmt.Fprintf(&b, "admission: gate policy %s, annotation policy %s\n", installed(r.Admission.GatePolicy), installed(r.Admission.AnnotationPolicy))
+	}
+	rows := [][]string{{"POD", "MESH", "DECIDED BY", "GATE", "NODE", "AGENT", "ANNOTATION", "CONDITION", "VERDICT"}}
+	for _, p := range r.Pods {
+		name := p.Namespace + "/" + p.Name
+		if p.Kind != "Pod" {
+			name = p.Kind + " " + name
+		}
+		cond, agent := "-", "-"
+		if p.Condition != nil {
+			cond = p.Condition.Status + "/" + p.Condition.Reason
+		}
+		if p.Agent != nil {
+			switch {
+			case !p.Agent.Serves:
+				agent = "none"
+			case p.Agent.Ready:
+				agent = "ready"
+			default:
+				agent = "not-ready"
+			}
+		}
+		mesh := map[bool]string{true: "yes", false: "no"}[p.Enrolled]
+		rows = append(rows, []string{name, mesh, p.DecidedBy, gateCell(p), orDash(p.Node), agent, orDash(p.Redirection), cond, p.Verdict})
+	}
+	writeRows(&b, rows)
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+func gateCell(p Pod) string {
+	if p.Gated {
+		return "yes"
+	}
+	if strings.HasPrefix(p.Gate, "opted out") {
+		return "opted-out"
+	}
+	return "no"
+}
+
+func installed(b bool) string {
+	if b {
+		return "installed"
+	}
+	return "NOT installed"
+}
+
+// orDash is s, or "-" for an empty cell.
+func orDash(s string) string {
+	return cmp.Or(s, "-")
+}
+
+// writeRows aligns columns with two spaces (the last column is not padded).
+func writeRows(b *bytes.Buffer, rows [][]string) {
+	width := map[int]int{}
+	for _, r := range rows {
+		for i, c := range r {
+			width[i] = max(width[i], len(c))
+		}
+	}
+	for _, r := range rows {
+		for i, c := range r {
+			if i == len(r)-1 {
+				b.WriteString(c)
+				break
+			}
+			b.WriteString(c)
+			b.WriteString(strings.Repeat(" ", width[i]-len(c)+2))
+		}
+		b.WriteString("\n")
+	}
+}
+
+// Attention counts the pods the user should look at.
+func (r Report) Attention() int {
+	n := 0
+	for _, p := range r.Pods {
+		if p.Attention {
+			n++
+		}
+	}
+	return n
+}
