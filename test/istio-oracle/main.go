@@ -128,6 +128,9 @@ func run(outDir, only, manifestsPath string) error {
 		}
 		files[c.name+".txtar"] = ar
 	}
+	if err := checkIstioGoldens(files); err != nil {
+		return err
+	}
 	return writeAll(outDir, files, only == "")
 }
 
