@@ -7,7 +7,7 @@ PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 
-.PHONY: all build deps test e2e e2e-node bench bench-e2e demo demo-lite generate lint check clean image image-test fresh-check
+.PHONY: all build deps test e2e e2e-node bench bench-e2e demo demo-lite generate lint check clean image image-test fresh-check istio-oracle
 
 all: build
 
@@ -67,6 +67,16 @@ demo-lite:
 # .cache/ builds everything its program needs (hack/fresh-check.sh).
 fresh-check:
 	hack/fresh-check.sh
+
+# Istio's own code as the oracle for sidecar mode: test/istio-oracle is a
+# separate test-only module pinned to one Istio release (never part of ./...,
+# never imported by the product). Regenerates the committed golden files in
+# test/istio-oracle/testdata/sidecar and fails if any differs; also builds
+# bin/istio-validation (Istio's istio-validation check). CI's other targets
+# only read the committed files and never build Istio.
+istio-oracle:
+	cd test/istio-oracle && $(GO) build -o ../../bin/ . ./cmd/istio-validation
+	cd test/istio-oracle && ../../bin/istio-oracle -out testdata/sidecar
 
 generate:
 	@command -v protoc >/dev/null || hack/deps.sh
