@@ -28,6 +28,14 @@ const (
 	// EventRulesRepaired (Warning): the drift pass found the pod's
 	// redirection rules changed by someone else and put them back.
 	EventRulesRepaired = "RulesRepaired"
+	// EventSandboxChanged (Warning): the pod's sandbox changed or went
+	// (recreated without our plugin, a DEL, new IPs); the agent enrolls it
+	// in the new one.
+	EventSandboxChanged = "SandboxChanged"
+	// EventInvalidAnnotation (Warning): an annotation the agent reads has
+	// an invalid value; the message says what the agent does instead
+	// (podmeta.Annotations).
+	EventInvalidAnnotation = "InvalidAnnotation"
 )
 
 // newEventRecorder returns the agent's pod event broadcaster and recorder.

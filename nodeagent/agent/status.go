@@ -42,7 +42,14 @@ const (
 	ReasonPending            = "Pending"
 	ReasonZtunnelUnavailable = "ZtunnelUnavailable" // False: no ztunnel connected
 	ReasonZtunnelRejected    = "ZtunnelRejected"    // False: ztunnel refused the pod (nack, snapshot refusal)
-	ReasonRulesFailed        = "RulesFailed"        // False: the node's probe rules for the pod failed
+	ReasonRulesFailed        = "RulesFailed"        // False: the pod's rules or its probe entry could not be put in place
+	// False: the pod's sandbox changed or went (recreated, a DEL of a pod
+	// that still exists, an IP change): not captured until the agent has
+	// enrolled it in its new sandbox.
+	ReasonSandboxChanged = "SandboxChanged"
+	// False: after a restart the pod's network namespace was not found
+	// (or not proven to be its sandbox); searched again with backoff.
+	ReasonNetnsNotFound = "NetnsNotFound"
 	// False: the pod belongs in the mesh but the agent let go of it
 	// (--fail-pending rolled it back; its Events say why).
 	ReasonNotEnrolled = "NotEnrolled"
@@ -81,6 +88,17 @@ func statusFor(e registry.Entry, inMesh bool) (st podstatus.Status, ok bool) {
 		}
 		if c.Message == "" {
 			c.Message = "traffic captured, waiting for ztunnel to take the pod"
+		}
+		return podstatus.Status{Redirection: podmeta.RedirectionPending, Condition: c}, true
+	case registry.Uncaptured:
+		// The annotation Istio knows for "not carried yet" (istiod treats
+		// only enabled as HBONE-capable); the condition says why.
+		c := podstatus.Condition{Status: corev1.ConditionFalse, Reason: e.Reason, Message: e.LastError}
+		if c.Reason == "" {
+			c.Reason = ReasonRulesFailed
+		}
+		if c.Message == "" {
+			c.Message = "the pod's current sandbox is not known to be captured; the agent retries"
 		}
 		return podstatus.Status{Redirection: podmeta.RedirectionPending, Condition: c}, true
 	case registry.Absent:

@@ -81,7 +81,7 @@ func (h *harness) hasEvent(namespace, reason, contains string) bool {
 func TestPodConditionFollowsPhase(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
-	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != Pending {
+	if out, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil || out != Pending {
 		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
 	}
 	h.waitFor("condition False/ZtunnelUnavailable with annotation pending", func() bool {
@@ -118,7 +118,7 @@ func TestEnrollmentFailedEvent(t *testing.T) {
 	h.rules.mu.Lock()
 	h.rules.applyErr = errors.New("iptables-restore: broken")
 	h.rules.mu.Unlock()
-	if _, err := h.agent.HandleAdd(context.Background(), event(p)); !errors.Is(err, ErrNotCaptured) {
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); !errors.Is(err, ErrNotCaptured) {
 		t.Fatalf("HandleAdd error %v, want ErrNotCaptured", err)
 	}
 	h.waitFor("EnrollmentFailed Event", func() bool { return h.hasEvent("app", EventEnrollmentFailed, "iptables-restore: broken") })

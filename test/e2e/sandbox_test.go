@@ -371,3 +371,54 @@ func TestCNIAddImpossibleInput(t *testing.T) {
 		}
 	}
 }
+
+// TestProbeEntryFollowsRules (issue 21 item 3, Must show 4): the one probe
+// rule — a pod's IPs are in the node's probe set exactly while our rules are
+// in its sandbox. A pod pending at start (no ztunnel yet) already has its
+// kubelet probes SNATed past the capture (a liveness probe must not kill it
+// during a long ztunnel outage; readiness is held by the condition). An
+// enabled pod that a new ztunnel refuses in its snapshot goes pending with
+// the condition False in one write and keeps its probe entry (its rules
+// stay), and is enabled again once accepted.
+func TestProbeEntryFollowsRules(t *testing.T) {
+	ctx := testContext(t, 4*time.Minute)
+	nsName := uniqueNS("probe")
+	createNamespace(t, ctx, nsName, true)
+	pw := watchPods(t, ctx, nsName)
+	startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_RETRY_MAX_DELAY=1s")
+	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web", Mutate: gated})
+	waitPod(t, ctx, p, "pending without ztunnel", podConditionIs(corev1.ConditionFalse, agent.ReasonZtunnelUnavailable))
+	if src, err := probeSource(ctx, p); err != nil || src.String() != "169.254.7.127" {
+		t.Errorf("kubelet-like probe of a pending pod: source %v, %v; want SNATed to 169.254.7.127 (the probe entry goes in with the rules)", src, err)
+	}
+
+	first := startEmulator(t, ctx, "ztunnel-probe-1")
+	waitPod(t, ctx, p, "enabled", podConditionIs(corev1.ConditionTrue, agent.ReasonEnrolled))
+	if err := first.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	refusing, err := testEnv.StartEmulator(ctx, e2eenv.EmulatorConfig{NetnsMode: true, Name: "ztunnel-probe-2", Args: []string{"--nack=" + nsName + "/web=refused by the test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing.LogOnFailure(t)
+	t.Cleanup(func() { _ = refusing.Stop(10 * time.Second) })
+	o := waitPod(t, ctx, p, "pending after the snapshot refusal", podConditionIs(corev1.ConditionFalse, agent.ReasonZtunnelRejected))
+	if o.Annotations[annRedirect] != "pending" || kubeletWouldBeReady(o) {
+		t.Errorf("refused pod: annotation %q, would be Ready %v; want pending, not Ready", o.Annotations[annRedirect], kubeletWouldBeReady(o))
+	}
+	if !probeSetHas(t, p.IP()) {
+		t.Errorf("the refused pod lost its probe entry though its rules are in place")
+	}
+	if src, err := probeSource(ctx, p); err != nil || src.String() != "169.254.7.127" {
+		t.Errorf("kubelet-like probe of the refused pod: %v, %v; want SNATed (liveness passes, readiness held by the condition)", src, err)
+	}
+	if err := refusing.ClearNack(ctx, nsName+"/web"); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, ctx, p, "enabled again", podConditionIs(corev1.ConditionTrue, agent.ReasonEnrolled))
+	if !probeSetHas(t, p.IP()) {
+		t.Errorf("re-enabled pod has no probe entry")
+	}
+	checkTogether(t, pw.of(p.Name))
+}
