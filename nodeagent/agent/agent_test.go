@@ -169,6 +169,18 @@ type fakeRules struct {
 	verified int
 	drift    int // how many VerifyPod calls still report drift
 	probes   map[string][]netip.Addr
+	// deleteFails: how many DeletePod calls still fail.
+	deleteFails int
+	// touched lists the netns inodes every rule call was made for.
+	touched []uint64
+	// verifiedWith are the options of the last VerifyPod.
+	verifiedWith iptables.PodOptions
+}
+
+func (r *fakeRules) touch(n ns.NetNS) {
+	if h, ok := n.(*podnetns.Handle); ok {
+		r.touched = append(r.touched, h.Inode())
+	}
 }
 
 func (r *fakeRules) ApplyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) error {
@@ -177,6 +189,7 @@ func (r *fakeRules) ApplyPod(_ context.Context, n ns.NetNS, _ iptables.PodOption
 	if n.Fd() == 0 {
 		return errors.New("bad netns")
 	}
+	r.touch(n)
 	if r.applyErr != nil {
 		return r.applyErr
 	}
@@ -184,9 +197,14 @@ func (r *fakeRules) ApplyPod(_ context.Context, n ns.NetNS, _ iptables.PodOption
 	return nil
 }
 
-func (r *fakeRules) DeletePod(context.Context, ns.NetNS) error {
+func (r *fakeRules) DeletePod(_ context.Context, n ns.NetNS) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.touch(n)
+	if r.deleteFails > 0 {
+		r.deleteFails--
+		return errors.New("iptables: resource busy")
+	}
 	r.deleted++
 	return nil
 }
@@ -206,10 +224,12 @@ func (r *fakeRules) RemoveProbeIPs(_ context.Context, uid string, _ []netip.Addr
 }
 
 // VerifyPod reports drift once per drifted() call, as wiped rules would.
-func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) (iptables.Drift, error) {
+func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, opts iptables.PodOptions) (iptables.Drift, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.touch(n)
 	r.verified++
+	r.verifiedWith = opts
 	if r.drift > 0 {
 		r.drift--
 		return iptables.Drift{Missing: []string{"-A OUTPUT -j ISTIO_OUTPUT"}}, nil
@@ -275,6 +295,13 @@ func newHarness(t testing.TB, objs ...any) *harness {
 
 func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 	t.Helper()
+	return newHarnessRules(t, &fakeRules{probes: map[string][]netip.Addr{}}, mut, objs...)
+}
+
+// newHarnessRules is newHarnessWith with the fake rules given (set up
+// before the agent's restart rebuild runs).
+func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...any) *harness {
+	t.Helper()
 	client := fake.NewClientset()
 	for _, o := range objs {
 		var err error
@@ -288,7 +315,7 @@ func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 			t.Fatal(err)
 		}
 	}
-	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: &fakeRules{probes: map[string][]netip.Addr{}}, reg: registry.New(),
+	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: rules, reg: registry.New(),
 		podNS: testutil.NewNetNS(t)}
 	cfg := Config{
 		NodeName:         node,

@@ -288,7 +288,7 @@ func TestAnnotationsParsedLikeIstio(t *testing.T) {
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		waitFor(t, wctx, "the flushed rules repaired with the options the pod was enrolled with", func() bool { return podRules(t, p) == want })
-		for _, e := range podEvents(t, ctx, p, "InvalidAnnotation") {
+		for _, e := range podEvents(t, ctx, p, agent.EventInvalidAnnotation) {
 			if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Message, annDNSCapture) || !strings.Contains(e.Message, "maybe") {
 				t.Errorf("InvalidAnnotation Event %s %q: want a Warning naming the annotation and the value", e.Type, e.Message)
 			}
