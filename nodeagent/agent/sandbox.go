@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -26,8 +27,9 @@ import (
 
 // notCurrent says why e's held netns is not pod's current sandbox (ips are
 // the pod's addresses as the API shows them now), or "" when it is: the
-// pod's addresses are those it was enrolled with (an enrolled pod's IPs
-// change only with its sandbox), the runtime's path still names the held
+// pod's addresses are among those it was enrolled with (an enrolled pod's
+// IPs change only with its sandbox; the runtime may have reported more than
+// kubelet shows, one per family), the runtime's path still names the held
 // namespace, and that namespace holds one of them. A namespace whose
 // addresses cannot be read counts as current (logged): a netlink hiccup
 // must not flap every pod.
@@ -35,7 +37,7 @@ func (a *Agent) notCurrent(e registry.Entry, ips []netip.Addr) string {
 	if e.Netns == nil {
 		return "no network namespace held"
 	}
-	if len(e.IPs) > 0 && len(ips) > 0 && !sameIPs(ips, e.IPs) {
+	if len(e.IPs) > 0 && len(ips) > 0 && !subsetIPs(ips, e.IPs) {
 		return fmt.Sprintf("the pod's IPs changed from %v to %v: a new sandbox", e.IPs, ips)
 	}
 	ok, why, err := a.finder.Current(e.Netns, ips)
@@ -47,6 +49,16 @@ func (a *Agent) notCurrent(e registry.Entry, ips []netip.Addr) string {
 		return why
 	}
 	return ""
+}
+
+// subsetIPs reports whether every address of sub is in of.
+func subsetIPs(sub, of []netip.Addr) bool {
+	for _, ip := range sub {
+		if !slices.Contains(of, ip) {
+			return false
+		}
+	}
+	return true
 }
 
 // leaveSandbox takes a pod out of a held netns that is no longer its

@@ -69,6 +69,8 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		pod = in.pod
 	} else if pod = a.podByUID(uid); pod == nil {
 		if !registered {
+			a.invalid.forget(uid)
+			a.handovers.drop(uid)
 			return OutcomeUnknown, nil
 		}
 		// The cache says the pod is gone; make sure before dropping it
@@ -88,6 +90,9 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	}
 	s.pod = pod
 	log := a.podLog(pod.Namespace, pod.Name, uid)
+	if handover && !registered {
+		a.handovers.drop(uid) // not ours to hand over
+	}
 
 	if pod.Spec.HostNetwork {
 		// The host is never a pod, whatever the pod's labels, annotations
@@ -252,7 +257,7 @@ func (a *Agent) recapture(ctx context.Context, log *slog.Logger, s *podSync, pod
 			}
 		}
 	}
-	if len(ips) > 0 && !sameIPs(ips, e.IPs) {
+	if len(ips) > 0 && !subsetIPs(ips, e.IPs) {
 		var err error
 		if e, err = a.update(e.UID, func(x *registry.Entry) { x.IPs = ips }); err != nil {
 			return OutcomeUnknown, err

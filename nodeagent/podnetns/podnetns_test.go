@@ -358,3 +358,32 @@ func BenchmarkFind(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/scan")
 }
+
+// BenchmarkCurrent is the sandbox check every sync of an enabled pod and
+// every drift pass makes before reading rules: a stat of the runtime's path
+// and a netlink address dump inside the held netns.
+func BenchmarkCurrent(b *testing.B) {
+	ip := netip.MustParseAddr("10.99.0.11")
+	n := testutil.NewNetNS(b)
+	if err := n.NS.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+	}); err != nil {
+		b.Fatal(err)
+	}
+	h, err := Open(n.NS.Path())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	f := New(b.TempDir())
+	for b.Loop() {
+		if ok, why, err := f.Current(h, []netip.Addr{ip}); !ok || err != nil {
+			b.Fatalf("Current: %v %q %v", ok, why, err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/check")
+}
