@@ -16,8 +16,10 @@ import (
 
 // Reasons of the Events the agent records on pods (docs/readiness.md).
 const (
-	// EventPending (Warning): the pod moved to pending; the message has
-	// the pod condition's reason and message.
+	// EventPending (Warning): the pod moved to pending (or its current
+	// sandbox is not known to be captured: netns not found, rules
+	// unrepairable); the message has the pod condition's reason and
+	// message.
 	EventPending = "EnrollmentPending"
 	// EventEnrollmentFailed (Warning): a pod that belongs in the mesh could
 	// not be enrolled (rules, netns, invalid annotation, --fail-pending).
@@ -101,5 +103,10 @@ func (a *Agent) eventFor(s podSync, after registry.Entry, moved bool, err error)
 		st, _ := statusFor(after, true)
 		a.podEvent(uid, corev1.EventTypeWarning, EventPending,
 			fmt.Sprintf("Traffic captured, ztunnel has not taken the pod (%s): %s", st.Condition.Reason, st.Condition.Message))
+	case moved && after.Phase == registry.Uncaptured && after.Reason != ReasonSandboxChanged:
+		// (a sandbox change has its own SandboxChanged Event)
+		st, _ := statusFor(after, true)
+		a.podEvent(uid, corev1.EventTypeWarning, EventPending,
+			fmt.Sprintf("Traffic of the pod's current sandbox not known to be captured (%s): %s", st.Condition.Reason, st.Condition.Message))
 	}
 }
