@@ -220,7 +220,9 @@ func (a *Agent) rebuild(ctx context.Context) {
 		}
 		restored++
 		log.Info("restored pod", "state", st.String(), "netns_found", h != nil, "via_state_file", viaState[uid], "annotated", c.annotated)
-		if h == nil || st != registry.Enabled {
+		if h == nil || reason == ReasonSandboxChanged {
+			// Searched again now; a pod whose sandbox changed gets its
+			// False written now, not only once a ztunnel acks.
 			a.queue.Add(uid)
 		}
 		if h != nil && c.inMesh {

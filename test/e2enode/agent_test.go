@@ -353,8 +353,8 @@ func (r *agentRun) ambientPodEnrolledCapturedReady(t *testing.T, ctx context.Con
 			return q.UID == uid && q.Op == "add" && q.AckError != ""
 		})
 	})
-	// The agent recorded the refusal on the pod (pending: its probe
-	// addresses are set only after an ack, so kubelet's probes fail too).
+	// The agent recorded the refusal on the pod (pending; not Ready: the
+	// gate holds it, while kubelet's probes pass through the probe SNAT).
 	p, err := waitPod(ctx, ns, "web", func(p *corev1.Pod) bool {
 		c := nodeenv.Condition(p, nodeenv.EnrolledCondition)
 		return p.Status.Phase == corev1.PodRunning && c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "refused by the test")
@@ -1130,25 +1130,32 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 			t.Errorf("pod %s Ready after the reboot without ztunnel: %s", name, describe(p))
 		}
 	}
-	// kubelet probes them meanwhile (the probes fail: a pending pod's probe
-	// address is set only once ztunnel acks); still nothing turns Ready.
-	if err := nodeenv.Poll(ctx, "kubelet probed every ambient pod after the reboot", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		evs, err := node.Env.CP.Admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=Unhealthy"})
-		if err != nil {
-			return false, err
-		}
-		probed := 0
+	// kubelet probes them meanwhile, and its probes reach the apps: a
+	// pending pod's probe entry goes in with its rules (docs/readiness.md,
+	// "one rule"), so its containers turn ready (liveness would pass too:
+	// no restart loop during a long ztunnel outage) — and still no pod is
+	// Ready: the readiness gate holds it (the watch above records any).
+	if err := nodeenv.Poll(ctx, "kubelet's probes of every pending ambient pod passing (ContainersReady) after the reboot", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		for _, name := range names {
-			if slices.ContainsFunc(evs.Items, func(e corev1.Event) bool {
-				return e.InvolvedObject.Name == name && !e.LastTimestamp.Time.Before(on.Truncate(time.Second))
-			}) {
-				probed++
+			p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			c := nodeenv.Condition(p, corev1.ContainersReady)
+			if c == nil || c.Status != corev1.ConditionTrue || !containerStartedSince(p, on) || p.Annotations[podmeta.AnnotationRedirection] != "pending" {
+				return false, fmt.Errorf("pod %s: %s", name, describe(p))
 			}
 		}
-		return probed == len(names), nil
+		return true, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
+	for _, name := range names {
+		if p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil || podReady(p) {
+			t.Errorf("pod %s Ready (or unreadable: %v) while pending without ztunnel", name, err)
+		}
+	}
+	t.Logf("power on -> kubelet's probes of every pending pod pass through the probe SNAT, none Ready: %s", time.Since(on).Round(time.Millisecond))
 
 	em, err := node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
 	if err != nil {
