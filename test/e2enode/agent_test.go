@@ -1240,20 +1240,24 @@ func hostProbeTable(t *testing.T, ctx context.Context) string {
 	return out
 }
 
-// agentProcess is the pid of the agent's ambientd process on the node.
+// agentProcess is the pid of the agent's ambientd process on the node: the
+// one in the node's netns (the DaemonSet runs in the host network; other
+// ambientd processes on this machine belong to other environments).
 func agentProcess(t *testing.T) int {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
 	}
+	nodeNetns := inodeOf("/proc/self/ns/net")
 	var pids []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		if c, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(c)) == "ambientd" {
+		if c, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(c)) == "ambientd" &&
+			inodeOf(fmt.Sprintf("/proc/%d/ns/net", pid)) == nodeNetns {
 			pids = append(pids, pid)
 		}
 	}
