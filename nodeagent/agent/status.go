@@ -82,25 +82,11 @@ func statusFor(e registry.Entry, inMesh bool) (st podstatus.Status, ok bool) {
 			Status: corev1.ConditionTrue, Reason: ReasonEnrolled, Message: "ztunnel carries the pod's traffic",
 		}}, true
 	case registry.Pending:
-		c := podstatus.Condition{Status: corev1.ConditionFalse, Reason: e.Reason, Message: e.LastError}
-		if c.Reason == "" {
-			c.Reason = ReasonPending
-		}
-		if c.Message == "" {
-			c.Message = "traffic captured, waiting for ztunnel to take the pod"
-		}
-		return podstatus.Status{Redirection: podmeta.RedirectionPending, Condition: c}, true
+		return notCarried(e, ReasonPending, "traffic captured, waiting for ztunnel to take the pod"), true
 	case registry.Uncaptured:
 		// The annotation Istio knows for "not carried yet" (istiod treats
 		// only enabled as HBONE-capable); the condition says why.
-		c := podstatus.Condition{Status: corev1.ConditionFalse, Reason: e.Reason, Message: e.LastError}
-		if c.Reason == "" {
-			c.Reason = ReasonRulesFailed
-		}
-		if c.Message == "" {
-			c.Message = "the pod's current sandbox is not known to be captured; the agent retries"
-		}
-		return podstatus.Status{Redirection: podmeta.RedirectionPending, Condition: c}, true
+		return notCarried(e, ReasonRulesFailed, "the pod's current sandbox is not known to be captured; the agent retries"), true
 	case registry.Absent:
 		if inMesh {
 			return podstatus.Status{Condition: podstatus.Condition{
@@ -112,6 +98,19 @@ func statusFor(e registry.Entry, inMesh bool) (st podstatus.Status, ok bool) {
 		}}, !e.Gone
 	}
 	return podstatus.Status{}, false
+}
+
+// notCarried is the status of a pod ztunnel does not carry: pending, the
+// condition False with e's reason and error, or these defaults.
+func notCarried(e registry.Entry, reason, message string) podstatus.Status {
+	c := podstatus.Condition{Status: corev1.ConditionFalse, Reason: e.Reason, Message: e.LastError}
+	if c.Reason == "" {
+		c.Reason = reason
+	}
+	if c.Message == "" {
+		c.Message = message
+	}
+	return podstatus.Status{Redirection: podmeta.RedirectionPending, Condition: c}
 }
 
 // shows returns what pod shows now, in statusFor's terms: has is true when
