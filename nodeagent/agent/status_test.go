@@ -26,6 +26,8 @@ func TestStatusFor(t *testing.T) {
 		{name: "enabled", e: registry.Entry{Phase: registry.Enabled}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionEnabled, wantStatus: corev1.ConditionTrue, wantReason: ReasonEnrolled},
 		{name: "pending unclassified", e: registry.Entry{Phase: registry.Pending}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionPending, wantStatus: corev1.ConditionFalse, wantReason: ReasonPending},
 		{name: "pending no ztunnel", e: registry.Entry{Phase: registry.Pending, Reason: ReasonZtunnelUnavailable, LastError: "no ztunnel"}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionPending, wantStatus: corev1.ConditionFalse, wantReason: ReasonZtunnelUnavailable},
+		{name: "uncaptured, sandbox changed", e: registry.Entry{Phase: registry.Uncaptured, Reason: ReasonSandboxChanged, LastError: "sandbox gone (CNI DEL)"}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionPending, wantStatus: corev1.ConditionFalse, wantReason: ReasonSandboxChanged},
+		{name: "uncaptured unclassified", e: registry.Entry{Phase: registry.Uncaptured}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionPending, wantStatus: corev1.ConditionFalse, wantReason: ReasonRulesFailed},
 		{name: "left the mesh", e: registry.Entry{Phase: registry.Absent}, wantOK: true, wantStatus: corev1.ConditionTrue, wantReason: ReasonNotInMesh},
 		{name: "let go while in mesh", e: registry.Entry{Phase: registry.Absent}, inMesh: true, wantOK: true, wantStatus: corev1.ConditionFalse, wantReason: ReasonNotEnrolled},
 		{name: "gone", e: registry.Entry{Phase: registry.Absent, Gone: true}},
