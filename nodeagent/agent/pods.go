@@ -349,6 +349,14 @@ func (a *Agent) Snapshot() []ztunnel.SnapshotEntry {
 		if e.Phase == registry.Releasing {
 			continue // being dropped: a new ztunnel must not take it
 		}
+		if e.Phase == registry.Uncaptured && e.Reason == ReasonSandboxChanged {
+			// Its sandbox went (a DEL: ztunnel was told to drop it) or is
+			// not the pod's any more: nothing to keep. It comes back with
+			// an Add once its current sandbox is captured. (A pod whose
+			// netns was not found after a restart is kept: its sandbox
+			// may well live on with our rules, and ztunnel with it.)
+			continue
+		}
 		h := e.Netns
 		if h != nil && a.finder.IsHost(h) {
 			h = nil // never hand ztunnel the node's own netns (Keep instead)

@@ -76,6 +76,13 @@ func TestCNIDelOfLivePodWaitsForReenrollment(t *testing.T) {
 	if _, _, probes := h.rules.counts(); probes != 0 {
 		t.Error("probe entry kept for a deleted sandbox")
 	}
+	// A ztunnel connecting now must not be told to keep it: ztunnel was
+	// told to drop it, and its sandbox is gone.
+	for _, e := range h.agent.Snapshot() {
+		if e.Workload.UID == "uid-a" {
+			t.Errorf("uncaptured pod in a new ztunnel's snapshot: %+v", e)
+		}
+	}
 	h.waitFor("pending, condition False/SandboxChanged", func() bool {
 		v, _ := h.annotation("app", "a")
 		c := h.condition("app", "a")
