@@ -1144,6 +1144,10 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 		t.Fatalf("primary CNI installer at boot: %v", err)
 	}
 	t.Logf("primary CNI installer at boot rewrote %s from its template (%s); the runtime's config now: %s", nodeenv.Conflist, bootMark, runtimeConfig(t))
+	// The primary's file is the primary's: what an uninstall must leave
+	// byte for byte is now this rewrite (the agent's default mode never
+	// edits it; UninstallLeavesNodeAsBefore checks against it).
+	r.pristine.primaryRewrote(t)
 	on := time.Now()
 	if err := node.PowerOn(ctx); err != nil {
 		t.Fatalf("power on: %v", err)

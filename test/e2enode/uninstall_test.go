@@ -37,6 +37,18 @@ type pristineNode struct {
 	confDir  map[string][]byte // every file of the CNI conf dir
 }
 
+// primaryRewrote takes the primary CNI's own rewrite of its conflist (a
+// simulated primary installer at boot) as the state an uninstall must leave.
+func (p *pristineNode) primaryRewrote(t *testing.T) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(node.CNIConfDir, nodeenv.Conflist))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.conflist = b
+	p.confDir[nodeenv.Conflist] = b
+}
+
 // confDirFiles reads every file of the node's CNI conf dir.
 func confDirFiles(t *testing.T) map[string][]byte {
 	t.Helper()
