@@ -85,6 +85,43 @@ func TestImports(t *testing.T) {
 	}
 }
 
+// agentAPIGroups are the Kubernetes API groups the agent binary may link:
+// the ones nodeagent/kube's scheme registers.
+var agentAPIGroups = []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1"}
+
+// heavyClientGo are the client-go packages that link (and, through
+// kubernetes/scheme, register at init) every API group of Kubernetes, or
+// the full clientset: ~33 MB of the agent binary until nodeagent/kube
+// replaced them (docs/scale.md, "Lean binary"). The generic lister
+// (k8s.io/client-go/listers itself) links no API group and is allowed.
+var heavyClientGo = []string{
+	"k8s.io/client-go/kubernetes",          // the Clientset, its typed clients, kubernetes/scheme, fake
+	"k8s.io/client-go/informers",           // typed informers of every group
+	"k8s.io/client-go/listers/",            // typed listers of every group
+	"k8s.io/client-go/applyconfigurations", // apply configurations of every group
+	"k8s.io/client-go/tools/events",        // events.k8s.io recorder (imports the Clientset)
+	"k8s.io/client-go/dynamic",
+	"k8s.io/client-go/discovery",
+}
+
+// TestAgentBinaryLean: the agent binary — every subcommand of
+// cmd/ambientd is in it — links only the API groups it uses and none of
+// client-go's all-groups packages, so its size and resident pages cannot
+// creep back; and no test infrastructure (test/infra/kubetest wraps the
+// full clientset for tests).
+func TestAgentBinaryLean(t *testing.T) {
+	for _, dep := range deps(t, "cmd/ambientd") {
+		switch {
+		case strings.HasPrefix(dep, "k8s.io/api/") && !slices.Contains(agentAPIGroups, dep):
+			t.Errorf("cmd/ambientd links API group %s; allowed: %v (add a group to nodeagent/kube's scheme and here only if the agent uses it)", dep, agentAPIGroups)
+		case slices.ContainsFunc(heavyClientGo, func(p string) bool { return dep == p || strings.HasPrefix(dep, strings.TrimSuffix(p, "/")+"/") }):
+			t.Errorf("cmd/ambientd links %s, which links every API group: use nodeagent/kube", dep)
+		case strings.HasPrefix(dep, module+"/test/"):
+			t.Errorf("cmd/ambientd links test infrastructure %s", dep)
+		}
+	}
+}
+
 // ruleFloors are the packages of the rule code (iptables/doc.go) and what
 // each may import of ours besides itself.
 var ruleFloors = map[string][]string{
