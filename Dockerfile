@@ -9,7 +9,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags='-s -w' -o /out/ambientd ./cmd/ambientd && \
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false -tags grpcnotrace -ldflags='-s -w' -o /out/ambientd ./cmd/ambientd && \
     CGO_ENABLED=0 go build -trimpath -buildvcs=false -tags grpcnotrace -ldflags='-s -w' -o /out/ambientd-cni ./cmd/ambientd-cni
 
 FROM debian:bookworm-slim

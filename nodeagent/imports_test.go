@@ -4,12 +4,14 @@
 package nodeagent_test
 
 import (
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/test/infra/build"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
 )
@@ -81,6 +83,84 @@ func TestImports(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// agentAPIGroups are the Kubernetes API groups the agent binary may link:
+// the ones nodeagent/kube's scheme registers.
+var agentAPIGroups = []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1"}
+
+// heavyClientGo are the client-go packages that link (and, through
+// kubernetes/scheme, register at init) every API group of Kubernetes, or
+// the full clientset: ~33 MB of the agent binary until nodeagent/kube
+// replaced them (docs/scale.md, "Lean binary"). The generic lister
+// (k8s.io/client-go/listers itself) links no API group and is allowed.
+var heavyClientGo = []string{
+	"k8s.io/client-go/kubernetes",          // the Clientset, its typed clients, kubernetes/scheme, fake
+	"k8s.io/client-go/informers",           // typed informers of every group
+	"k8s.io/client-go/listers/",            // typed listers of every group
+	"k8s.io/client-go/applyconfigurations", // apply configurations of every group
+	"k8s.io/client-go/tools/events",        // events.k8s.io recorder (imports the Clientset)
+	"k8s.io/client-go/dynamic",
+	"k8s.io/client-go/discovery",
+}
+
+// TestAgentBinaryLean: the agent binary — every subcommand of
+// cmd/ambientd is in it — built as `make build` builds it (the tags of
+// build.Programs) links only the API groups it uses, none of client-go's
+// all-groups packages, no text/template (its reflective method calls make
+// the linker keep every exported method of every type: 8 MB) and no test
+// infrastructure (test/infra/kubetest wraps the full clientset for tests),
+// so its size and resident pages cannot creep back. The Dockerfile builds
+// every shipped program with the same tags.
+func TestAgentBinaryLean(t *testing.T) {
+	testutil.RequireBinary(t, "go")
+	var tags []string
+	for _, p := range build.Programs {
+		if p.Name == "ambientd" {
+			tags = p.Tags
+		}
+	}
+	out, err := exec.Command("go", "list", "-deps", "-tags", strings.Join(tags, ","), module+"/cmd/ambientd").Output()
+	if err != nil {
+		t.Fatalf("go list -deps cmd/ambientd: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		switch {
+		case strings.HasPrefix(dep, "k8s.io/api/") && !slices.Contains(agentAPIGroups, dep):
+			t.Errorf("cmd/ambientd links API group %s; allowed: %v (add a group to nodeagent/kube's scheme and here only if the agent uses it)", dep, agentAPIGroups)
+		case slices.ContainsFunc(heavyClientGo, func(p string) bool { return dep == p || strings.HasPrefix(dep, strings.TrimSuffix(p, "/")+"/") }):
+			t.Errorf("cmd/ambientd links %s, which links every API group: use nodeagent/kube", dep)
+		case dep == "text/template":
+			t.Errorf("cmd/ambientd (tags %v) links text/template: the linker then keeps every exported method (+8 MB); who imports it: go list -deps -f '{{.ImportPath}}: {{.Imports}}'", tags)
+		case strings.HasPrefix(dep, module+"/test/"):
+			t.Errorf("cmd/ambientd links test infrastructure %s", dep)
+		}
+	}
+
+	dockerfile, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range build.Programs {
+		if !p.Shipped {
+			continue
+		}
+		var line string
+		for _, l := range strings.Split(string(dockerfile), "\n") {
+			if strings.Contains(l, "go build") && slices.Contains(strings.Fields(l), p.Package) {
+				line = l
+			}
+		}
+		want := "-tags " + strings.Join(p.Tags, ",")
+		switch {
+		case line == "":
+			t.Errorf("Dockerfile: no go build line for %s", p.Package)
+		case len(p.Tags) > 0 && !strings.Contains(line, want+" "):
+			t.Errorf("Dockerfile builds %s without %q (build.Programs): %s", p.Package, want, strings.TrimSpace(line))
+		case len(p.Tags) == 0 && strings.Contains(line, "-tags"):
+			t.Errorf("Dockerfile builds %s with tags build.Programs has not: %s", p.Package, strings.TrimSpace(line))
 		}
 	}
 }

@@ -9,11 +9,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 )
 
 // installFlags are the install-cni settings shared by `ambientd run`
@@ -142,7 +141,7 @@ type cniInstall struct {
 // the agent's readiness (and node condition); Finish, called once the daemon
 // (the installer included) has stopped, applies the uninstall-on-shutdown
 // rule.
-func newCNIInstall(f installFlags, cfg cniinstall.Config, nodeName string, client kubernetes.Interface, rules *iptables.Manager, log *slog.Logger) (*cniInstall, error) {
+func newCNIInstall(f installFlags, cfg cniinstall.Config, nodeName string, client kube.Interface, rules *iptables.Manager, log *slog.Logger) (*cniInstall, error) {
 	inst, err := cniinstall.New(cfg, log)
 	if err != nil {
 		return nil, err

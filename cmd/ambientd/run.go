@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/ztunnelproto"
 )
@@ -321,7 +321,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	}
 	restCfg.UserAgent = "ambientd/" + version
 	restCfg.QPS, restCfg.Burst = float32(f.kubeQPS), f.kubeBurst
-	client, err := kubernetes.NewForConfig(restCfg)
+	client, err := kube.NewForConfig(restCfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}

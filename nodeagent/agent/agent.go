@@ -29,14 +29,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/listers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/podstatus"
@@ -163,7 +162,7 @@ func (c Config) withDefaults() Config {
 // Agent is the node agent. Create with New, then Run.
 type Agent struct {
 	cfg     Config
-	client  kubernetes.Interface
+	client  kube.Interface
 	log     *slog.Logger
 	zt      Ztunnel
 	rules   Rules
@@ -176,10 +175,10 @@ type Agent struct {
 	events   record.EventBroadcaster // pod Events, sent while Run runs
 	recorder record.EventRecorder
 
-	podFactory, nsFactory informers.SharedInformerFactory
+	podFactory, nsFactory *kube.InformerFactory
 	podInformer           cache.SharedIndexInformer
 	nsInformer            cache.SharedIndexInformer
-	nsLister              corelisters.NamespaceLister
+	nsLister              listers.ResourceIndexer[*corev1.Namespace]
 	queue                 workqueue.TypedRateLimitingInterface[string] // pod uids
 	podSeen               broadcast                                    // fires on every pod event
 
@@ -209,7 +208,7 @@ const uidIndex = "uid"
 
 // New builds an agent. reg is the registry the ztunnel server takes its
 // snapshots from (through the agent's Snapshot); the agent owns it.
-func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *registry.Registry, log *slog.Logger) (*Agent, error) {
+func New(cfg Config, client kube.Interface, zt Ztunnel, rules Rules, reg *registry.Registry, log *slog.Logger) (*Agent, error) {
 	cfg = cfg.withDefaults()
 	if cfg.NodeName == "" {
 		return nil, errors.New("agent: node name is required")
@@ -252,12 +251,11 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 
 	// Pods of this node only: the field selector keeps the cache small on
 	// big clusters. Namespaces: all (their labels enroll pods).
-	a.podFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-		}))
-	a.nsFactory = informers.NewSharedInformerFactory(client, 0)
-	a.podInformer = a.podFactory.Core().V1().Pods().Informer()
+	a.podFactory = kube.NewInformerFactory(client, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+	})
+	a.nsFactory = kube.NewInformerFactory(client, nil)
+	a.podInformer = a.podFactory.Pods()
 	// The agent never reads managed fields; dropping them from the cache
 	// saves memory at hundreds of pods (docs/scale.md).
 	if err := a.podInformer.SetTransform(dropManagedFields); err != nil {
@@ -275,11 +273,11 @@ func New(cfg Config, client kubernetes.Interface, zt Ztunnel, rules Rules, reg *
 		Name: "ambientd_informer_pods",
 		Help: "Pods of this node in the agent's informer cache.",
 	}, func() float64 { return float64(len(a.podInformer.GetStore().ListKeys())) }))
-	a.nsInformer = a.nsFactory.Core().V1().Namespaces().Informer()
+	a.nsInformer = a.nsFactory.Namespaces()
 	if err := a.nsInformer.SetTransform(dropManagedFields); err != nil {
 		return nil, fmt.Errorf("agent: namespace informer transform: %w", err)
 	}
-	a.nsLister = a.nsFactory.Core().V1().Namespaces().Lister()
+	a.nsLister = listers.New[*corev1.Namespace](a.nsInformer.GetIndexer(), corev1.Resource("namespace"))
 
 	// Event handlers only enqueue keys; all decisions happen in sync.
 	if _, err := a.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{

@@ -36,6 +36,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+	"github.com/ambientd/ambientd/test/infra/kubetest"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -329,7 +330,7 @@ func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...
 	if mut != nil {
 		mut(&cfg)
 	}
-	a, err := New(cfg, client, h.zt, h.rules, h.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a, err := New(cfg, kubetest.Wrap(client), h.zt, h.rules, h.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
 
@@ -45,14 +44,14 @@ const (
 // per pod (a spam filter), so a pod failing in a loop cannot flood the API.
 func newEventRecorder(nodeName string) (record.EventBroadcaster, record.EventRecorder) {
 	b := record.NewBroadcaster()
-	return b, b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ambientd", Host: nodeName})
+	return b, b.NewRecorder(kube.NewScheme(), corev1.EventSource{Component: "ambientd", Host: nodeName})
 }
 
 // runEvents sends recorded Events to the API until stop is called (Run
 // defers it). Events recorded before or after are dropped: they describe no
 // pod the API would not hear about again.
 func (a *Agent) runEvents() (stop func()) {
-	a.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	a.events.StartRecordingToSink(kube.EventSink{Client: a.client.CoreV1()})
 	return a.events.Shutdown
 }
 

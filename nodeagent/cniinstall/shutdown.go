@@ -12,7 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/ambientd/ambientd/nodeagent/kube"
 )
 
 // ShutdownRule decides, when the agent stops, whether this is an uninstall
@@ -38,7 +39,7 @@ import (
 // in doubt, keep the node protected (a leftover plugin fails closed; a
 // missing one fails open). See docs/install.md.
 type ShutdownRule struct {
-	client                         kubernetes.Interface
+	client                         kube.Interface
 	namespace, daemonSet, nodeName string
 	// readOnce: the agent read its DaemonSet at least once (any answer
 	// but 401/403), so its identity and rights worked.
@@ -48,7 +49,7 @@ type ShutdownRule struct {
 // NewShutdownRule returns the rule for the agent's DaemonSet
 // namespace/daemonSet on node nodeName, read with client (the agent's own
 // identity). Call Probe (or Watch) at start.
-func NewShutdownRule(client kubernetes.Interface, namespace, daemonSet, nodeName string) *ShutdownRule {
+func NewShutdownRule(client kube.Interface, namespace, daemonSet, nodeName string) *ShutdownRule {
 	return &ShutdownRule{client: client, namespace: namespace, daemonSet: daemonSet, nodeName: nodeName}
 }
 

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/ambientd/ambientd/test/infra/kubetest"
 )
 
 // The decision rule only (pure logic over API objects); the e2e suite reads
@@ -57,7 +59,7 @@ func TestUninstallOnShutdown(t *testing.T) {
 				objs = append(objs, tc.ds)
 			}
 			objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}})
-			got, reason, err := NewShutdownRule(fake.NewClientset(objs...), "istio-system", "ambientd", "n1").Decide(context.Background())
+			got, reason, err := NewShutdownRule(kubetest.Wrap(fake.NewClientset(objs...)), "istio-system", "ambientd", "n1").Decide(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,7 +113,7 @@ func TestShutdownRuleWhenTheAPIRefuses(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			r := NewShutdownRule(c, "istio-system", "ambientd", "n1")
+			r := NewShutdownRule(kubetest.Wrap(c), "istio-system", "ambientd", "n1")
 			if err := r.Probe(context.Background()); (err == nil) != (tc.probeErr == nil) {
 				t.Fatalf("probe: %v, want error %v", err, tc.probeErr)
 			}

@@ -15,12 +15,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
@@ -84,7 +84,7 @@ var (
 
 // New builds the node agent: both socket servers are wired the same way,
 // with the agent behind them.
-func New(cfg Config, client kubernetes.Interface, rules agent.Rules, log *slog.Logger) (*Node, error) {
+func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger) (*Node, error) {
 	src := &snapshotSource{}
 	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, src, log)
 	a, err := agent.New(cfg.Agent, client, zs, rules, registry.New(), log)

@@ -14,14 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/listers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/ambientd/ambientd/nodeagent/kube"
 )
 
 // Config says what the controller maintains. NodeName is required; the
@@ -111,8 +109,8 @@ func (c Config) Validate() error {
 
 // Deps are the controller's collaborators.
 type Deps struct {
-	Client kubernetes.Interface // required
-	Inputs Inputs               // required, all three funcs
+	Client kube.Interface // required
+	Inputs Inputs         // required, all three funcs
 	// Recorder records the Node's Events. Nil: Run starts its own
 	// broadcaster (rate-limited and aggregated by client-go's correlator)
 	// writing core/v1 Events, and shuts it down when Run returns.
@@ -152,7 +150,7 @@ func (s Status) Err() error {
 // Controller maintains the condition and taint of one node.
 type Controller struct {
 	cfg    Config
-	client kubernetes.Interface
+	client kube.Interface
 	in     Inputs
 	log    *slog.Logger
 	now    func() time.Time
@@ -221,19 +219,18 @@ func (c *Controller) Status() Status {
 func (c *Controller) Run(ctx context.Context) error {
 	if c.rec == nil {
 		b := record.NewBroadcaster(record.WithContext(ctx))
-		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		b.StartRecordingToSink(kube.EventSink{Client: c.client.CoreV1()})
 		defer b.Shutdown()
-		c.rec = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ambientd", Host: c.cfg.NodeName})
+		c.rec = b.NewRecorder(kube.NewScheme(), corev1.EventSource{Component: "ambientd", Host: c.cfg.NodeName})
 	}
 	// A watch of this one Node: changes made by others (a taint put back,
 	// the condition edited) are seen without polling.
-	factory := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.cfg.NodeName).String()
-		}))
-	inf := factory.Core().V1().Nodes()
-	lister := inf.Lister()
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	factory := kube.NewInformerFactory(c.client, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.cfg.NodeName).String()
+	})
+	inf := factory.Nodes()
+	lister := listers.New[*corev1.Node](inf.GetIndexer(), corev1.Resource("node"))
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.Notify() },
 		UpdateFunc: func(_, _ any) { c.Notify() },
 	}); err != nil {
@@ -241,7 +238,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return nil // ctx ended
 	}
 
@@ -290,9 +287,14 @@ func (c *Controller) setError(err error) {
 	}
 }
 
+// nodeLister reads nodes from the watch cache (nil: no cache).
+type nodeLister interface {
+	Get(name string) (*corev1.Node, error)
+}
+
 // node returns this node from the watch cache, or from the apiserver when
 // the cache does not have it (yet).
-func (c *Controller) node(ctx context.Context, lister corelisters.NodeLister) (*corev1.Node, error) {
+func (c *Controller) node(ctx context.Context, lister nodeLister) (*corev1.Node, error) {
 	if lister != nil {
 		if n, err := lister.Get(c.cfg.NodeName); err == nil {
 			return n, nil
@@ -308,7 +310,7 @@ func (c *Controller) node(ctx context.Context, lister corelisters.NodeLister) (*
 // reconcile writes the condition if it changed or its heartbeat is due,
 // then the taint if it must change. It returns when to look again for a
 // pending re-taint or the next heartbeat (0: no need).
-func (c *Controller) reconcile(ctx context.Context, lister corelisters.NodeLister) (time.Duration, error) {
+func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Duration, error) {
 	r := Compute(c.in)
 	c.mu.Lock()
 	c.status.Condition, c.status.Reason, c.status.Message = r.Status(), r.Reason, r.Message

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/ambientd/ambientd/test/infra/kubetest"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -65,7 +66,7 @@ func newHarness(t *testing.T, cfg Config, taints ...corev1.Taint) *harness {
 		clock: newFakeClock(),
 		rec:   record.NewFakeRecorder(100),
 	}
-	c, err := New(cfg, Deps{Client: h.client, Inputs: h.in.inputs(), Recorder: h.rec, Now: h.clock.now})
+	c, err := New(cfg, Deps{Client: kubetest.Wrap(h.client), Inputs: h.in.inputs(), Recorder: h.rec, Now: h.clock.now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestReconcileHeartbeat(t *testing.T) {
 
 func TestNewValidates(t *testing.T) {
 	in := fakeInputs(nil, true, ztReady)
-	client := fake.NewClientset()
+	client := kubetest.Wrap(fake.NewClientset())
 	tests := []struct {
 		name string
 		cfg  Config

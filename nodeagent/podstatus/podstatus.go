@@ -22,9 +22,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
@@ -91,7 +91,7 @@ type Options struct {
 
 // Patcher queues annotation writes. Create with New, then Run.
 type Patcher struct {
-	client kubernetes.Interface
+	client kube.Interface
 	log    *slog.Logger
 	opts   Options
 	queue  workqueue.TypedRateLimitingInterface[Key]
@@ -102,7 +102,7 @@ type Patcher struct {
 }
 
 // New returns a Patcher using client.
-func New(client kubernetes.Interface, log *slog.Logger, opts Options) *Patcher {
+func New(client kube.Interface, log *slog.Logger, opts Options) *Patcher {
 	if opts.BaseDelay <= 0 {
 		opts.BaseDelay = 100 * time.Millisecond
 	}

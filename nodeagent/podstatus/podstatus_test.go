@@ -24,6 +24,7 @@ import (
 	"github.com/ambientd/ambientd/test/infra/testutil"
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/test/infra/kubetest"
 )
 
 func pod(name, uid string, ann map[string]string) *corev1.Pod {
@@ -67,7 +68,7 @@ func TestSetRetriesUntilLanded(t *testing.T) {
 		return false, nil, nil
 	})
 	var results sync.Map
-	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond,
+	p := New(kubetest.Wrap(c), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond,
 		OnResult: func(r Result, _ time.Duration) {
 			n, _ := results.LoadOrStore(r, new(atomic.Int32))
 			n.(*atomic.Int32).Add(1)
@@ -95,7 +96,7 @@ func TestSetDropsGoneOrReplacedPod(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: time.Millisecond})
+	p := New(kubetest.Wrap(c), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: time.Millisecond})
 	start(t, p)
 	p.Set("ns", "missing", "u-9", Status{Redirection: "enabled"})
 	p.Set("ns", "b", "u-old", Status{Redirection: "enabled"})
@@ -126,7 +127,7 @@ func TestSetForOldPodDoesNotReplaceNewPodsWrite(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	p := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: time.Millisecond})
+	p := New(kubetest.Wrap(c), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{BaseDelay: time.Millisecond})
 	p.Set("ns", "web-0", "u-new", Status{Redirection: "enabled"})
 	p.Set("ns", "web-0", "u-old", Status{Redirection: ""}) // queued before any write runs
 	start(t, p)
@@ -154,7 +155,7 @@ func TestConditionInSameWrite(t *testing.T) {
 		return false, nil, nil
 	})
 	const ct = "ambient.istio.io/enrolled"
-	pt := New(c, slog.New(slog.DiscardHandler), Options{BaseDelay: time.Millisecond, ConditionType: ct})
+	pt := New(kubetest.Wrap(c), slog.New(slog.DiscardHandler), Options{BaseDelay: time.Millisecond, ConditionType: ct})
 	start(t, pt)
 	since := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	pt.Set("ns", "c", "u-3", Status{Redirection: "pending", Condition: Condition{Status: corev1.ConditionFalse, Reason: "Pending", Message: "waiting", Since: since}})

@@ -21,13 +21,13 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -181,7 +181,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	if err := serverSideApply(ctx, dyn, mapper, ds, false); err != nil {
 		t.Fatalf("creating the DaemonSet: %v", err)
 	}
-	decide := func(c kubernetes.Interface, proven bool) (bool, string, error) {
+	decide := func(c kube.Interface, proven bool) (bool, string, error) {
 		t.Helper()
 		r := cniinstall.NewShutdownRule(c, nsName, ds.GetName(), testEnv.NodeName)
 		if err := r.Probe(ctx); (err == nil) != proven {
@@ -208,7 +208,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 
 	inst := installDeploy(t, ctx, "namePrefix: e2e-shutdown-")
 	agentCfg := inst.token(t, ctx, testEnv.NodeName)
-	agentClient, err := kubernetes.NewForConfig(agentCfg)
+	agentClient, err := kube.NewForConfig(agentCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	}
 	noRights := rest.CopyConfig(testEnv.CP.AgentConfig)
 	noRights.BearerToken = tr.Status.Token
-	noRightsClient, err := kubernetes.NewForConfig(noRights)
+	noRightsClient, err := kube.NewForConfig(noRights)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	// namespace being deleted (no namespace controller runs here: it stays
 	// Terminating with the DaemonSet in it), the DaemonSet being deleted,
 	// then gone.
-	env := cniinstall.NewShutdownRule(testEnv.CP.Agent, nsName, ds.GetName(), testEnv.NodeName)
+	env := cniinstall.NewShutdownRule(agentKube(t), nsName, ds.GetName(), testEnv.NodeName)
 	if err := env.Probe(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
@@ -31,4 +32,15 @@ func testContext(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// agentKube is the agent's own client (nodeagent/kube, what ambientd
+// links) with the agent's identity from deploy/rbac.yaml.
+func agentKube(t *testing.T) kube.Interface {
+	t.Helper()
+	c, err := kube.NewForConfig(testEnv.CP.AgentConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/testutil"
@@ -69,7 +70,7 @@ func startNodeReady(t *testing.T, ctx context.Context, cfg nodeready.Config, sw 
 	if restCfg == nil {
 		restCfg = testEnv.CP.AgentConfig
 	}
-	client, err := kubernetes.NewForConfig(restCfg)
+	client, err := kube.NewForConfig(restCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +303,7 @@ func TestNodeReadyStopNeverTaints(t *testing.T) {
 	mine := createTestNode(t, ctx, "nr-stop")
 	sw := &switches{}
 	sw.setZtunnel(true)
-	client, err := kubernetes.NewForConfig(testEnv.CP.AgentConfig)
+	client, err := kube.NewForConfig(testEnv.CP.AgentConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,12 +23,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podstatus"
@@ -216,6 +215,12 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The agent's own client (what ambientd links), for the writes the
+	// agent makes through it: pod status, Events.
+	agentLean, err := kube.NewForConfig(agentCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	unboundClient, err := kubernetes.NewForConfig(inst.token(t, ctx, ""))
 	if err != nil {
 		t.Fatal(err)
@@ -252,7 +257,7 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 		// The agent's status patcher: annotation and condition in one
 		// pods/status patch, then the annotation removed.
 		results := make(chan podstatus.Result, 16)
-		p := podstatus.New(agentClient, testutil.Logger(t, 0), podstatus.Options{
+		p := podstatus.New(agentLean, testutil.Logger(t, 0), podstatus.Options{
 			ConditionType: agent.DefaultPodConditionType, MaxDelay: 200 * time.Millisecond,
 			OnResult: func(r podstatus.Result, _ time.Duration) { results <- r },
 		})
@@ -303,9 +308,9 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 		// node): about its pod, repeated (the recorder then patches the
 		// Event), and about its node.
 		b := record.NewBroadcaster()
-		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: agentClient.CoreV1().Events("")})
+		b.StartRecordingToSink(kube.EventSink{Client: agentLean.CoreV1()})
 		defer b.Shutdown()
-		rec := b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ambientd", Host: mine})
+		rec := b.NewRecorder(kube.NewScheme(), corev1.EventSource{Component: "ambientd", Host: mine})
 		podRef := &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: ns, Name: own.Name, UID: own.UID}
 		rec.Event(podRef, corev1.EventTypeWarning, "RightsCheck", "first")
 		waitEvent(t, ctx, ns, "RightsCheck", func(e corev1.Event) bool { return e.Count == 1 })

@@ -139,8 +139,11 @@ var cniRefPlugins = []string{
 type Program struct {
 	Name    string // the binary's name in bin/
 	Package string // the main package
-	// Tags are build tags. ambientd-cni is exec'd per pod: grpcnotrace keeps
-	// x/net/trace, net/http and html/template out of it.
+	// Tags are build tags. grpcnotrace keeps gRPC's x/net/trace (unused:
+	// tracing is off) and with it html/template and text/template out:
+	// ambientd-cni is exec'd per pod, and text/template's reflective method
+	// calls make the linker keep every exported method of every type, 8 MB
+	// of the agent (docs/scale.md, "Lean binary"; TestAgentBinaryLean).
 	Tags []string
 	// Shipped programs are in the image: stripped, without paths, and
 	// stamped with the version.
@@ -150,7 +153,7 @@ type Program struct {
 // Programs are bin/'s binaries (make build) — the one place their build
 // flags are written; hack/image.sh builds the image's two from here too.
 var Programs = []Program{
-	{Name: "ambientd", Package: "./cmd/ambientd", Shipped: true},
+	{Name: "ambientd", Package: "./cmd/ambientd", Tags: []string{"grpcnotrace"}, Shipped: true},
 	{Name: "ambientd-cni", Package: "./cmd/ambientd-cni", Tags: []string{"grpcnotrace"}, Shipped: true},
 	{Name: "ztunnel-emulator", Package: "./cmd/ztunnel-emulator"},
 }

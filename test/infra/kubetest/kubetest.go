@@ -1,0 +1,42 @@
+// Package kubetest lets tests hand a client-go clientset — the fake one
+// (k8s.io/client-go/kubernetes/fake) in unit tests, a real one in e2e
+// tests — to code that takes the agent's narrow client, kube.Interface.
+// client-go's typed clients have the methods kube's interfaces name, with
+// the same signatures; only the getters in between need these few lines.
+//
+// Test code only: it imports the full clientset, which the agent binary
+// must not link (nodeagent/imports_test.go).
+package kubetest
+
+import (
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/watchlist"
+
+	"github.com/ambientd/ambientd/nodeagent/kube"
+)
+
+// Wrap returns cs as a kube.Interface.
+func Wrap(cs kubernetes.Interface) kube.Interface { return clientset{cs} }
+
+type clientset struct{ cs kubernetes.Interface }
+
+func (c clientset) CoreV1() kube.CoreV1Interface { return coreV1(c) }
+func (c clientset) AppsV1() kube.AppsV1Interface { return appsV1(c) }
+
+// IsWatchListSemanticsUnSupported passes on what the clientset says (the
+// fake has no watch-list support), so informers over the wrapper list and
+// watch as client-go's own informers over cs do.
+func (c clientset) IsWatchListSemanticsUnSupported() bool {
+	return watchlist.DoesClientNotSupportWatchListSemantics(c.cs)
+}
+
+type coreV1 clientset
+
+func (c coreV1) Pods(ns string) kube.PodInterface     { return c.cs.CoreV1().Pods(ns) }
+func (c coreV1) Namespaces() kube.NamespaceInterface  { return c.cs.CoreV1().Namespaces() }
+func (c coreV1) Nodes() kube.NodeInterface            { return c.cs.CoreV1().Nodes() }
+func (c coreV1) Events(ns string) kube.EventInterface { return c.cs.CoreV1().Events(ns) }
+
+type appsV1 clientset
+
+func (c appsV1) DaemonSets(ns string) kube.DaemonSetInterface { return c.cs.AppsV1().DaemonSets(ns) }
