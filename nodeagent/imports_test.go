@@ -89,7 +89,9 @@ func TestImports(t *testing.T) {
 
 // agentAPIGroups are the Kubernetes API groups the agent binary may link:
 // the ones nodeagent/kube's scheme registers.
-var agentAPIGroups = []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1"}
+// admissionregistration/v1: `ambientd check` reads whether deploy/'s
+// admission policies are bound (the agent itself never does).
+var agentAPIGroups = []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1", "k8s.io/api/admissionregistration/v1"}
 
 // heavyClientGo are the client-go packages that link (and, through
 // kubernetes/scheme, register at init) every API group of Kubernetes, or

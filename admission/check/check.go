@@ -20,10 +20,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/ambientd/ambientd/admission"
 	"github.com/ambientd/ambientd/admission/inject"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 )
@@ -125,7 +125,7 @@ type Agent struct {
 
 // Checker answers check questions against one cluster.
 type Checker struct {
-	client   kubernetes.Interface
+	client   kube.Interface
 	opts     Options
 	settings admission.Settings
 	report   Report // the common part: settings, admission, notes
@@ -137,7 +137,7 @@ type Checker struct {
 // New reads the agent's settings (its ConfigMap; the agent's defaults, with
 // a note, when it cannot be read) and whether the admission policies are
 // installed.
-func New(ctx context.Context, client kubernetes.Interface, opts Options) *Checker {
+func New(ctx context.Context, client kube.Interface, opts Options) *Checker {
 	if opts.AgentNamespace == "" {
 		opts.AgentNamespace = admission.DefaultAgentNamespace
 	}

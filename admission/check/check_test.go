@@ -19,6 +19,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ambientd/ambientd/admission"
+
+	"github.com/ambientd/ambientd/test/infra/kubetest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -131,7 +133,7 @@ func golden(t *testing.T, name string, got []byte) {
 // the table is a golden file.
 func TestPods(t *testing.T) {
 	ctx := context.Background()
-	c := New(ctx, cluster(true), Options{})
+	c := New(ctx, kubetest.Wrap(cluster(true)), Options{})
 	r, err := c.Pods(ctx, "", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +223,7 @@ spec: {template: {spec: {containers: [{name: c, image: x}]}}}
 `
 	for _, withPolicy := range []bool{true, false} {
 		ctx := context.Background()
-		c := New(ctx, cluster(withPolicy), Options{})
+		c := New(ctx, kubetest.Wrap(cluster(withPolicy)), Options{})
 		r, err := c.Manifest(ctx, strings.NewReader(manifest), "shop")
 		if err != nil {
 			t.Fatal(err)
@@ -258,7 +260,7 @@ func TestForbidden(t *testing.T) {
 		return false, nil, nil
 	})
 	ctx := context.Background()
-	r, err := New(ctx, client, Options{}).Pods(ctx, "shop", []string{"web"})
+	r, err := New(ctx, kubetest.Wrap(client), Options{}).Pods(ctx, "shop", []string{"web"})
 	if err != nil {
 		t.Fatal(err)
 	}

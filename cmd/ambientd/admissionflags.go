@@ -5,12 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"io"
 	"os"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ambientd/ambientd/admission"
@@ -104,7 +104,7 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 }
 
 // client returns a client and the context's namespace ("default" if none).
-func (c *clientFlags) client(_ context.Context) (kubernetes.Interface, string, error) {
+func (c *clientFlags) client(_ context.Context) (kube.Interface, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if c.kubeconfig != "" {
 		rules.ExplicitPath = c.kubeconfig
@@ -119,7 +119,7 @@ func (c *clientFlags) client(_ context.Context) (kubernetes.Interface, string, e
 	if err != nil || ns == "" {
 		ns = "default"
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kube.NewForConfig(cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("kubernetes client: %w", err)
 	}

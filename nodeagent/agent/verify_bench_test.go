@@ -15,6 +15,7 @@ import (
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/test/infra/kubetest"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -34,7 +35,7 @@ func BenchmarkVerifyPass100(b *testing.B) {
 	reg := registry.New()
 	cfg := DefaultConfig()
 	cfg.NodeName = "node-1"
-	a, err := New(cfg, fake.NewClientset(), nil, m, reg, slog.New(slog.DiscardHandler))
+	a, err := New(cfg, kubetest.Wrap(fake.NewClientset()), nil, m, reg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 // Package kube is the node agent's Kubernetes API client: typed clients for
 // the few resources the agent reads and writes (pods and their status,
-// namespaces, nodes and their status, core/v1 Events, its own DaemonSet),
+// namespaces, nodes and their status, core/v1 Events, its own DaemonSet and,
+// for `ambientd check`, its ConfigMap),
 // shared informers over them and an Event sink — built from client-go's
 // generic pieces (rest, gentype, tools/cache, listers, tools/record) over a
 // scheme that registers only core/v1 and apps/v1.
@@ -26,6 +27,7 @@ import (
 	"fmt"
 	"net/http"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,6 +47,7 @@ import (
 type Interface interface {
 	CoreV1() CoreV1Interface
 	AppsV1() AppsV1Interface
+	AdmissionregistrationV1() AdmissionregistrationV1Interface
 }
 
 // CoreV1Interface holds the core/v1 resources the agent uses.
@@ -53,6 +56,7 @@ type CoreV1Interface interface {
 	Namespaces() NamespaceInterface
 	Nodes() NodeInterface
 	Events(namespace string) EventInterface
+	ConfigMaps(namespace string) ConfigMapInterface
 }
 
 // AppsV1Interface holds the apps/v1 resources the agent uses.
@@ -60,11 +64,24 @@ type AppsV1Interface interface {
 	DaemonSets(namespace string) DaemonSetInterface
 }
 
-// Getter, ListWatcher and Patcher are the verbs, with client-go's
+// AdmissionregistrationV1Interface holds what `ambientd check` reads to
+// tell whether deploy/'s admission policies act: the policies and their
+// bindings (read only).
+type AdmissionregistrationV1Interface interface {
+	MutatingAdmissionPolicies() Getter[*admissionregistrationv1.MutatingAdmissionPolicy]
+	MutatingAdmissionPolicyBindings() Lister[*admissionregistrationv1.MutatingAdmissionPolicyBindingList]
+	ValidatingAdmissionPolicies() Getter[*admissionregistrationv1.ValidatingAdmissionPolicy]
+	ValidatingAdmissionPolicyBindings() Lister[*admissionregistrationv1.ValidatingAdmissionPolicyBindingList]
+}
+
+// Getter, Lister, ListWatcher and Patcher are the verbs, with client-go's
 // signatures.
 type (
 	Getter[T runtime.Object] interface {
 		Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+	}
+	Lister[L runtime.Object] interface {
+		List(ctx context.Context, opts metav1.ListOptions) (L, error)
 	}
 	ListWatcher[L runtime.Object] interface {
 		List(ctx context.Context, opts metav1.ListOptions) (L, error)
@@ -106,6 +123,12 @@ type EventInterface interface {
 	Patcher[*corev1.Event]
 }
 
+// ConfigMapInterface: `ambientd check` reads the agent's ConfigMap (the
+// settings admission and the agent share).
+type ConfigMapInterface interface {
+	Getter[*corev1.ConfigMap]
+}
+
 // DaemonSetInterface: the agent reads its own DaemonSet (the uninstall
 // rule, cniinstall.ShutdownRule).
 type DaemonSetInterface interface {
@@ -113,13 +136,14 @@ type DaemonSetInterface interface {
 }
 
 // NewScheme returns a scheme with the API groups the agent uses (core/v1,
-// apps/v1) and the meta/v1 options its requests carry: what client-go's
+// apps/v1; admissionregistration/v1 for `ambientd check`) and the meta/v1 options its requests carry: what client-go's
 // kubernetes/scheme does for every group.
 func NewScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
 	utilruntime.Must(corev1.AddToScheme(s))
 	utilruntime.Must(appsv1.AddToScheme(s))
+	utilruntime.Must(admissionregistrationv1.AddToScheme(s))
 	return s
 }
 
@@ -129,6 +153,7 @@ func NewScheme() *runtime.Scheme {
 type Client struct {
 	core coreV1
 	apps appsV1
+	adm  admissionregistrationV1
 }
 
 var _ Interface = (*Client)(nil)
@@ -162,7 +187,11 @@ func NewForConfig(c *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{core: coreV1{core, params}, apps: appsV1{apps, params}}, nil
+	adm, err := restClient(cfg, httpClient, admissionregistrationv1.SchemeGroupVersion, "/apis", scheme, codecs)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{core: coreV1{core, params}, apps: appsV1{apps, params}, adm: admissionregistrationV1{adm, params}}, nil
 }
 
 // restClient is one group version's REST client, configured as client-go's
@@ -183,6 +212,9 @@ func (c *Client) CoreV1() CoreV1Interface { return c.core }
 
 // AppsV1 returns the apps/v1 clients.
 func (c *Client) AppsV1() AppsV1Interface { return c.apps }
+
+// AdmissionregistrationV1 returns the admissionregistration/v1 clients.
+func (c *Client) AdmissionregistrationV1() AdmissionregistrationV1Interface { return c.adm }
 
 type coreV1 struct {
 	rc     rest.Interface
@@ -216,6 +248,12 @@ func (c coreV1) Events(namespace string) EventInterface {
 		func() *corev1.Event { return &corev1.Event{} })
 }
 
+func (c coreV1) ConfigMaps(namespace string) ConfigMapInterface {
+	return gentype.NewClient("configmaps", c.rc, c.params, namespace,
+		func() *corev1.ConfigMap { return &corev1.ConfigMap{} },
+		gentype.PrefersProtobuf[*corev1.ConfigMap]())
+}
+
 type appsV1 struct {
 	rc     rest.Interface
 	params runtime.ParameterCodec
@@ -225,4 +263,47 @@ func (c appsV1) DaemonSets(namespace string) DaemonSetInterface {
 	return gentype.NewClient("daemonsets", c.rc, c.params, namespace,
 		func() *appsv1.DaemonSet { return &appsv1.DaemonSet{} },
 		gentype.PrefersProtobuf[*appsv1.DaemonSet]())
+}
+
+type admissionregistrationV1 struct {
+	rc     rest.Interface
+	params runtime.ParameterCodec
+}
+
+func (c admissionregistrationV1) MutatingAdmissionPolicies() Getter[*admissionregistrationv1.MutatingAdmissionPolicy] {
+	return gentype.NewClient("mutatingadmissionpolicies", c.rc, c.params, "",
+		func() *admissionregistrationv1.MutatingAdmissionPolicy {
+			return &admissionregistrationv1.MutatingAdmissionPolicy{}
+		},
+		gentype.PrefersProtobuf[*admissionregistrationv1.MutatingAdmissionPolicy]())
+}
+
+func (c admissionregistrationV1) MutatingAdmissionPolicyBindings() Lister[*admissionregistrationv1.MutatingAdmissionPolicyBindingList] {
+	return gentype.NewClientWithList("mutatingadmissionpolicybindings", c.rc, c.params, "",
+		func() *admissionregistrationv1.MutatingAdmissionPolicyBinding {
+			return &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+		},
+		func() *admissionregistrationv1.MutatingAdmissionPolicyBindingList {
+			return &admissionregistrationv1.MutatingAdmissionPolicyBindingList{}
+		},
+		gentype.PrefersProtobuf[*admissionregistrationv1.MutatingAdmissionPolicyBinding]())
+}
+
+func (c admissionregistrationV1) ValidatingAdmissionPolicies() Getter[*admissionregistrationv1.ValidatingAdmissionPolicy] {
+	return gentype.NewClient("validatingadmissionpolicies", c.rc, c.params, "",
+		func() *admissionregistrationv1.ValidatingAdmissionPolicy {
+			return &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		},
+		gentype.PrefersProtobuf[*admissionregistrationv1.ValidatingAdmissionPolicy]())
+}
+
+func (c admissionregistrationV1) ValidatingAdmissionPolicyBindings() Lister[*admissionregistrationv1.ValidatingAdmissionPolicyBindingList] {
+	return gentype.NewClientWithList("validatingadmissionpolicybindings", c.rc, c.params, "",
+		func() *admissionregistrationv1.ValidatingAdmissionPolicyBinding {
+			return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		},
+		func() *admissionregistrationv1.ValidatingAdmissionPolicyBindingList {
+			return &admissionregistrationv1.ValidatingAdmissionPolicyBindingList{}
+		},
+		gentype.PrefersProtobuf[*admissionregistrationv1.ValidatingAdmissionPolicyBinding]())
 }

@@ -9,6 +9,7 @@
 package kubetest
 
 import (
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/watchlist"
 
@@ -22,6 +23,9 @@ type clientset struct{ cs kubernetes.Interface }
 
 func (c clientset) CoreV1() kube.CoreV1Interface { return coreV1(c) }
 func (c clientset) AppsV1() kube.AppsV1Interface { return appsV1(c) }
+func (c clientset) AdmissionregistrationV1() kube.AdmissionregistrationV1Interface {
+	return admissionregistrationV1(c)
+}
 
 // IsWatchListSemanticsUnSupported passes on what the clientset says (the
 // fake has no watch-list support), so informers over the wrapper list and
@@ -36,7 +40,28 @@ func (c coreV1) Pods(ns string) kube.PodInterface     { return c.cs.CoreV1().Pod
 func (c coreV1) Namespaces() kube.NamespaceInterface  { return c.cs.CoreV1().Namespaces() }
 func (c coreV1) Nodes() kube.NodeInterface            { return c.cs.CoreV1().Nodes() }
 func (c coreV1) Events(ns string) kube.EventInterface { return c.cs.CoreV1().Events(ns) }
+func (c coreV1) ConfigMaps(ns string) kube.ConfigMapInterface {
+	return c.cs.CoreV1().ConfigMaps(ns)
+}
 
 type appsV1 clientset
 
 func (c appsV1) DaemonSets(ns string) kube.DaemonSetInterface { return c.cs.AppsV1().DaemonSets(ns) }
+
+type admissionregistrationV1 clientset
+
+func (c admissionregistrationV1) MutatingAdmissionPolicies() kube.Getter[*admissionregistrationv1.MutatingAdmissionPolicy] {
+	return c.cs.AdmissionregistrationV1().MutatingAdmissionPolicies()
+}
+
+func (c admissionregistrationV1) MutatingAdmissionPolicyBindings() kube.Lister[*admissionregistrationv1.MutatingAdmissionPolicyBindingList] {
+	return c.cs.AdmissionregistrationV1().MutatingAdmissionPolicyBindings()
+}
+
+func (c admissionregistrationV1) ValidatingAdmissionPolicies() kube.Getter[*admissionregistrationv1.ValidatingAdmissionPolicy] {
+	return c.cs.AdmissionregistrationV1().ValidatingAdmissionPolicies()
+}
+
+func (c admissionregistrationV1) ValidatingAdmissionPolicyBindings() kube.Lister[*admissionregistrationv1.ValidatingAdmissionPolicyBindingList] {
+	return c.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+}
