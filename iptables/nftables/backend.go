@@ -75,7 +75,7 @@ func prepare(rs RuleSet) (RuleSet, error) {
 	for ti := range rs.Tables {
 		for ri := range rs.Tables[ti].Rules {
 			r := &rs.Tables[ti].Rules[ri]
-			k, err := exprKey(r.exprs())
+			k, err := r.keyOf()
 			if err != nil {
 				return rs, err
 			}
