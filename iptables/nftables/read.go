@@ -211,6 +211,16 @@ func parseRule(b []byte, cache *cache) (table, chain string, r ruleRead, err err
 	var exprs []expr.Any
 	var opaque bytes.Buffer
 	for _, el := range elems {
+		if el.name == "tproxy" {
+			// The library decodes its family attribute with the wrong
+			// width; read it here (see tproxyKey).
+			tp, err := decodeTProxy(el.data)
+			if err != nil {
+				return table, chain, r, fmt.Errorf("expression tproxy: %w", err)
+			}
+			exprs = append(exprs, tp)
+			continue
+		}
 		x := newExpr(el.name)
 		if x == nil {
 			fmt.Fprintf(&opaque, "%s:%x;", el.name, el.data)
@@ -301,8 +311,6 @@ func newExpr(name string) expr.Any {
 		return &expr.Ct{}
 	case "lookup":
 		return &expr.Lookup{}
-	case "tproxy":
-		return &expr.TProxy{}
 	}
 	return nil
 }
@@ -318,6 +326,9 @@ func exprKeyAnon(exprs []expr.Any, anon func(*expr.Lookup) ([][]byte, bool)) (st
 	var b bytes.Buffer
 	for _, e := range exprs {
 		switch v := e.(type) {
+		case *expr.TProxy:
+			fmt.Fprintf(&b, "tproxy{family=%d addr=%d port=%d}", v.Family, v.RegAddr, v.RegPort)
+			continue
 		case *expr.Lookup:
 			if anon != nil && strings.HasPrefix(v.SetName, "__set") {
 				if elems, ok := anon(v); ok {
@@ -351,4 +362,26 @@ func elemsKey(elems [][]byte) string {
 	}
 	slices.Sort(hexes)
 	return "{" + strings.Join(hexes, ",") + "}"
+}
+
+// decodeTProxy reads a tproxy expression's attributes (family, address and
+// port registers, each a 32-bit big-endian number).
+func decodeTProxy(data []byte) (*expr.TProxy, error) {
+	ad, err := mnl.NewAttributeDecoder(data)
+	if err != nil {
+		return nil, err
+	}
+	ad.ByteOrder = binary.BigEndian
+	tp := &expr.TProxy{TableFamily: byte(inet)}
+	for ad.Next() {
+		switch ad.Type() {
+		case expr.NFTA_TPROXY_FAMILY:
+			tp.Family = byte(ad.Uint32())
+		case expr.NFTA_TPROXY_REG_ADDR:
+			tp.RegAddr = ad.Uint32()
+		case expr.NFTA_TPROXY_REG_PORT:
+			tp.RegPort = ad.Uint32()
+		}
+	}
+	return tp, ad.Err()
 }
