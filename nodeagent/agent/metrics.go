@@ -212,7 +212,7 @@ func outcomeLabel(o Outcome, err error) string {
 	switch {
 	case err != nil:
 		return "error"
-	case o == Enrolled, o == Pending, o == NotInMesh:
+	case o == Enrolled, o == Pending, o == NotInMesh, o == SidecarCaptured:
 		return o.String()
 	}
 	return "unknown"

@@ -441,4 +441,3 @@ func lo(fi int) netip.Addr {
 	}
 	return netip.MustParseAddr("127.0.0.1")
 }
-
