@@ -351,3 +351,20 @@ func podIPs(p *corev1.Pod) []netip.Addr {
 	}
 	return out
 }
+
+// Repair programs the rules of a running sidecar pod that started without
+// them (the repair controller found its istio-validation failed): its
+// namespace is found by a /proc scan (the pod's uid and addresses), its
+// rules applied there, and the pod tracked from then on.
+func (t *Tracker) Repair(ctx context.Context, pod *corev1.Pod) error {
+	ips := podIPs(pod)
+	if len(ips) == 0 {
+		return fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
+	}
+	h, err := t.finder.FindOne(ctx, podnetns.Target{UID: string(pod.UID), IPs: ips})
+	if err != nil {
+		return fmt.Errorf("pod %s/%s: finding its network namespace: %w", pod.Namespace, pod.Name, err)
+	}
+	defer h.Close()
+	return t.capture(ctx, pod, h.Path(), ips)
+}
