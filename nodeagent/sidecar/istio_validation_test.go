@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 
 	"github.com/ambientd/ambientd/internal/validation"
 	"github.com/ambientd/ambientd/iptables"
@@ -167,38 +166,6 @@ func TestIstioValidationAgrees(t *testing.T) {
 		}
 		check(t, pod, c, validation.ExitUsage)
 	})
-}
-
-// podWithAddrs is a namespace holding the golden pod's addresses on an
-// interface (a veth whose peer stays in it; the validators read the family
-// from the addresses).
-func podWithAddrs(t *testing.T, c istiogolden.Case) ns.NetNS {
-	t.Helper()
-	n := testutil.NewNetNS(t).NS
-	err := n.Do(func(ns.NetNS) error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth1"}); err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		for _, a := range c.Addresses {
-			addr, err := netlink.ParseAddr(a.String())
-			if err != nil {
-				return err
-			}
-			addr.Flags = 0x80 // IFA_F_NODAD
-			if err := netlink.AddrAdd(l, addr); err != nil {
-				return err
-			}
-		}
-		return netlink.LinkSetUp(l)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 func lastLines(s string) string {
