@@ -107,9 +107,14 @@ func DefaultConfig() Config {
 }
 
 // Repairer programs a running sidecar pod's rules (*sidecar.Tracker).
+// An error wrapping the error its Skip method returns means the pod is not
+// one to program (retrying cannot help).
 type Repairer interface {
 	Repair(ctx context.Context, pod *corev1.Pod) error
 }
+
+// skipper is a Repairer that says which of its errors mean "not to repair".
+type skipper interface{ Skip() error }
 
 // Controller is the repair controller.
 type Controller struct {
@@ -319,6 +324,14 @@ func (c *Controller) repair(ctx context.Context, key types.NamespacedName, pod *
 	log := c.log.With("namespace", pod.Namespace, "pod", pod.Name)
 	log.Info("pod detected as broken (istio-validation failed), repairing its rules")
 	err := c.repairer.Repair(ctx, pod)
+	if s, ok := c.repairer.(skipper); ok && err != nil && errors.Is(err, s.Skip()) {
+		c.repaired.WithLabelValues("repair", "skip").Inc()
+		log.Info("not repairing pod", "reason", err)
+		c.mu.Lock()
+		c.done[key] = pod.UID
+		c.mu.Unlock()
+		return nil
+	}
 	c.count("repair", err)
 	if err != nil {
 		log.Warn("repairing pod failed", "error", err)

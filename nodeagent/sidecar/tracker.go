@@ -352,11 +352,22 @@ func podIPs(p *corev1.Pod) []netip.Addr {
 	return out
 }
 
+// ErrNotSidecar: the repair controller asked to program a pod that Istio's
+// skip order leaves alone (istio-init, no istio-proxy, a gateway,
+// inject=false, DISABLE_ENVOY, no status annotation).
+var ErrNotSidecar = errors.New("not a sidecar pod to capture")
+
 // Repair programs the rules of a running sidecar pod that started without
 // them (the repair controller found its istio-validation failed): its
 // namespace is found by a /proc scan (the pod's uid and addresses), its
-// rules applied there, and the pod tracked from then on.
+// rules applied there, and the pod tracked from then on. A pod the skip
+// order leaves alone is not programmed (ErrNotSidecar; Istio's repair
+// would program it anyway). As Istio's, it ignores the excluded namespaces:
+// the plugin passed such a pod through, so nothing else will capture it.
 func (t *Tracker) Repair(ctx context.Context, pod *corev1.Pod) error {
+	if capture, skip := policy.SidecarDecision(pod); !capture {
+		return fmt.Errorf("pod %s/%s: %w: %s", pod.Namespace, pod.Name, ErrNotSidecar, skip)
+	}
 	ips := podIPs(pod)
 	if len(ips) == 0 {
 		return fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
@@ -368,3 +379,7 @@ func (t *Tracker) Repair(ctx context.Context, pod *corev1.Pod) error {
 	defer h.Close()
 	return t.capture(ctx, pod, h.Path(), ips)
 }
+
+// Skip is the error Repair returns for a pod not to program (the repair
+// controller counts it as skipped).
+func (t *Tracker) Skip() error { return ErrNotSidecar }
