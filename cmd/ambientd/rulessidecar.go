@@ -166,4 +166,3 @@ func sidecarNotes(o iptables.SidecarOptions) []string {
 	}
 	return out
 }
-

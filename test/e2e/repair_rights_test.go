@@ -71,7 +71,9 @@ func componentRightsSetup(t *testing.T, ctx context.Context, component string) (
 	if _, err := testEnv.CreateNamespace(ctx, ns, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = testEnv.CP.Admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = testEnv.CP.Admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
 	pods := repairPods(t, ctx, ns, mine, other)
 	c, err := kubernetes.NewForConfig(inst.token(t, ctx, mine))
 	if err != nil {
