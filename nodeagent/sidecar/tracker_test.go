@@ -31,7 +31,7 @@ import (
 const testNode = "node-a"
 
 // sidecarPod is a golden injected pod running on testNode with uid.
-func sidecarPod(t *testing.T, name, uid string) (*corev1.Pod, istiogolden.Case) {
+func sidecarPod(t testing.TB, name, uid string) (*corev1.Pod, istiogolden.Case) {
 	t.Helper()
 	c, err := istiogolden.LoadCase(name)
 	if err != nil {
@@ -77,7 +77,7 @@ type trackerEnv struct {
 	informer cache.SharedIndexInformer
 }
 
-func newTracker(t *testing.T, m *iptables.Manager, hostProc string, pods ...*corev1.Pod) trackerEnv {
+func newTracker(t testing.TB, m *iptables.Manager, hostProc string, pods ...*corev1.Pod) trackerEnv {
 	t.Helper()
 	client := fake.NewClientset()
 	for _, p := range pods {
