@@ -36,6 +36,9 @@ func newMetrics(reg prometheus.Registerer, pods func() int) (*metrics, error) {
 			Help: "Sidecar pods whose rules could not be verified or repaired by the drift pass or a restart.",
 		}),
 	}
+	for _, r := range []string{"captured", "invalid_annotation", "error"} {
+		m.adds.WithLabelValues(r)
+	}
 	for _, c := range []prometheus.Collector{m.adds, m.addTime, m.repairs, m.failures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ambientd_sidecar_pods",

@@ -150,7 +150,7 @@ func podEvent(t *testing.T, ctx context.Context, ns, name, reason string) corev1
 // outbound TCP (as the app, uid 0) lands on the stand-in proxy's 15001 with
 // the original destination, inbound from another pod to the app port on
 // 15006; and nothing of it went to ztunnel or got the ambient annotation.
-func (r *agentRun) capturedForProxy(t *testing.T, ctx context.Context, p *corev1.Pod) string {
+func (r *agentRun) capturedForProxy(t *testing.T, ctx context.Context, p *corev1.Pod, client string) string {
 	t.Helper()
 	podIP := netip.MustParseAddr(p.Status.PodIP)
 	netnsPath, err := node.PodNetns(podIP)
@@ -162,7 +162,7 @@ func (r *agentRun) capturedForProxy(t *testing.T, ctx context.Context, p *corev1
 		t.Errorf("outbound from the sidecar pod: %q, want %q", got, want)
 	}
 	inDst := netip.AddrPortFrom(podIP, nodeenv.AppPort).String()
-	if got, want := readLine(t, ctx, plainClient(t, ctx), inDst), "istio-proxy 15006 "+inDst; got != want {
+	if got, want := readLine(t, ctx, client, inDst), "istio-proxy 15006 "+inDst; got != want {
 		t.Errorf("inbound to the sidecar pod's app port: %q, want %q", got, want)
 	}
 	if v, ok := p.Annotations[podmeta.AnnotationRedirection]; ok {
@@ -176,6 +176,16 @@ func (r *agentRun) capturedForProxy(t *testing.T, ctx context.Context, p *corev1
 		t.Errorf("sidecar pod sent to ztunnel: %v", opsFor(st, string(p.UID)))
 	}
 	return netnsPath
+}
+
+// sidecarClient starts a pod outside any mesh in its own namespace (named
+// after the step: steps' namespaces are deleted asynchronously) and returns
+// its netns path.
+func sidecarClient(t *testing.T, ctx context.Context, step string) string {
+	t.Helper()
+	ns := namespace(t, ctx, "client-"+step)
+	_, netns := startPod(t, ctx, ns, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "client"}, Spec: appPodSpec()})
+	return netns
 }
 
 // sidecarPodCapturedValidated: a pod injected by Istio's injector in CNI
@@ -198,7 +208,7 @@ func (r *agentRun) sidecarPodCapturedValidated(t *testing.T, ctx context.Context
 	if !ok || s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 || s.RestartCount != 0 {
 		t.Errorf("istio-validation: %+v, want passed on its first run", s)
 	}
-	r.capturedForProxy(t, ctx, p)
+	r.capturedForProxy(t, ctx, p, sidecarClient(t, ctx, "captured"))
 }
 
 // sidecarSkipCases: Istio's skip cases each start with success and no
@@ -285,7 +295,7 @@ func (r *agentRun) sidecarPodWithoutPluginRepaired(t *testing.T, ctx context.Con
 	if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 || s.RestartCount == 0 {
 		t.Errorf("istio-validation %+v: want passed after at least one failed run", s)
 	}
-	r.capturedForProxy(t, ctx, p)
+	r.capturedForProxy(t, ctx, p, sidecarClient(t, ctx, "repaired"))
 }
 
 // sidecarNamespaceMigratesToAmbient: a namespace of sidecar pods relabelled
@@ -302,7 +312,8 @@ func (r *agentRun) sidecarNamespaceMigratesToAmbient(t *testing.T, ctx context.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldNetns := r.capturedForProxy(t, ctx, p)
+	client := sidecarClient(t, ctx, "migrate")
+	oldNetns := r.capturedForProxy(t, ctx, p, client)
 
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"ambient"}}}`, podmeta.LabelDataplaneMode)
 	if _, err := node.Env.CP.Admin.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
@@ -315,7 +326,7 @@ func (r *agentRun) sidecarNamespaceMigratesToAmbient(t *testing.T, ctx context.C
 	if p, err = node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "web", metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	r.capturedForProxy(t, ctx, p)
+	r.capturedForProxy(t, ctx, p, client)
 
 	if err := node.Env.CP.Admin.CoreV1().Pods(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
