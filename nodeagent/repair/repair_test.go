@@ -3,6 +3,7 @@ package repair
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -271,5 +272,31 @@ func TestParseMode(t *testing.T) {
 	}
 	if _, err := ParseMode("fix"); err == nil {
 		t.Error("fix accepted")
+	}
+}
+
+var errNotSidecar = errors.New("not a sidecar pod")
+
+// skippingRepairer refuses every pod as not to be captured.
+type skippingRepairer struct{ fakeRepairer }
+
+func (s *skippingRepairer) Skip() error { return errNotSidecar }
+
+// TestRepairModeSkipsPodsNotToCapture: a broken pod the repairer says is
+// not to be captured (Istio's skip order: inject=false, a gateway, ...) is
+// counted as skipped, once, and not retried.
+func TestRepairModeSkipsPodsNotToCapture(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.NodeName = node
+	r := &skippingRepairer{fakeRepairer{err: fmt.Errorf("pod demo/broken: %w", errNotSidecar)}}
+	c, _, _ := newController(t, cfg, r, pod("broken"))
+	run(t, c)
+	waitFor(t, "the skip", func() bool { return testutil.ToFloat64(c.repaired.WithLabelValues("repair", "skip")) == 1 })
+	time.Sleep(1500 * time.Millisecond)
+	if n := r.count(); n != 1 {
+		t.Errorf("asked %d times, want once (no retry)", n)
+	}
+	if got := testutil.ToFloat64(c.repaired.WithLabelValues("repair", "fail")); got != 0 {
+		t.Errorf("counted as failed %v times", got)
 	}
 }

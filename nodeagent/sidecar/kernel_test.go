@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -317,11 +316,4 @@ func TestSidecarMatchesIstioInKernel(t *testing.T) {
 			}
 		})
 	}
-}
-
-// sortedLines is for messages.
-func sortedLines(s string) string {
-	l := strings.Split(strings.TrimSpace(s), "\n")
-	slices.Sort(l)
-	return strings.Join(l, "\n")
 }
