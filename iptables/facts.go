@@ -80,10 +80,13 @@ const (
 	IPv6 = rules.IPv6
 )
 
-// ValidInterfaceName reports whether name can be a Linux interface name
-// (1-15 bytes, no whitespace, '/', quotes, '!' or ',', not . or ..): what the
-// rule tools accept and what cannot smuggle another match into a rule.
+// ValidInterfaceName reports whether name is one exact interface name (no
+// wildcard, nothing that could smuggle another match into a rule): every
+// backend then matches exactly that interface.
 func ValidInterfaceName(name string) error { return rules.ValidInterfaceName(name) }
+
+// MaxInterfaceNameLen is the longest Linux interface name.
+const MaxInterfaceNameLen = rules.MaxInterfaceNameLen
 
 // BuildPodRules returns the in-pod rule set of the iptables backends for the
 // given node config and pod options. It touches nothing.

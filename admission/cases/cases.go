@@ -8,6 +8,7 @@ package cases
 
 import (
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"maps"
 
@@ -18,8 +19,8 @@ import (
 //go:embed enrollment.yaml
 var enrollmentYAML []byte
 
-//go:embed annotations.yaml
-var annotationsYAML []byte
+//go:embed annotations.json
+var annotationsJSON []byte
 
 // Namespace is a namespace the enrollment cases refer to.
 type Namespace struct {
@@ -85,23 +86,35 @@ func Groups(cs []EnrollmentCase) [][]EnrollmentCase {
 	return out
 }
 
-// AnnotationCase is one annotation value and whether it is accepted.
+// AnnotationCase is one case of annotations.json: a pod's annotations, the
+// ones the agent calls invalid (nodeagent/podmeta.ValidateAnnotations), and
+// the capture options it derives for a new pod on a node with DNS capture on.
+// An admission policy enforcing the agent's rules must admit exactly the
+// cases whose Invalid is empty.
 type AnnotationCase struct {
-	Annotation string `json:"annotation"`
-	Value      string `json:"value"`
-	Valid      bool   `json:"valid"`
+	Name        string            `json:"name"`
+	Annotations map[string]string `json:"annotations"`
+	Invalid     []string          `json:"invalid"`
+	Options     struct {
+		DNSCapture        bool   `json:"dnsCapture"`
+		BypassInbound     bool   `json:"bypassInbound"`
+		RerouteInterfaces string `json:"rerouteInterfaces"`
+	} `json:"options"`
 }
 
-// Name names the case in test output.
-func (c AnnotationCase) Name() string { return fmt.Sprintf("%s=%q", c.Annotation, c.Value) }
+// Valid reports whether the agent accepts every annotation of the case.
+func (c AnnotationCase) Valid() bool { return len(c.Invalid) == 0 }
 
-// LoadAnnotations parses annotations.yaml.
+// LoadAnnotations parses annotations.json: the one table of the agent's
+// annotation rules (nodeagent/podmeta tests it against the Go parsing, test/e2e
+// against the shipped ValidatingAdmissionPolicy).
 func LoadAnnotations() ([]AnnotationCase, error) {
 	var t struct {
+		About string           `json:"about"`
 		Cases []AnnotationCase `json:"cases"`
 	}
-	if err := yaml.UnmarshalStrict(annotationsYAML, &t); err != nil {
-		return nil, fmt.Errorf("annotations.yaml: %w", err)
+	if err := json.Unmarshal(annotationsJSON, &t); err != nil {
+		return nil, fmt.Errorf("annotations.json: %w", err)
 	}
 	return t.Cases, nil
 }

@@ -10,7 +10,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ambientd/ambientd/admission"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
 // shippedConfig is deploy/configmap.yaml's data: the settings the shipped
@@ -111,47 +110,6 @@ func TestShippedConfigIsTheDefault(t *testing.T) {
 	}
 }
 
-// agentDisagrees lists the annotation cases where today's agent parsing
-// (nodeagent/podmeta) does not follow the table's rules yet — Istio's
-// strconv.ParseBool booleans and its interface-name check. The parsing is
-// being changed to those rules on another branch; when it lands, this list
-// must become empty (the test fails for an entry that agrees).
-var agentDisagrees = map[AnnotationCase]bool{
-	{podmeta.AnnotationDNSCapture, "1", true}:                          true,
-	{podmeta.AnnotationDNSCapture, "0", true}:                          true,
-	{podmeta.AnnotationDNSCapture, "t", true}:                          true,
-	{podmeta.AnnotationDNSCapture, "F", true}:                          true,
-	{podmeta.AnnotationDNSCapture, "TRUE", true}:                       true,
-	{podmeta.AnnotationDNSCapture, "False", true}:                      true,
-	{podmeta.AnnotationBypassInbound, "f", true}:                       true,
-	{podmeta.AnnotationBypassInbound, "True", true}:                    true,
-	{podmeta.AnnotationRerouteVirtualInterfaces, "tap+", false}:        true,
-	{podmeta.AnnotationRerouteVirtualInterfaces, "-tap", false}:        true,
-	{podmeta.AnnotationRerouteVirtualInterfaces, ".tap", false}:        true,
-	{podmeta.AnnotationRerouteVirtualInterfaces, "tap0;reboot", false}: true,
-	{podmeta.AnnotationRerouteVirtualInterfaces, "täp0", false}:        true,
-}
-
-// TestAnnotationTable judges annotations.yaml with the agent's parsing
-// (nodeagent/podmeta.PodOptions). The same table runs against the shipped
-// ValidatingAdmissionPolicy in test/e2e.
-func TestAnnotationTable(t *testing.T) {
-	cs, err := LoadAnnotations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cs {
-		t.Run(c.Name(), func(t *testing.T) {
-			_, err := podmeta.PodOptions(true, map[string]string{c.Annotation: c.Value})
-			agrees := (err == nil) == c.Valid
-			switch {
-			case agentDisagrees[c] && agrees:
-				t.Errorf("listed as a disagreement but the agent agrees now (err %v): remove it from agentDisagrees", err)
-			case agentDisagrees[c]:
-				t.Logf("known disagreement: agent error %v, table valid=%v", err, c.Valid)
-			case !agrees:
-				t.Errorf("agent error %v, table valid=%v", err, c.Valid)
-			}
-		})
-	}
-}
+// The annotation table (annotations.json) is judged against the agent's
+// parsing by nodeagent/podmeta's TestAnnotationTable and against the shipped
+// ValidatingAdmissionPolicy by test/e2e's TestAdmissionAnnotationTable.

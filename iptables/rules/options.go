@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -47,12 +48,21 @@ func (o PodOptions) Validate() error {
 	return nil
 }
 
-// ValidInterfaceName reports whether name can be a Linux interface name
-// (1-15 bytes, no whitespace, '/', quotes, '!' or ',', not . or ..): what the
-// rule tools accept and what cannot smuggle another match into a rule.
+// MaxInterfaceNameLen is the longest Linux interface name (IFNAMSIZ - 1).
+const MaxInterfaceNameLen = 15
+
+// interfaceName is the pattern Istio's sidecar path validates interface
+// names with (istio/istio#58785): nothing a backend could read as more than
+// one exact interface — iptables' "+" wildcard, nftables' "*", spaces that
+// smuggle options, a leading "-" or ".".
+var interfaceName = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
+
+// ValidInterfaceName reports whether name is one exact interface name, so
+// that every backend matches exactly that interface (the one rule for the
+// node's --reroute-interface and the pods' reroute annotation).
 func ValidInterfaceName(name string) error {
-	if name == "" || len(name) > 15 || strings.ContainsAny(name, " \t\n/!\"',") || name == "." || name == ".." {
-		return fmt.Errorf("reroute interface %q is not a valid interface name", name)
+	if name == "" || len(name) > MaxInterfaceNameLen || !interfaceName.MatchString(name) {
+		return fmt.Errorf("%q is not an interface name (1-%d of a-z A-Z 0-9 _ . -, not starting with . or -)", name, MaxInterfaceNameLen)
 	}
 	return nil
 }

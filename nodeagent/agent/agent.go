@@ -196,6 +196,11 @@ type Agent struct {
 	refused uidSet
 	// moved holds the uids whose phase a running sync moved.
 	moved uidSet
+	// handovers holds the pods a closed ztunnel held, for their sync to
+	// Add to the newest one.
+	handovers handoverSet
+	// invalid remembers the invalid annotation values already reported.
+	invalid invalidSeen
 
 	lastAck   atomic.Int64 // unix nanos of the last ztunnel snapshot ack
 	synced    atomic.Bool  // informer caches synced
@@ -405,6 +410,7 @@ func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
 		case <-acked:
 			a.lastAck.Store(time.Now().UnixNano())
 			pending := append(a.reg.UIDs(registry.Pending), a.reg.UIDs(registry.Unverified)...)
+			pending = append(pending, a.reg.UIDs(registry.Uncaptured)...)
 			if len(pending) > 0 {
 				a.log.Info("ztunnel snapshot acked, retrying pending pods", "pending", len(pending))
 			}

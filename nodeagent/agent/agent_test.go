@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -15,11 +16,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -166,6 +169,18 @@ type fakeRules struct {
 	verified int
 	drift    int // how many VerifyPod calls still report drift
 	probes   map[string][]netip.Addr
+	// deleteFails: how many DeletePod calls still fail.
+	deleteFails int
+	// touched lists the netns inodes every rule call was made for.
+	touched []uint64
+	// verifiedWith are the options of the last VerifyPod.
+	verifiedWith iptables.PodOptions
+}
+
+func (r *fakeRules) touch(n ns.NetNS) {
+	if h, ok := n.(*podnetns.Handle); ok {
+		r.touched = append(r.touched, h.Inode())
+	}
 }
 
 func (r *fakeRules) ApplyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) error {
@@ -174,6 +189,7 @@ func (r *fakeRules) ApplyPod(_ context.Context, n ns.NetNS, _ iptables.PodOption
 	if n.Fd() == 0 {
 		return errors.New("bad netns")
 	}
+	r.touch(n)
 	if r.applyErr != nil {
 		return r.applyErr
 	}
@@ -181,9 +197,14 @@ func (r *fakeRules) ApplyPod(_ context.Context, n ns.NetNS, _ iptables.PodOption
 	return nil
 }
 
-func (r *fakeRules) DeletePod(context.Context, ns.NetNS) error {
+func (r *fakeRules) DeletePod(_ context.Context, n ns.NetNS) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.touch(n)
+	if r.deleteFails > 0 {
+		r.deleteFails--
+		return errors.New("iptables: resource busy")
+	}
 	r.deleted++
 	return nil
 }
@@ -203,10 +224,12 @@ func (r *fakeRules) RemoveProbeIPs(_ context.Context, uid string, _ []netip.Addr
 }
 
 // VerifyPod reports drift once per drifted() call, as wiped rules would.
-func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) (iptables.Drift, error) {
+func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, opts iptables.PodOptions) (iptables.Drift, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.touch(n)
 	r.verified++
+	r.verifiedWith = opts
 	if r.drift > 0 {
 		r.drift--
 		return iptables.Drift{Missing: []string{"-A OUTPUT -j ISTIO_OUTPUT"}}, nil
@@ -255,6 +278,7 @@ func (r *fakeRules) counts() (applied, deleted, probes int) {
 
 type harness struct {
 	t      testing.TB
+	podNS  *testutil.NetNS // a pod netns whose lo holds 127.0.0.1
 	client *fake.Clientset
 	zt     *fakeZtunnel
 	rules  *fakeRules
@@ -271,6 +295,13 @@ func newHarness(t testing.TB, objs ...any) *harness {
 
 func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 	t.Helper()
+	return newHarnessRules(t, &fakeRules{probes: map[string][]netip.Addr{}}, mut, objs...)
+}
+
+// newHarnessRules is newHarnessWith with the fake rules given (set up
+// before the agent's restart rebuild runs).
+func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...any) *harness {
+	t.Helper()
 	client := fake.NewClientset()
 	for _, o := range objs {
 		var err error
@@ -284,7 +315,8 @@ func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
 			t.Fatal(err)
 		}
 	}
-	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: &fakeRules{probes: map[string][]netip.Addr{}}, reg: registry.New()}
+	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: rules, reg: registry.New(),
+		podNS: testutil.NewNetNS(t)}
 	cfg := Config{
 		NodeName:         node,
 		Policy:           policy.DefaultConfig(),
@@ -336,7 +368,7 @@ func (h *harness) setNamespace(name string, ambient bool) {
 func (h *harness) enrollConnected(p *corev1.Pod) {
 	h.t.Helper()
 	h.zt.connect()
-	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != Enrolled {
+	if out, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil || out != Enrolled {
 		h.t.Fatalf("HandleAdd = %v, %v", out, err)
 	}
 	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation(p.Namespace, p.Name); return v == "enabled" })
@@ -394,19 +426,51 @@ func runningPod(p *corev1.Pod, ip string) *corev1.Pod {
 	return p
 }
 
-func event(p *corev1.Pod) PodEvent {
-	return PodEvent{
+// event is a CNI event for p in the harness's pod netns (a real one: the
+// agent refuses the node's own; the fake rules never enter it).
+func (h *harness) event(p *corev1.Pod) PodEvent {
+	ev := PodEvent{
 		Name: p.Name, Namespace: p.Namespace, UID: string(p.UID),
-		NetnsPath: "/proc/self/ns/net", // a real netns file; the fake rules never enter it
+		NetnsPath: h.podNS.NS.Path(),
 		IPs:       []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24")},
 	}
+	if ips := podIPs(p); len(ips) > 0 { // the runtime's and the API's agree
+		ev.IPs = nil
+		for _, ip := range ips {
+			ev.IPs = append(ev.IPs, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+	}
+	return ev
+}
+
+// netnsWith makes a real pod netns whose lo holds ips (and 127.0.0.1).
+func netnsWith(t testing.TB, ips ...string) *testutil.NetNS {
+	t.Helper()
+	n := testutil.NewNetNS(t)
+	err := n.NS.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		for _, s := range ips {
+			ip := netip.MustParseAddr(s)
+			if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 func TestCNIAddEnrolls(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
 	h.zt.connect()
-	out, err := h.agent.HandleAdd(context.Background(), event(p))
+	out, err := h.agent.HandleAdd(context.Background(), h.event(p))
 	if err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd = %v, %v; want Enrolled", out, err)
 	}
@@ -432,7 +496,7 @@ func TestCNIAddNotInMesh(t *testing.T) {
 	h := newHarness(t, namespace("plain", false), namespace("kube-system", true), plain, sys)
 	h.zt.connect()
 	for _, p := range []*corev1.Pod{plain, sys} {
-		out, err := h.agent.HandleAdd(context.Background(), event(p))
+		out, err := h.agent.HandleAdd(context.Background(), h.event(p))
 		if err != nil || out != NotInMesh {
 			t.Errorf("%s: HandleAdd = %v, %v; want NotInMesh", p.Name, out, err)
 		}
@@ -447,7 +511,7 @@ func TestPendingBecomesEnabledOnSnapshotAck(t *testing.T) {
 	// A backoff far longer than the test: only the snapshot ack can retry.
 	slow := func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }
 	h := newHarnessWith(t, slow, namespace("app", true), p)
-	out, err := h.agent.HandleAdd(context.Background(), event(p))
+	out, err := h.agent.HandleAdd(context.Background(), h.event(p))
 	if err != nil || out != Pending {
 		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
 	}
@@ -466,7 +530,7 @@ func TestFailPendingRollsBack(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
 	h.agent.cfg.FailPending = true
-	if _, err := h.agent.HandleAdd(context.Background(), event(p)); err == nil {
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err == nil {
 		t.Fatal("HandleAdd with no ztunnel and FailPending: no error")
 	}
 	if _, deleted, _ := h.rules.counts(); deleted != 1 || h.reg.Len() != 0 {
@@ -479,10 +543,10 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 	h := newHarness(t, namespace("app", true), a, b)
 	h.zt.connect()
 	h.zt.setNack("uid-a", "netns broken")
-	if out, err := h.agent.HandleAdd(context.Background(), event(a)); err != nil || out != Pending {
+	if out, err := h.agent.HandleAdd(context.Background(), h.event(a)); err != nil || out != Pending {
 		t.Fatalf("a: HandleAdd = %v, %v; want Pending", out, err)
 	}
-	if out, err := h.agent.HandleAdd(context.Background(), event(b)); err != nil || out != Enrolled {
+	if out, err := h.agent.HandleAdd(context.Background(), h.event(b)); err != nil || out != Enrolled {
 		t.Fatalf("b: HandleAdd = %v, %v; want Enrolled", out, err)
 	}
 	// The backoff retries a while it is nacked: a second Add of a, and a
@@ -499,41 +563,70 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 	}
 }
 
+// Bad CNI input gets a clear error, in bounded time, leaking nothing: an
+// unknown pod; a pod name no pod can have and netns paths that are not
+// network namespaces (a missing path, a regular file, a FIFO whose open
+// would block, the node's own netns), all refused at once, before the
+// lookup; an invalid interface annotation (refused); rules that fail.
 func TestCNIAddBadInput(t *testing.T) {
-	badDNS := pod("app", "dns", "uid-d", map[string]string{podmeta.AnnotationDNSCapture: "maybe"})
 	badTap := pod("app", "vm", "uid-vm", map[string]string{podmeta.AnnotationRerouteVirtualInterfaces: "tap0,tap 1"})
 	ok := pod("app", "ok", "uid-ok", nil)
-	h := newHarness(t, namespace("app", true), badDNS, badTap, ok)
+	h := newHarnessWith(t, func(c *Config) { c.PodLookupTimeout = 10 * time.Second }, namespace("app", true), badTap, ok)
 	h.zt.connect()
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	fdsBefore := openFDs(t)
 
-	unknown := event(pod("app", "ghost", "uid-ghost", nil))
+	unknown := h.event(pod("app", "ghost", "uid-ghost", nil))
+	h.agent.cfg.PodLookupTimeout = 500 * time.Millisecond
 	start := time.Now()
-	if _, err := h.agent.HandleAdd(context.Background(), unknown); err == nil {
-		t.Error("unknown pod: no error")
+	if _, err := h.agent.HandleAdd(context.Background(), unknown); !errors.Is(err, ErrPodUnknown) {
+		t.Errorf("unknown pod: %v, want ErrPodUnknown", err)
 	} else {
 		t.Logf("unknown pod after %v: %v", time.Since(start), err)
 	}
-	if _, err := h.agent.HandleAdd(context.Background(), event(badDNS)); err == nil {
-		t.Error("invalid dns-capture: no error")
+	h.agent.cfg.PodLookupTimeout = 10 * time.Second
+	dots := h.event(ok)
+	dots.Name = "../../etc"
+	fifoEv, file, missing, host := h.event(ok), h.event(ok), h.event(ok), h.event(ok)
+	fifoEv.NetnsPath, file.NetnsPath, missing.NetnsPath, host.NetnsPath = fifo, "/etc/hostname", "/var/run/netns/does-not-exist", "/proc/self/ns/net"
+	for _, c := range []struct {
+		name string
+		ev   PodEvent
+		want error
+		says string
+	}{
+		{"impossible pod name", dots, ErrInvalidPod, `pod name "../../etc"`},
+		{"a FIFO", fifoEv, ErrNetnsUnusable, fifo},
+		{"a regular file", file, ErrNetnsUnusable, "/etc/hostname"},
+		{"a missing path", missing, ErrNetnsUnusable, "does-not-exist"},
+		{"the node's own netns", host, ErrNetnsUnusable, "the node's own network namespace"},
+	} {
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { _, err := h.agent.HandleAdd(context.Background(), c.ev); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.says) {
+				t.Errorf("%s: %v, want %v naming %q", c.name, err, c.want, c.says)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("%s: refused after %v, want at once (the lookup waits up to 10s)", c.name, took)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: HandleAdd blocked (opened the path before checking it?)", c.name)
+		}
 	}
-	if _, err := h.agent.HandleAdd(context.Background(), event(badTap)); err == nil || !strings.Contains(err.Error(), `"tap 1" is not a valid interface name`) {
-		t.Errorf("invalid reroute-virtual-interfaces: %v, want an error naming the interface", err)
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(badTap)); !errors.Is(err, ErrInvalidPod) || !strings.Contains(err.Error(), `"tap 1" is not an interface name`) {
+		t.Errorf("invalid reroute-virtual-interfaces: %v, want ErrInvalidPod naming the interface", err)
 	}
-	missing := event(ok)
-	missing.NetnsPath = "/var/run/netns/does-not-exist"
-	if _, err := h.agent.HandleAdd(context.Background(), missing); err == nil {
-		t.Error("missing netns: no error")
-	}
-	notNS := event(ok)
-	notNS.NetnsPath = "/etc/hostname"
-	if _, err := h.agent.HandleAdd(context.Background(), notNS); err == nil {
-		t.Error("netns path that is not a netns: no error")
-	}
+	h.waitFor("InvalidAnnotation Event", func() bool { return h.hasEvent("app", EventInvalidAnnotation, "not enrolled") })
 	h.rules.mu.Lock()
 	h.rules.applyErr = errors.New("iptables-restore: boom")
 	h.rules.mu.Unlock()
-	if _, err := h.agent.HandleAdd(context.Background(), event(ok)); err == nil {
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(ok)); err == nil {
 		t.Error("rule failure: no error")
 	}
 	if applied, deleted, probes := h.rules.counts(); applied != 0 || deleted != 1 || probes != 0 || h.reg.Len() != 0 {
@@ -545,7 +638,7 @@ func TestCNIAddBadInput(t *testing.T) {
 	if after := openFDs(t); after > fdsBefore {
 		t.Errorf("open fds %d → %d: a netns handle leaked", fdsBefore, after)
 	}
-	for reason, want := range map[string]float64{"pod_unknown": 1, "bad_annotation": 2, "netns": 2, "rules": 1} {
+	for reason, want := range map[string]float64{"pod_unknown": 1, "invalid_pod": 1, "bad_annotation": 1, "netns": 3, "host_netns": 1, "rules": 1} {
 		var m dto.Metric
 		if err := h.agent.metrics.failures.WithLabelValues(reason).Write(&m); err != nil {
 			t.Fatal(err)
@@ -554,6 +647,30 @@ func TestCNIAddBadInput(t *testing.T) {
 			t.Errorf("failures{reason=%q} = %v, want %v", reason, v, want)
 		}
 	}
+}
+
+// Booleans are parsed like Istio's (strconv.ParseBool): "True" and "1"
+// enroll; an invalid boolean is ignored (the node's default) with a Warning
+// Event, and the pod enrolls.
+func TestAnnotationsParsedLikeIstio(t *testing.T) {
+	capital := pod("app", "capital", "uid-c", map[string]string{podmeta.AnnotationDNSCapture: "False", podmeta.AnnotationBypassInbound: "1"})
+	maybe := pod("app", "maybe", "uid-m", map[string]string{podmeta.AnnotationDNSCapture: "maybe"})
+	h := newHarnessWith(t, func(c *Config) { c.DNSCapture = true }, namespace("app", true), capital, maybe)
+	h.zt.connect()
+	for _, p := range []*corev1.Pod{capital, maybe} {
+		if out, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil || out != Enrolled {
+			t.Fatalf("%s: HandleAdd = %v, %v; want Enrolled", p.Name, out, err)
+		}
+	}
+	if e, _ := h.reg.Get("uid-c"); e.Options != (iptables.PodOptions{BypassInbound: true}) {
+		t.Errorf("False/1 pod enrolled with %+v", e.Options)
+	}
+	if e, _ := h.reg.Get("uid-m"); e.Options != (iptables.PodOptions{DNSCapture: true}) {
+		t.Errorf("maybe pod enrolled with %+v, want the node's default", e.Options)
+	}
+	h.waitFor("InvalidAnnotation Event", func() bool {
+		return h.hasEvent("app", EventInvalidAnnotation, `annotation ambient.istio.io/dns-capture has invalid value "maybe"`)
+	})
 }
 
 func openFDs(t *testing.T) int {
@@ -584,7 +701,7 @@ func TestDeletedPodIsForgotten(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
 	h.zt.connect()
-	if _, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil {
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.client.CoreV1().Pods("app").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
@@ -603,7 +720,7 @@ func TestTerminalPodIsRemoved(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
 	h.zt.connect()
-	if _, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil {
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil {
 		t.Fatal(err)
 	}
 	cur, err := h.client.CoreV1().Pods("app").Get(context.Background(), "a", metav1.GetOptions{})
@@ -648,8 +765,8 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 		t.Errorf("snapshot after rebuild %v, want %v (Keep entries)", got, want)
 	}
 	for _, uid := range []string{"uid-a", "uid-b", "uid-c"} {
-		if st := h.state(uid); st != "pending" {
-			t.Errorf("%s: state %s, want pending (netns not found)", uid, st)
+		if st := h.state(uid); st != "uncaptured" {
+			t.Errorf("%s: state %s, want uncaptured (netns not found)", uid, st)
 		}
 	}
 	h.waitFor("enabled pod whose netns is not found shows pending", func() bool { v, _ := h.annotation("app", "a"); return v == "pending" })
@@ -682,7 +799,8 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 	// The fake host proc: one "sandbox process" per pod, whose cgroup names
 	// the pod uid and whose netns is this test's, which holds 127.0.0.1.
 	hostProc := t.TempDir()
-	sandbox := func(pid int, uid string) { fakeSandbox(t, hostProc, pid, uid) }
+	podNS := testutil.NewNetNS(t)
+	sandbox := func(pid int, uid string) { fakeSandbox(t, hostProc, pid, uid, podNS.NS.Path()) }
 	lost := runningPod(pod("app", "lost", "uid-lost", nil), "127.0.0.1")
 	enabled := runningPod(pod("app", "on", "uid-on", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "127.0.0.1")
 	nowhere := runningPod(pod("app", "nowhere", "uid-nowhere", nil), "10.1.0.9")
@@ -767,7 +885,7 @@ func BenchmarkHandleAdd(b *testing.B) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(b, namespace("app", true), p)
 	h.zt.connect()
-	ev := event(p)
+	ev := h.event(p)
 	ctx := context.Background()
 	b.ResetTimer()
 	for b.Loop() {
@@ -795,16 +913,16 @@ func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
 	p := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.5")
 	h := newHarness(t, namespace("app", true), p) // empty host proc: no netns is ever found
 	h.zt.connect()
-	if h.state("uid-a") != "pending" {
-		t.Fatalf("restored pod state %s, want pending (netns not found)", h.state("uid-a"))
+	if h.state("uid-a") != "uncaptured" {
+		t.Fatalf("restored pod state %s, want uncaptured (netns not found)", h.state("uid-a"))
 	}
 	h.setNamespace("app", false)
 	h.waitFor("removal tried twice", func() bool { return h.failures("removal") >= 2 })
 	if h.zt.deleted("uid-a") {
 		t.Error("Del sent for a pod whose rules are still in place")
 	}
-	if st := h.state("uid-a"); st != "pending" {
-		t.Errorf("registry state %s, want pending (still registered, retried)", st)
+	if st := h.state("uid-a"); st != "uncaptured" {
+		t.Errorf("registry state %s, want uncaptured (still registered, retried)", st)
 	}
 }
 
@@ -817,7 +935,7 @@ func TestFailPendingRollbackTellsZtunnel(t *testing.T) {
 	h.agent.cfg.FailPending = true
 	h.zt.connect()
 	h.zt.setNack("uid-a", "ack lost")
-	if _, err := h.agent.HandleAdd(context.Background(), event(p)); err == nil {
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err == nil {
 		t.Fatal("HandleAdd with a nack and FailPending: no error")
 	}
 	if !h.zt.deleted("uid-a") {
@@ -858,7 +976,7 @@ func TestSnapshotRefusalMakesPodPending(t *testing.T) {
 func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
 	h := newHarness(t, namespace("app", true))
 	other := testutil.NewNetNS(t)
-	for uid, path := range map[string]string{"uid-old": "/proc/self/ns/net", "uid-new": other.NS.Path()} {
+	for uid, path := range map[string]string{"uid-old": h.podNS.NS.Path(), "uid-new": other.NS.Path()} {
 		f, err := podnetns.Open(path)
 		if err != nil {
 			t.Fatal(err)
@@ -900,7 +1018,9 @@ func TestCNIDelWithUIDOnlyForTheEnrolledSandbox(t *testing.T) {
 		{"DEL naming another sandbox's netns", current.NS.Path(), false, other.NS.Path(), "enabled"},
 		{"repeated DEL, empty netns, enrolled netns still there", current.NS.Path(), false, "", "enabled"},
 		{"repeated DEL, empty netns, enrolled netns gone", gone, true, "", "absent"},
-		{"DEL naming a netns that is gone", current.NS.Path(), false, "/nonexistent/netns", "absent"},
+		// A runtime removing an old sandbox, netns first: the live one
+		// (still at its path) must stay enrolled (issue 21).
+		{"DEL naming another netns that is gone", current.NS.Path(), false, "/nonexistent/netns", "enabled"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -932,8 +1052,8 @@ func TestCNIDelWithUIDOnlyForTheEnrolledSandbox(t *testing.T) {
 
 // fakeSandbox adds to the fake host proc a "sandbox process" of pod uid whose
 // cgroup names the uid (as kubelet's systemd driver does) and whose netns is
-// this test's, which holds 127.0.0.1.
-func fakeSandbox(t *testing.T, hostProc string, pid int, uid string) {
+// the one at netnsPath (a test's pod netns; its lo holds 127.0.0.1).
+func fakeSandbox(t *testing.T, hostProc string, pid int, uid, netnsPath string) {
 	t.Helper()
 	dir := filepath.Join(hostProc, strconv.Itoa(pid))
 	if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
@@ -943,7 +1063,7 @@ func fakeSandbox(t *testing.T, hostProc string, pid int, uid string) {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink("/proc/self/ns/net", filepath.Join(dir, "ns", "net")); err != nil {
+	if err := os.Symlink(netnsPath, filepath.Join(dir, "ns", "net")); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -955,7 +1075,7 @@ func fakeSandbox(t *testing.T, hostProc string, pid int, uid string) {
 // "enabled" without rules.
 func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 	hostProc := t.TempDir()
-	fakeSandbox(t, hostProc, 100, "uid-a")
+	fakeSandbox(t, hostProc, 100, "uid-a", testutil.NewNetNS(t).NS.Path())
 	p := runningPod(pod("app", "a", "uid-a", nil), "127.0.0.1")
 	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
 	h.zt.connect()
@@ -1004,7 +1124,7 @@ func TestLookupIsGentle(t *testing.T) {
 	late := pod("app", "late", "uid-late", nil)
 	done := make(chan error, 1)
 	go func() {
-		_, err := h.agent.HandleAdd(context.Background(), event(late))
+		_, err := h.agent.HandleAdd(context.Background(), h.event(late))
 		done <- err
 	}()
 	if _, err := h.client.CoreV1().Pods("app").Create(context.Background(), late, metav1.CreateOptions{}); err != nil {
@@ -1020,7 +1140,7 @@ func TestLookupIsGentle(t *testing.T) {
 	// Never appears: GETs after CacheWait, backing off (100ms, 200ms, 400ms,
 	// …) over the remaining second: a handful, not one per 50ms.
 	gets.Store(0)
-	_, err := h.agent.HandleAdd(context.Background(), event(pod("app", "ghost", "uid-ghost", nil)))
+	_, err := h.agent.HandleAdd(context.Background(), h.event(pod("app", "ghost", "uid-ghost", nil)))
 	if !errors.Is(err, ErrPodUnknown) {
 		t.Fatalf("HandleAdd of an unknown pod = %v, want ErrPodUnknown", err)
 	}
@@ -1041,7 +1161,7 @@ func TestCNIAddAbandonedIsNotFinished(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { _, err := h.agent.HandleAdd(ctx, event(p)); done <- err }()
+	go func() { _, err := h.agent.HandleAdd(ctx, h.event(p)); done <- err }()
 	var err error
 	select {
 	case err = <-done:
@@ -1075,7 +1195,7 @@ func TestCNIAddsRunInParallel(t *testing.T) {
 	defer unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if out, err := h.agent.HandleAdd(ctx, event(b)); err != nil || out != Enrolled {
+	if out, err := h.agent.HandleAdd(ctx, h.event(b)); err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd(b) while a is locked = %v, %v; want Enrolled", out, err)
 	}
 }
@@ -1092,11 +1212,11 @@ func TestRestartDeletesRulesOfStaleUnannotatedPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h0, err := podnetns.Open("/proc/self/ns/net")
+	h0, err := podnetns.Open(testutil.NewNetNS(t).NS.Path()) // lo holds the pod's IP, 127.0.0.1
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Put("uid-stale", h0); err != nil {
+	if err := st.Put("uid-stale", h0, iptables.PodOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h0.Close()

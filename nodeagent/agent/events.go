@@ -16,8 +16,10 @@ import (
 
 // Reasons of the Events the agent records on pods (docs/readiness.md).
 const (
-	// EventPending (Warning): the pod moved to pending; the message has
-	// the pod condition's reason and message.
+	// EventPending (Warning): the pod moved to pending (or its current
+	// sandbox is not known to be captured: netns not found, rules
+	// unrepairable); the message has the pod condition's reason and
+	// message.
 	EventPending = "EnrollmentPending"
 	// EventEnrollmentFailed (Warning): a pod that belongs in the mesh could
 	// not be enrolled (rules, netns, invalid annotation, --fail-pending).
@@ -28,6 +30,14 @@ const (
 	// EventRulesRepaired (Warning): the drift pass found the pod's
 	// redirection rules changed by someone else and put them back.
 	EventRulesRepaired = "RulesRepaired"
+	// EventSandboxChanged (Warning): the pod's sandbox changed or went
+	// (recreated without our plugin, a DEL, new IPs); the agent enrolls it
+	// in the new one.
+	EventSandboxChanged = "SandboxChanged"
+	// EventInvalidAnnotation (Warning): an annotation the agent reads has
+	// an invalid value; the message says what the agent does instead
+	// (podmeta.Annotations).
+	EventInvalidAnnotation = "InvalidAnnotation"
 )
 
 // newEventRecorder returns the agent's pod event broadcaster and recorder.
@@ -93,5 +103,10 @@ func (a *Agent) eventFor(s podSync, after registry.Entry, moved bool, err error)
 		st, _ := statusFor(after, true)
 		a.podEvent(uid, corev1.EventTypeWarning, EventPending,
 			fmt.Sprintf("Traffic captured, ztunnel has not taken the pod (%s): %s", st.Condition.Reason, st.Condition.Message))
+	case moved && after.Phase == registry.Uncaptured && after.Reason != ReasonSandboxChanged:
+		// (a sandbox change has its own SandboxChanged Event)
+		st, _ := statusFor(after, true)
+		a.podEvent(uid, corev1.EventTypeWarning, EventPending,
+			fmt.Sprintf("Traffic of the pod's current sandbox not known to be captured (%s): %s", st.Condition.Reason, st.Condition.Message))
 	}
 }

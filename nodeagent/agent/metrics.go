@@ -37,7 +37,7 @@ type metrics struct {
 }
 
 // repair kinds (label values of ambientd_repairs_total).
-var repairKinds = []string{"pod_rules", "host_rules", "probe_set"}
+var repairKinds = []string{"pod_rules", "host_rules", "probe_set", "sandbox"}
 
 // The fixed label values (docs/metrics.md lists them; a value outside these
 // sets is a bug).
@@ -46,6 +46,7 @@ var (
 	failureReasons = []string{
 		"pod_unknown", "bad_annotation", "netns", "netns_not_found", "rules",
 		"no_ztunnel", "ztunnel_nack", "ztunnel", "probe_ips", "removal", "api", "deadline",
+		"host_netns", "invalid_pod",
 	}
 	// retryReasons label ambientd_retries_total.
 	retryReasons = []string{"pending", "api", "netns", "rules", "removal", "snapshot_ack", "other"}
@@ -57,7 +58,7 @@ var (
 	cniOutcomes = []string{"enrolled", "pending", "not-in-mesh", "sidecar", "unknown", "error"}
 	// phases label ambientd_pods (a pod the agent does not hold is absent
 	// and not counted).
-	phases = []registry.Phase{registry.Unverified, registry.Pending, registry.Enabled, registry.Releasing}
+	phases = []registry.Phase{registry.Unverified, registry.Pending, registry.Enabled, registry.Releasing, registry.Uncaptured}
 )
 
 // durationBuckets span 0.5 ms .. 12 s: a CNI step takes milliseconds, a
@@ -109,7 +110,7 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 	})
 	m.repairs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ambientd_repairs_total",
-		Help: "Drift found and repaired (restart verification and the periodic drift pass), by what: pod_rules, host_rules, probe_set.",
+		Help: "Drift found and repaired (restart verification, the periodic drift pass, syncs), by what: pod_rules, host_rules, probe_set, sandbox (a pod found in another sandbox than the one it was enrolled in).",
 	}, []string{"what"})
 	for _, k := range repairKinds {
 		m.repairs.WithLabelValues(k)

@@ -42,7 +42,14 @@ const (
 	ReasonPending            = "Pending"
 	ReasonZtunnelUnavailable = "ZtunnelUnavailable" // False: no ztunnel connected
 	ReasonZtunnelRejected    = "ZtunnelRejected"    // False: ztunnel refused the pod (nack, snapshot refusal)
-	ReasonRulesFailed        = "RulesFailed"        // False: the node's probe rules for the pod failed
+	ReasonRulesFailed        = "RulesFailed"        // False: the pod's rules or its probe entry could not be put in place
+	// False: the pod's sandbox changed or went (recreated, a DEL of a pod
+	// that still exists, an IP change): not captured until the agent has
+	// enrolled it in its new sandbox.
+	ReasonSandboxChanged = "SandboxChanged"
+	// False: after a restart the pod's network namespace was not found
+	// (or not proven to be its sandbox); searched again with backoff.
+	ReasonNetnsNotFound = "NetnsNotFound"
 	// False: the pod belongs in the mesh but the agent let go of it
 	// (--fail-pending rolled it back; its Events say why).
 	ReasonNotEnrolled = "NotEnrolled"
@@ -75,14 +82,11 @@ func statusFor(e registry.Entry, inMesh bool) (st podstatus.Status, ok bool) {
 			Status: corev1.ConditionTrue, Reason: ReasonEnrolled, Message: "ztunnel carries the pod's traffic",
 		}}, true
 	case registry.Pending:
-		c := podstatus.Condition{Status: corev1.ConditionFalse, Reason: e.Reason, Message: e.LastError}
-		if c.Reason == "" {
-			c.Reason = ReasonPending
-		}
-		if c.Message == "" {
-			c.Message = "traffic captured, waiting for ztunnel to take the pod"
-		}
-		return podstatus.Status{Redirection: podmeta.RedirectionPending, Condition: c}, true
+		return notCarried(e, ReasonPending, "traffic captured, waiting for ztunnel to take the pod"), true
+	case registry.Uncaptured:
+		// The annotation Istio knows for "not carried yet" (istiod treats
+		// only enabled as HBONE-capable); the condition says why.
+		return notCarried(e, ReasonRulesFailed, "the pod's current sandbox is not known to be captured; the agent retries"), true
 	case registry.Absent:
 		if inMesh {
 			return podstatus.Status{Condition: podstatus.Condition{
@@ -94,6 +98,19 @@ func statusFor(e registry.Entry, inMesh bool) (st podstatus.Status, ok bool) {
 		}}, !e.Gone
 	}
 	return podstatus.Status{}, false
+}
+
+// notCarried is the status of a pod ztunnel does not carry: pending, the
+// condition False with e's reason and error, or these defaults.
+func notCarried(e registry.Entry, reason, message string) podstatus.Status {
+	c := podstatus.Condition{Status: corev1.ConditionFalse, Reason: e.Reason, Message: e.LastError}
+	if c.Reason == "" {
+		c.Reason = reason
+	}
+	if c.Message == "" {
+		c.Message = message
+	}
+	return podstatus.Status{Redirection: podmeta.RedirectionPending, Condition: c}
 }
 
 // shows returns what pod shows now, in statusFor's terms: has is true when

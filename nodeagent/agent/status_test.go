@@ -26,6 +26,8 @@ func TestStatusFor(t *testing.T) {
 		{name: "enabled", e: registry.Entry{Phase: registry.Enabled}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionEnabled, wantStatus: corev1.ConditionTrue, wantReason: ReasonEnrolled},
 		{name: "pending unclassified", e: registry.Entry{Phase: registry.Pending}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionPending, wantStatus: corev1.ConditionFalse, wantReason: ReasonPending},
 		{name: "pending no ztunnel", e: registry.Entry{Phase: registry.Pending, Reason: ReasonZtunnelUnavailable, LastError: "no ztunnel"}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionPending, wantStatus: corev1.ConditionFalse, wantReason: ReasonZtunnelUnavailable},
+		{name: "uncaptured, sandbox changed", e: registry.Entry{Phase: registry.Uncaptured, Reason: ReasonSandboxChanged, LastError: "sandbox gone (CNI DEL)"}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionPending, wantStatus: corev1.ConditionFalse, wantReason: ReasonSandboxChanged},
+		{name: "uncaptured unclassified", e: registry.Entry{Phase: registry.Uncaptured}, inMesh: true, wantOK: true, wantAnn: podmeta.RedirectionPending, wantStatus: corev1.ConditionFalse, wantReason: ReasonRulesFailed},
 		{name: "left the mesh", e: registry.Entry{Phase: registry.Absent}, wantOK: true, wantStatus: corev1.ConditionTrue, wantReason: ReasonNotInMesh},
 		{name: "let go while in mesh", e: registry.Entry{Phase: registry.Absent}, inMesh: true, wantOK: true, wantStatus: corev1.ConditionFalse, wantReason: ReasonNotEnrolled},
 		{name: "gone", e: registry.Entry{Phase: registry.Absent, Gone: true}},
@@ -81,7 +83,7 @@ func (h *harness) hasEvent(namespace, reason, contains string) bool {
 func TestPodConditionFollowsPhase(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
-	if out, err := h.agent.HandleAdd(context.Background(), event(p)); err != nil || out != Pending {
+	if out, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil || out != Pending {
 		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
 	}
 	h.waitFor("condition False/ZtunnelUnavailable with annotation pending", func() bool {
@@ -118,7 +120,7 @@ func TestEnrollmentFailedEvent(t *testing.T) {
 	h.rules.mu.Lock()
 	h.rules.applyErr = errors.New("iptables-restore: broken")
 	h.rules.mu.Unlock()
-	if _, err := h.agent.HandleAdd(context.Background(), event(p)); !errors.Is(err, ErrNotCaptured) {
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); !errors.Is(err, ErrNotCaptured) {
 		t.Fatalf("HandleAdd error %v, want ErrNotCaptured", err)
 	}
 	h.waitFor("EnrollmentFailed Event", func() bool { return h.hasEvent("app", EventEnrollmentFailed, "iptables-restore: broken") })

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
 	"time"
 
@@ -64,11 +63,14 @@ func (a *Agent) sync(ctx context.Context, uid string, in *cniInput) (Outcome, er
 
 func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *podSync) (Outcome, error) {
 	entry, registered := a.reg.Get(uid)
+	handover := a.handovers.take(uid)
 	var pod *corev1.Pod
 	if in != nil {
 		pod = in.pod
 	} else if pod = a.podByUID(uid); pod == nil {
 		if !registered {
+			a.invalid.forget(uid)
+			a.handovers.drop(uid)
 			return OutcomeUnknown, nil
 		}
 		// The cache says the pod is gone; make sure before dropping it
@@ -88,6 +90,24 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	}
 	s.pod = pod
 	log := a.podLog(pod.Namespace, pod.Name, uid)
+	if handover && !registered {
+		a.handovers.drop(uid) // not ours to hand over
+	}
+
+	if pod.Spec.HostNetwork {
+		// The host is never a pod, whatever the pod's labels, annotations
+		// or the policy's configuration say: nothing is looked up, Added
+		// or cleaned in what is the node's own network namespace. A
+		// hostNetwork pod registered anyhow is only released (ztunnel
+		// told to drop it, its probe entry removed), its "rules" left
+		// alone: they would be the node's.
+		if registered {
+			s.removing = true
+			log.Warn("hostNetwork pod was registered; releasing it without touching any rules")
+			return NotInMesh, a.release(ctx, log, uid, string(policy.ReasonHostNetwork), false)
+		}
+		return NotInMesh, nil
+	}
 
 	d, err := a.decide(ctx, pod)
 	if err != nil {
@@ -107,7 +127,8 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	}
 	if refused := a.takeRefusal(uid); refused && registered && entry.Phase == registry.Enabled {
 		// A (new) ztunnel refused the pod in its snapshot: it does not
-		// carry it, whatever we believed. Pending, and re-added below.
+		// carry it, whatever we believed. Pending (its rules and probe
+		// entry stay: they are in place), and re-added below.
 		if entry, err = a.update(uid, func(e *registry.Entry) {
 			e.Phase, e.LastError, e.Reason = registry.Pending, "refused in a ztunnel snapshot", ReasonZtunnelRejected
 		}); err != nil {
@@ -120,25 +141,32 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 			log.Info("pod left the mesh", "reason", d.Reason)
 			return NotInMesh, a.removeFromMesh(ctx, log, pod, entry, string(d.Reason))
 		}
+		if a.state != nil && a.state.Has(uid) && a.isRunning(pod) {
+			// Our rules may be in it: the agent stopped while
+			// enrolling or removing it (a restart's cleanup that
+			// failed is retried here).
+			return NotInMesh, a.cleanStale(ctx, pod)
+		}
 		log.Debug("pod not in mesh", "reason", d.Reason)
 		return NotInMesh, nil
 	}
 
-	opts, optsErr := podmeta.PodOptions(a.cfg.DNSCapture, pod.Annotations)
+	defaults := podmeta.Defaults(a.cfg.DNSCapture)
+	base := defaults
+	if registered {
+		base = entry.Options // what its rules were programmed with
+	}
+	opts, invalid := podmeta.Options(defaults, base, pod.Annotations)
+	a.noteInvalid(pod, registered, invalid)
 	if in != nil {
-		return a.enrollNew(ctx, log, pod, in, opts, optsErr, d.Reason)
+		return a.enrollNew(ctx, log, s, pod, in, opts, refuses(registered, invalid), d.Reason)
 	}
 	if registered {
 		switch entry.Phase {
-		case registry.Unverified:
-			return a.verifyRestored(ctx, log, entry, opts, optsErr)
 		case registry.Enabled:
-			if ips := podIPs(pod); len(ips) > 0 && !sameIPs(ips, entry.IPs) {
-				return a.changeIPs(ctx, log, entry, ips)
-			}
-			return Enrolled, nil // the status, if off, is healed by publish
-		default:
-			return a.retryPending(ctx, log, entry, opts, optsErr)
+			return a.syncEnabled(ctx, log, s, pod, entry, opts, handover)
+		default: // Unverified, Pending, Uncaptured
+			return a.recapture(ctx, log, s, pod, entry, opts)
 		}
 	}
 
@@ -148,9 +176,8 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	if len(ips) == 0 || pod.Status.Phase != corev1.PodRunning {
 		return OutcomeUnknown, nil // not started yet; its CNI ADD or a later update brings it
 	}
-	if optsErr != nil {
-		a.metrics.failure("bad_annotation")
-		log.Warn("cannot enroll pod", "error", optsErr)
+	if err := refuses(false, invalid); err != nil {
+		log.Warn("cannot enroll pod", "error", err)
 		return OutcomeUnknown, nil // retrying cannot help; the next pod update will
 	}
 	start := time.Now()
@@ -165,14 +192,98 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	return a.enroll(ctx, log, pod, h, ips, opts)
 }
 
+// refuses returns the error a pod's enrollment is refused with: a pod not
+// enrolled yet whose annotations have an invalid value the agent does not
+// ignore (podmeta.RefuseNew). An enrolled pod keeps its options instead.
+func refuses(registered bool, invalid []*podmeta.InvalidAnnotationError) error {
+	if registered {
+		return nil
+	}
+	for _, e := range invalid {
+		if e.OnInvalid == podmeta.RefuseNew {
+			return e
+		}
+	}
+	return nil
+}
+
+// syncEnabled checks an enabled pod: its held netns must still be its
+// current sandbox (see notCurrent), or it leaves that sandbox — pending,
+// probe entry removed, published — and is enrolled again in its new one in
+// this same sync. A pod a closed ztunnel held is handed over to the newest
+// (a fresh Add under the pod's lock: the one writer of what ztunnel
+// carries).
+func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, e registry.Entry, opts iptables.PodOptions, handover bool) (Outcome, error) {
+	ips := podIPs(pod)
+	if why := a.notCurrent(e, ips); why != "" {
+		e, err := a.leaveSandbox(ctx, log, s, e, ips, why)
+		if err != nil {
+			return OutcomeUnknown, err
+		}
+		return a.recapture(ctx, log, s, pod, e, opts)
+	}
+	if len(e.IPs) == 0 && len(ips) > 0 {
+		// The ADD carried no IPs; the API has them now (the netns holds
+		// them: checked above). Not a new sandbox: fill them in.
+		var err error
+		if e, err = a.update(e.UID, func(x *registry.Entry) { x.IPs = ips }); err != nil {
+			return OutcomeUnknown, err
+		}
+		if err := a.rules.AddProbeIPs(ctx, e.UID, ips); err != nil {
+			a.metrics.failure("probe_ips")
+			return OutcomeUnknown, fmt.Errorf("pod %s/%s: add probe IPs %v: %w", e.Namespace, e.Name, ips, err)
+		}
+	}
+	if handover {
+		log.Info("handing the pod over to the newest ztunnel")
+		return a.activate(ctx, log, e)
+	}
+	return Enrolled, nil // the status, if off, is healed by publish
+}
+
+// recapture brings an unverified, pending or uncaptured pod (back) to
+// enabled in its current sandbox: a held netns that is no longer the pod's
+// is let go (see notCurrent), a missing one is found; its rules are read
+// back and repaired where they differ, its probe entry put in (Pending);
+// then ztunnel is told. The pod stays registered throughout, so a ztunnel
+// that may serve it is never told to drop it.
+func (a *Agent) recapture(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, e registry.Entry, opts iptables.PodOptions) (Outcome, error) {
+	ips := podIPs(pod)
+	if e.Netns != nil {
+		if why := a.notCurrent(e, ips); why != "" {
+			var err error
+			if e, err = a.leaveSandbox(ctx, log, s, e, ips, why); err != nil {
+				return OutcomeUnknown, err
+			}
+		}
+	}
+	if len(ips) > 0 && !subsetIPs(ips, e.IPs) {
+		var err error
+		if e, err = a.update(e.UID, func(x *registry.Entry) { x.IPs = ips }); err != nil {
+			return OutcomeUnknown, err
+		}
+	}
+	e, err := a.ensureNetns(ctx, e)
+	if err != nil {
+		return OutcomeUnknown, err
+	}
+	if e, err = a.capture(ctx, log, e, opts); err != nil {
+		if errors.Is(err, ErrPending) {
+			return Pending, err
+		}
+		a.unrepaired(log, e.UID, err)
+		return OutcomeUnknown, err
+	}
+	return a.activate(ctx, log, e)
+}
+
 // enrollNew is the CNI ADD part of sync for a pod in the mesh: it opens the
 // runtime's netns and enrolls the pod there. With FailPending, a pod ztunnel
 // did not take is released again through the same path as a removal.
-func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod, in *cniInput, opts iptables.PodOptions, optsErr error, reason policy.Reason) (Outcome, error) {
+func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, in *cniInput, opts iptables.PodOptions, refused error, reason policy.Reason) (Outcome, error) {
 	uid := string(pod.UID)
-	if optsErr != nil {
-		a.metrics.failure("bad_annotation")
-		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: %w", pod.Namespace, pod.Name, ErrInvalidPod, optsErr)
+	if refused != nil {
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: %w", pod.Namespace, pod.Name, ErrInvalidPod, refused)
 	}
 	if err := ctx.Err(); err != nil {
 		// The plugin gave up while this ADD waited: enrolling now would
@@ -181,11 +292,10 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: CNI ADD abandoned by its caller: %w", pod.Namespace, pod.Name, err)
 	}
 	start := time.Now()
-	h, err := podnetns.Open(in.netnsPath)
+	h, err := a.openNetns(in.netnsPath)
 	a.metrics.step("netns", start)
 	if err != nil {
-		a.metrics.failure("netns")
-		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: netns %q: %w", pod.Namespace, pod.Name, ErrNetnsUnusable, in.netnsPath, err)
+		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	ips := in.ips
 	if len(ips) == 0 {
@@ -218,62 +328,98 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, pod *corev1.Pod
 }
 
 // enroll programs the pod's rules in the netns open as h (taking ownership of
-// h), registers it, and activates it with ztunnel. Rule failure: nothing is
-// left behind and an error wrapping ErrNotCaptured is returned. ztunnel
-// failure: the pod stays registered as pending and an error wrapping
-// ErrPending is returned.
+// h), registers it with its probe entry, and activates it with ztunnel.
+// Rule failure: nothing is left behind (a pod enrolled before in another
+// sandbox keeps its registration, uncaptured) and an error wrapping
+// ErrNotCaptured is returned. ztunnel failure: the pod stays registered as
+// pending and an error wrapping ErrPending is returned.
 func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h *podnetns.Handle, ips []netip.Addr, opts iptables.PodOptions) (Outcome, error) {
 	if err := a.checkFamilies(pod, ips); err != nil {
 		h.Close()
 		return OutcomeUnknown, err
 	}
+	uid := string(pod.UID)
+	prev, registered := a.reg.Get(uid)
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	e := registry.Entry{UID: uid, Name: pod.Name, Namespace: pod.Namespace, ServiceAccount: sa, IPs: ips, Netns: h, Phase: registry.Pending, Options: opts}
 	if err := a.writeRules(ctx, h, opts); err != nil {
 		a.metrics.failure("rules")
 		// Apply is atomic per family, but one family may have landed.
-		if derr := a.rules.DeletePod(context.WithoutCancel(ctx), h); derr != nil {
+		if derr := a.deleteRules(context.WithoutCancel(ctx), h); derr != nil {
 			log.Warn("cleanup after failed rule apply", "error", derr)
 		}
 		h.Close()
 		return OutcomeUnknown, fmt.Errorf("%w: program in-pod rules for %s/%s: %w", ErrNotCaptured, pod.Namespace, pod.Name, err)
 	}
-	sa := pod.Spec.ServiceAccountName
-	if sa == "" {
-		sa = "default"
+	if registered && len(prev.IPs) > 0 && !sameIPs(prev.IPs, ips) {
+		// A new sandbox of an enrolled pod: its old addresses may be
+		// another pod's soon.
+		if err := a.rules.RemoveProbeIPs(ctx, uid, prev.IPs); err != nil {
+			log.Warn("removing the old sandbox's probe entry; the drift pass prunes it", "ips", prev.IPs, "error", err)
+		}
 	}
-	e, err := a.update(string(pod.UID), func(e *registry.Entry) {
-		e.Name, e.Namespace, e.ServiceAccount = pod.Name, pod.Namespace, sa
-		e.IPs, e.Netns = ips, h
-		if e.Phase != registry.Enabled {
-			e.Phase = registry.Pending // an enabled pod stays so unless the re-add fails
+	e, err := a.update(uid, func(x *registry.Entry) {
+		phase := x.Phase
+		*x = e
+		if phase == registry.Enabled {
+			x.Phase = registry.Enabled // an enabled pod stays so unless the re-add fails
 		}
 	})
 	if err != nil {
 		return OutcomeUnknown, err
 	}
-	a.recordNetns(e.UID, h)
+	a.recordNetns(e.UID, h, opts)
+	if e, err = a.addProbe(ctx, log, e); err != nil {
+		return Pending, err
+	}
 	return a.activate(ctx, log, e)
 }
 
-// changeIPs follows an enabled pod's IPs as the API now shows them (e.g. the
-// ADD carried none, or a family was added): the probe set drops the old
-// addresses, so a reused IP never keeps probe SNAT, and gets the new ones.
-func (a *Agent) changeIPs(ctx context.Context, log *slog.Logger, e registry.Entry, ips []netip.Addr) (Outcome, error) {
-	if err := a.rules.RemoveProbeIPs(ctx, e.UID, e.IPs); err != nil {
-		a.metrics.failure("probe_ips")
-		return OutcomeUnknown, fmt.Errorf("pod %s/%s: remove old probe IPs: %w", e.Namespace, e.Name, err)
+// capture makes e's held netns (the pod's current sandbox) carry our rules
+// with opts: read back and repaired only where they differ, so an intact pod
+// sees no write. Then the pod's probe entry goes in and the pod is Pending
+// (an enabled one stays Enabled). An error wrapping ErrNotCaptured means the
+// rules are not known to be in place (the caller makes the pod Uncaptured);
+// one wrapping ErrPending that the probe entry failed.
+func (a *Agent) capture(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions) (registry.Entry, error) {
+	if _, err := a.checkRules(ctx, log, e, opts); err != nil {
+		return e, err
 	}
-	e, err := a.update(e.UID, func(x *registry.Entry) { x.IPs = ips })
+	e, err := a.update(e.UID, func(x *registry.Entry) {
+		x.Options = opts
+		if x.Phase != registry.Enabled {
+			x.Phase = registry.Pending
+		}
+	})
 	if err != nil {
-		return OutcomeUnknown, err
+		return e, err
 	}
-	if err := a.rules.AddProbeIPs(ctx, e.UID, ips); err != nil {
-		a.metrics.failure("probe_ips")
-		a.unrepaired(log, e.UID, fmt.Errorf("add probe IPs %v: %w", ips, err))
-		return Pending, nil
+	return a.addProbe(ctx, log, e)
+}
+
+// addProbe puts the pod's IPs in the node's probe set: a pod whose rules
+// are in place has its kubelet probes SNATed past the capture (the one
+// probe rule, registry.ProbeEntry). A failure leaves the pod Pending with
+// the reason, and an error wrapping ErrPending.
+func (a *Agent) addProbe(ctx context.Context, log *slog.Logger, e registry.Entry) (registry.Entry, error) {
+	start := time.Now()
+	err := a.rules.AddProbeIPs(ctx, e.UID, e.IPs)
+	a.metrics.step("probe_ips", start)
+	if err == nil {
+		return e, nil
 	}
-	a.metrics.repairs.WithLabelValues("probe_set").Inc()
-	log.Info("pod IPs changed; probe set follows", "ips", ips)
-	return Enrolled, nil
+	a.metrics.failure("probe_ips")
+	e, uerr := a.update(e.UID, func(x *registry.Entry) {
+		x.Phase, x.LastError, x.Reason = registry.Pending, fmt.Sprintf("add probe IPs %v: %v", x.IPs, err), ReasonRulesFailed
+	})
+	if uerr != nil {
+		return e, uerr
+	}
+	log.Warn("pod pending: its probe entry failed", "error", err)
+	return e, fmt.Errorf("%w: pod %s/%s: add probe IPs: %w", ErrPending, e.Namespace, e.Name, err)
 }
 
 // sameIPs compares two address lists as sets.
@@ -305,10 +451,12 @@ func (a *Agent) checkFamilies(pod *corev1.Pod, ips []netip.Addr) error {
 	return nil
 }
 
-// activate tells ztunnel about a registered pod and, once acked, adds its
-// probe IPs and moves it to Enabled. On failure the pod is Pending and an
-// error wrapping ErrPending is returned.
+// activate tells ztunnel about a pod whose rules and probe entry are in
+// place and, once acked, moves it to Enabled. On failure the pod is Pending
+// (its rules and probe entry stay) and an error wrapping ErrPending is
+// returned.
 func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry) (Outcome, error) {
+	done := a.handovers.done(e.UID)
 	setPending := func(reason string, err error) (Outcome, error) {
 		a.metrics.failure(reason)
 		if _, uerr := a.update(e.UID, func(x *registry.Entry) {
@@ -319,9 +467,15 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 		log.Warn("pod pending", "reason", reason, "error", err)
 		return Pending, fmt.Errorf("%w: %w", ErrPending, err)
 	}
+	if e.Netns == nil || a.finder.IsHost(e.Netns) {
+		err := fmt.Errorf("pod %s/%s: no network namespace of its own to hand to ztunnel", e.Namespace, e.Name)
+		done(err)
+		return setPending("ztunnel", err)
+	}
 	start := time.Now()
 	err := a.zt.AddWorkload(ctx, ztunnel.Workload{UID: e.UID, Name: e.Name, Namespace: e.Namespace, ServiceAccount: e.ServiceAccount}, e.Netns)
 	a.metrics.step("ztunnel_ack", start)
+	done(err)
 	if err != nil {
 		reason := "ztunnel"
 		var nack *ztunnel.NackError
@@ -333,82 +487,14 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 		}
 		return setPending(reason, err)
 	}
-	start = time.Now()
-	err = a.rules.AddProbeIPs(ctx, e.UID, e.IPs)
-	a.metrics.step("probe_ips", start)
-	if err != nil {
-		return setPending("probe_ips", err)
-	}
 	if _, err := a.update(e.UID, func(x *registry.Entry) { x.Phase, x.LastError, x.Reason = registry.Enabled, "", "" }); err != nil {
 		return OutcomeUnknown, err
 	}
 	if ack := a.lastAck.Load(); ack != 0 && e.Phase == registry.Pending {
 		a.metrics.ackToEnabled.Observe(time.Since(time.Unix(0, ack)).Seconds())
 	}
-	log.Info("pod enrolled", "ips", e.IPs)
+	log.Info("pod enrolled", "ips", e.IPs, "netns", e.Netns.String())
 	return Enrolled, nil
-}
-
-// verifyRestored finishes a pod that rebuild restored as Unverified: its
-// rules are read back and repaired only where they differ, then it is
-// activated like a new enrollment. The pod stays registered throughout, so
-// ztunnel, which may already serve it, is never told to drop it.
-func (a *Agent) verifyRestored(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions, optsErr error) (Outcome, error) {
-	if optsErr != nil {
-		a.metrics.failure("bad_annotation")
-		log.Warn("cannot verify the rules of a restored pod", "error", optsErr)
-		return OutcomeUnknown, nil // retrying cannot help; the next pod update will
-	}
-	e, err := a.ensureNetns(ctx, e) // rebuild restores these only with a netns; be safe
-	if err != nil {
-		return OutcomeUnknown, err
-	}
-	if _, err := a.checkRules(ctx, log, e, opts); err != nil {
-		return OutcomeUnknown, err
-	}
-	if e, err = a.update(e.UID, func(x *registry.Entry) { x.Phase = registry.Pending }); err != nil {
-		return OutcomeUnknown, err
-	}
-	log.Info("rules of restored unannotated pod verified")
-	return a.activate(ctx, log, e)
-}
-
-// retryPending re-activates a pending pod: its netns is found first if a
-// restart left it without one, and its rules are read back and repaired
-// where they differ (a pod goes pending when a repair failed, and a pod
-// whose netns was not found may have lost its rules meanwhile).
-func (a *Agent) retryPending(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions, optsErr error) (Outcome, error) {
-	if optsErr != nil {
-		a.metrics.failure("bad_annotation")
-		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w: %w", e.Namespace, e.Name, ErrInvalidPod, optsErr)
-	}
-	e, err := a.ensureNetns(ctx, e)
-	if err != nil {
-		return OutcomeUnknown, err
-	}
-	if _, err := a.checkRules(ctx, log, e, opts); err != nil {
-		return OutcomeUnknown, err
-	}
-	return a.activate(ctx, log, e)
-}
-
-// ensureNetns returns e with a netns handle, finding it with a /proc scan
-// when a restart left the pod without one.
-func (a *Agent) ensureNetns(ctx context.Context, e registry.Entry) (registry.Entry, error) {
-	if e.Netns != nil {
-		return e, nil
-	}
-	found, err := a.findNetns(ctx, []podnetns.Target{{UID: e.UID, IPs: e.IPs}})
-	h := found[e.UID]
-	if err == nil && h == nil {
-		err = fmt.Errorf("pod %s/%s (IPs %v): %w", e.Namespace, e.Name, e.IPs, podnetns.ErrNotFound)
-	}
-	if err != nil {
-		a.metrics.failure("netns_not_found")
-		return e, fmt.Errorf("%w: %w", ErrNetnsUnusable, err)
-	}
-	a.recordNetns(e.UID, h)
-	return a.update(e.UID, func(x *registry.Entry) { x.Netns = h })
 }
 
 // removeFromMesh undoes everything enrollment did for a pod that still
@@ -422,9 +508,12 @@ func (a *Agent) ensureNetns(ctx context.Context, e registry.Entry) (registry.Ent
 // nobody proxying it.
 func (a *Agent) removeFromMesh(ctx context.Context, log *slog.Logger, pod *corev1.Pod, e registry.Entry, reason string) error {
 	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		if e.Netns == nil {
+			e.IPs = podIPs(pod) // its current sandbox is the one to clean
+		}
 		withNS, err := a.ensureNetns(ctx, e)
 		if err == nil {
-			err = a.rules.DeletePod(ctx, withNS.Netns)
+			err = a.deleteRules(ctx, withNS.Netns)
 		}
 		if err != nil {
 			a.metrics.failure("removal")
@@ -479,116 +568,8 @@ func (a *Agent) release(ctx context.Context, log *slog.Logger, uid, reason strin
 		return err
 	}
 	a.forgetNetns(uid)
+	a.invalid.forget(uid)
+	a.handovers.drop(uid) // released: nothing to hand over
 	a.metrics.removal(reason)
 	return nil
-}
-
-// HandleAdd is the CNI ADD: it looks the pod up and runs the pod's sync with
-// what only the runtime knows, so a new pod is captured before its
-// containers start. A pod whose rules cannot be programmed gets an error, so
-// the runtime retries the sandbox and the pod never runs uncaptured.
-func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err error) {
-	start := time.Now()
-	defer func() {
-		l := outcomeLabel(out, err)
-		a.metrics.cniAdds.WithLabelValues(l).Inc()
-		a.metrics.cniAddTime.WithLabelValues(l).Observe(time.Since(start).Seconds())
-	}()
-	pod, err := a.lookupPod(ctx, ev)
-	a.metrics.step("lookup", start)
-	if err != nil {
-		a.metrics.failure("pod_unknown")
-		return OutcomeUnknown, err
-	}
-	// The bounded pool: wait for a slot within the caller's deadline.
-	select {
-	case a.adds <- struct{}{}:
-		defer func() { <-a.adds }()
-	case <-ctx.Done():
-		a.metrics.failure("deadline")
-		return OutcomeUnknown, fmt.Errorf("pod %s/%s: waiting for one of %d enrollment slots: %w", pod.Namespace, pod.Name, cap(a.adds), ctx.Err())
-	}
-	ips := make([]netip.Addr, 0, len(ev.IPs))
-	for _, p := range ev.IPs {
-		ips = append(ips, p.Addr().Unmap())
-	}
-	if out, err, ok := a.addSidecar(ctx, pod, ev.NetnsPath, ips); ok {
-		return out, err
-	}
-	return a.sync(ctx, string(pod.UID), &cniInput{pod: pod, netnsPath: ev.NetnsPath, ips: ips})
-}
-
-// HandleDel is the CNI DEL: the sandbox is being torn down, so ztunnel is
-// told to drop the pod and the registry forgets it. Rules die with the
-// namespace. A pod we do not know is success.
-func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
-	uids := a.reg.FindByName(ev.Namespace, ev.Name)
-	switch {
-	case ev.UID != "":
-		uids = uids[:0]
-		if _, ok := a.reg.Get(ev.UID); ok {
-			uids = append(uids, ev.UID)
-		}
-	case len(uids) > 1:
-		// No uid from the runtime and several pods of that name (a
-		// StatefulSet pod recreated): only the one whose netns this is.
-		uids = a.uidsWithNetns(uids, ev.NetnsPath)
-		if len(uids) == 0 {
-			a.log.Warn("CNI DEL without pod uid matches several pods and none by netns; left to the informer",
-				"namespace", ev.Namespace, "name", ev.Name, "netns", ev.NetnsPath)
-		}
-	}
-	var errs []error
-	for _, uid := range uids {
-		unlock, err := a.locks.lockCtx(ctx, uid)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if e, ok := a.reg.Get(uid); ok && a.otherNetns(e, ev.NetnsPath) {
-			// A late DEL of an earlier sandbox of this pod (the runtime
-			// recreated it): the live one must not lose its enrollment.
-			a.podLog(e.Namespace, e.Name, uid).Info("CNI DEL names another network namespace than the pod's; ignored",
-				"del_netns", ev.NetnsPath, "pod_netns", e.Netns.Path())
-		} else if ok {
-			if err := a.forget(ctx, e, "sandbox_deleted"); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		a.takeMoved(uid) // gone: nothing to publish
-		unlock()
-	}
-	return errors.Join(errs...)
-}
-
-// otherNetns reports whether a DEL naming path is about another sandbox
-// than e's: path still exists and is not the namespace e holds; or path is
-// empty while e's namespace is still where it was opened. containerd 1.6
-// repeats DEL with an empty CNI_NETNS when kubelet removes a dead sandbox,
-// which for a recreated pod comes while the new sandbox runs (seen on a real
-// node: the live pod was dropped from ztunnel, then re-added by the
-// informer). A DEL whose namespace is gone cannot tell, and counts.
-func (a *Agent) otherNetns(e registry.Entry, path string) bool {
-	if e.Netns == nil {
-		return false
-	}
-	if path == "" {
-		return e.Netns.SameAs(e.Netns.Path())
-	}
-	if _, err := os.Stat(path); err != nil {
-		return false
-	}
-	return !e.Netns.SameAs(path)
-}
-
-// uidsWithNetns returns those of uids whose registered netns is the one at
-// path. A path that is gone matches none.
-func (a *Agent) uidsWithNetns(uids []string, path string) []string {
-	var out []string
-	for _, uid := range uids {
-		if e, ok := a.reg.Get(uid); ok && e.Netns != nil && e.Netns.SameAs(path) {
-			out = append(out, uid)
-		}
-	}
-	return out
 }

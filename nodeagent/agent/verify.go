@@ -27,6 +27,9 @@ type HostRepairer interface {
 
 // writeRules programs the pod's rules in h: every write the agent makes.
 func (a *Agent) writeRules(ctx context.Context, h *podnetns.Handle, opts iptables.PodOptions) error {
+	if err := a.hostGuard(h, "apply pod rules"); err != nil {
+		return err
+	}
 	a.metrics.ruleWrites.Inc()
 	start := time.Now()
 	err := a.rules.ApplyPod(ctx, h, opts)
@@ -37,10 +40,12 @@ func (a *Agent) writeRules(ctx context.Context, h *podnetns.Handle, opts iptable
 // checkRules reads the pod's rules back and compares them with what it
 // should have; only when they differ are they rewritten (an intact pod sees
 // no write, so no rule churn and no traffic blip). It reports whether it
-// repaired; an error wraps ErrNotCaptured (the pod's capture is not known
-// to be in place).
+// wrote; an error wraps ErrNotCaptured (the pod's capture is not known to be
+// in place). A pod being enrolled in a new sandbox (its old one changed)
+// has no rules there yet: that is not drift, and neither counted nor
+// reported as a repair.
 func (a *Agent) checkRules(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions) (bool, error) {
-	d, err := a.rules.VerifyPod(ctx, e.Netns, opts)
+	d, err := a.verifyRules(ctx, e.Netns, opts)
 	if err != nil {
 		a.metrics.failure("rules")
 		return false, fmt.Errorf("%w: verify in-pod rules of %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
@@ -48,10 +53,17 @@ func (a *Agent) checkRules(ctx context.Context, log *slog.Logger, e registry.Ent
 	if d.Empty() {
 		return false, nil
 	}
-	log.Warn("in-pod rules drifted; repairing", "missing", len(d.Missing), "unexpected", len(d.Unexpected), "drift", d.String())
+	newSandbox := e.Phase == registry.Uncaptured && e.Reason == ReasonSandboxChanged
+	if !newSandbox {
+		log.Warn("in-pod rules drifted; repairing", "missing", len(d.Missing), "unexpected", len(d.Unexpected), "drift", d.String())
+	}
 	if err := a.writeRules(ctx, e.Netns, opts); err != nil {
 		a.metrics.failure("rules")
-		return false, fmt.Errorf("%w: repair in-pod rules of %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
+		return false, fmt.Errorf("%w: program in-pod rules of %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
+	}
+	if newSandbox {
+		log.Info("in-pod rules written in the pod's new sandbox", "netns", e.Netns.String())
+		return true, nil
 	}
 	a.metrics.repairs.WithLabelValues("pod_rules").Inc()
 	a.podEvent(e.UID, corev1.EventTypeWarning, EventRulesRepaired, "in-pod traffic redirection rules had drifted and were repaired: "+driftSummary(d))
@@ -69,56 +81,93 @@ func driftSummary(d iptables.Drift) string {
 }
 
 // unrepaired takes a pod whose rules could not be verified or repaired out
-// of Enabled: it is Pending with the reason, and retried with backoff. The
+// of Enabled or Pending, in one step with its probe entry (kubelet's probes
+// must not be SNATed into a pod whose capture is not known): it is
+// Uncaptured with the reason, published, and retried with backoff. The
 // caller holds the pod's lock.
 func (a *Agent) unrepaired(log *slog.Logger, uid string, err error) {
-	if _, uerr := a.update(uid, func(x *registry.Entry) {
-		if x.Phase == registry.Enabled {
-			x.Phase = registry.Pending
-		}
-		x.LastError = err.Error()
-	}); uerr != nil {
-		log.Warn("marking unrepaired pod pending", "error", uerr)
+	e, ok := a.reg.Get(uid)
+	if !ok || e.Phase == registry.Releasing || e.Phase == registry.Absent {
+		return
 	}
-	log.Warn("pod rules cannot be repaired; pod pending and retried", "error", err)
+	if registry.ProbeEntry(e.Phase) && len(e.IPs) > 0 {
+		if perr := a.rules.RemoveProbeIPs(context.Background(), uid, e.IPs); perr != nil {
+			log.Warn("removing the probe entry of a pod whose rules cannot be repaired; the drift pass prunes it", "error", perr)
+		}
+	}
+	if _, uerr := a.update(uid, func(x *registry.Entry) {
+		x.Phase, x.LastError = registry.Uncaptured, err.Error()
+		if x.Reason != ReasonSandboxChanged {
+			x.Reason = ReasonRulesFailed
+		}
+	}); uerr != nil {
+		log.Warn("marking unrepaired pod uncaptured", "error", uerr)
+	}
+	log.Warn("pod rules cannot be repaired; pod not captured, retried", "error", err)
+	a.publishMoved(uid)
 	a.queue.AddRateLimited(uid)
 }
 
-// verifyPod checks one registered pod's rules under its lock, taking the
-// pod to pending when they cannot be repaired.
-func (a *Agent) verifyPod(ctx context.Context, uid string, opts iptables.PodOptions) {
+// publishMoved publishes pod uid's status now if its phase moved (outside a
+// sync: the drift pass, a restart's verification).
+func (a *Agent) publishMoved(uid string) {
+	pod := a.podByUID(uid)
+	if pod == nil {
+		return
+	}
+	e, _ := a.reg.Get(uid)
+	s := podSync{pod: pod, inMesh: true}
+	a.publishNow(&s, e)
+}
+
+// verifyPod checks one registered pod under its lock: its held netns must
+// still be its current sandbox (else it leaves it, and its sync enrolls it
+// in the new one), then its rules are read back and repaired, with the
+// options the pod's annotations give now, or, where those are invalid, the
+// ones it was enrolled with. A pod whose rules cannot be repaired is
+// Uncaptured.
+func (a *Agent) verifyPod(ctx context.Context, uid string) {
 	unlock := a.locks.lock(uid)
 	defer unlock()
 	e, ok := a.reg.Get(uid)
-	if !ok || e.Netns == nil || e.Phase == registry.Releasing {
+	if !ok || e.Netns == nil || e.Phase == registry.Releasing || e.Phase == registry.Uncaptured {
 		return
 	}
 	log := a.podLog(e.Namespace, e.Name, uid)
-	if _, err := a.checkRules(ctx, log, e, opts); err != nil && ctx.Err() == nil {
-		a.unrepaired(log, uid, err)
+	pod := a.podByUID(uid)
+	if pod == nil {
+		return // its sync forgets it
 	}
-}
-
-// podOptions returns the capture options of a registered pod from the
-// informer cache; false when the pod is not cached or its annotations are
-// invalid (its sync reports that).
-func (a *Agent) podOptions(uid string) (iptables.PodOptions, bool) {
-	p := a.podByUID(uid)
-	if p == nil {
-		return iptables.PodOptions{}, false
+	if why := a.notCurrent(e, podIPs(pod)); why != "" {
+		s := podSync{pod: pod, inMesh: true}
+		if _, err := a.leaveSandbox(ctx, log, &s, e, podIPs(pod), why); err == nil {
+			a.queue.Add(uid)
+		}
+		return
 	}
-	opts, err := podmeta.PodOptions(a.cfg.DNSCapture, p.Annotations)
-	return opts, err == nil
+	d := podmeta.Defaults(a.cfg.DNSCapture)
+	opts, _ := podmeta.Options(d, e.Options, pod.Annotations)
+	if _, err := a.checkRules(ctx, log, e, opts); err != nil {
+		if ctx.Err() == nil {
+			a.unrepaired(log, uid, err)
+		}
+		return
+	}
+	if opts != e.Options {
+		if _, err := a.update(uid, func(x *registry.Entry) { x.Options = opts }); err == nil {
+			a.recordNetns(uid, e.Netns, opts)
+		}
+	}
 }
 
 // verifyAll verifies the given pods with up to Workers at a time.
-func (a *Agent) verifyAll(ctx context.Context, uids []string, opts map[string]iptables.PodOptions) {
+func (a *Agent) verifyAll(ctx context.Context, uids []string) {
 	work := make(chan string)
 	var wg sync.WaitGroup
 	for range min(a.cfg.Workers, max(len(uids), 1)) {
 		wg.Go(func() {
 			for uid := range work {
-				a.verifyPod(ctx, uid, opts[uid])
+				a.verifyPod(ctx, uid)
 			}
 		})
 	}
@@ -151,29 +200,28 @@ func (a *Agent) RunDrift(ctx context.Context) error {
 }
 
 // VerifyPass is one drift pass: the host rules are re-asserted, every
-// enrolled pod's rules read back and repaired where they differ, and the
-// probe set made equal to the enabled pods. Drift is counted in
-// ambientd_repairs_total{what}; a pod that cannot be repaired goes pending
-// and is retried, so it is never left enabled while uncaptured.
+// enrolled pod's sandbox checked to be its current one and its rules read
+// back and repaired where they differ, and the probe set made equal to the
+// pods whose rules are in place. Drift is counted in
+// ambientd_repairs_total{what}; a pod that cannot be repaired is Uncaptured
+// and retried, so it is never left enabled while uncaptured.
 func (a *Agent) VerifyPass(ctx context.Context) {
 	start := time.Now()
 	defer func() { a.metrics.verifyPass.Observe(time.Since(start).Seconds()) }()
 	a.repairHost(ctx)
-	a.verifyEnrolled(ctx, a.podOptions)
+	a.verifyEnrolled(ctx)
 	a.pruneProbes(ctx)
 }
 
 // verifyEnrolled verifies the enabled and pending pods one at a time (the
 // drift pass is background work: gentle on the node beats fast).
-func (a *Agent) verifyEnrolled(ctx context.Context, optsOf func(uid string) (iptables.PodOptions, bool)) {
+func (a *Agent) verifyEnrolled(ctx context.Context) {
 	uids := append(a.reg.UIDs(registry.Enabled), a.reg.UIDs(registry.Pending)...)
 	for _, uid := range uids {
 		if ctx.Err() != nil {
 			return
 		}
-		if opts, ok := optsOf(uid); ok {
-			a.verifyPod(ctx, uid, opts)
-		}
+		a.verifyPod(ctx, uid)
 	}
 }
 
@@ -200,13 +248,15 @@ func (a *Agent) repairHost(ctx context.Context) {
 	}
 }
 
-// pruneProbes makes the node's probe set hold exactly the enabled pods'
-// IPs: entries of pods gone (deleted while the agent was down, an IP since
-// reused by a pending pod) are removed, missing ones added.
+// pruneProbes makes the node's probe set hold exactly the IPs of the pods
+// whose rules are in place (registry.ProbeEntry: pending and enabled):
+// entries of pods gone (deleted while the agent was down, an IP since
+// reused by another pod) or that left their sandbox are removed, missing
+// ones added.
 func (a *Agent) pruneProbes(ctx context.Context) {
 	live := map[string][]netip.Addr{}
 	for _, e := range a.reg.List() {
-		if e.Phase == registry.Enabled {
+		if registry.ProbeEntry(e.Phase) && len(e.IPs) > 0 {
 			live[e.UID] = e.IPs
 		}
 	}
@@ -217,17 +267,24 @@ func (a *Agent) pruneProbes(ctx context.Context) {
 	}
 	if n := ch.Total(); n > 0 {
 		// Entries, not passes: each one a probe that was or would have
-		// been wrong. (A pod enabled while the prune ran can be counted
+		// been wrong. (A pod captured while the prune ran can be counted
 		// once, as its entry is removed and given back below.)
 		a.metrics.repairs.WithLabelValues("probe_set").Add(float64(n))
 		a.log.Warn("probe set drifted and was repaired", "added", ch.Added, "relabelled", ch.Relabelled, "removed", ch.Removed)
 	}
-	// A pod enabled while the prune ran may have lost the entry it had just
-	// been given: add it back (AddProbeIPs is idempotent).
+	// A pod captured while the prune ran may have lost the entry it had
+	// just been given: add it back (AddProbeIPs is idempotent). One that
+	// left its sandbox meanwhile may have been given one back: remove it.
 	for _, e := range a.reg.List() {
-		if _, ok := live[e.UID]; !ok && e.Phase == registry.Enabled {
+		_, had := live[e.UID]
+		switch want := registry.ProbeEntry(e.Phase) && len(e.IPs) > 0; {
+		case want && !had:
 			if err := a.rules.AddProbeIPs(ctx, e.UID, e.IPs); err != nil {
 				a.log.Warn("re-adding probe IPs after the prune", "uid", e.UID, "error", err)
+			}
+		case !want && had:
+			if err := a.rules.RemoveProbeIPs(ctx, e.UID, live[e.UID]); err != nil {
+				a.log.Warn("removing probe IPs after the prune", "uid", e.UID, "error", err)
 			}
 		}
 	}

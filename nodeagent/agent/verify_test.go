@@ -9,6 +9,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
@@ -58,8 +59,11 @@ func TestVerifyPassRepairsDrift(t *testing.T) {
 	h.rules.drift, h.rules.applyErr = 1000, errors.New("iptables-restore: exit 4")
 	h.rules.mu.Unlock()
 	h.agent.VerifyPass(context.Background())
-	if st := h.state("uid-a"); st != "pending" {
-		t.Fatalf("unrepairable pod state %s, want pending", st)
+	if st := h.state("uid-a"); st != "uncaptured" {
+		t.Fatalf("unrepairable pod state %s, want uncaptured", st)
+	}
+	if _, _, probes := h.rules.counts(); probes != 0 {
+		t.Errorf("unrepairable pod kept its probe entry (%d): kubelet's probes would be SNATed into a pod whose capture is unknown", probes)
 	}
 	h.waitFor("annotation pending", func() bool { v, _ := h.annotation("app", "a"); return v == "pending" })
 	if e, _ := h.reg.Get("uid-a"); !strings.Contains(e.LastError, "exit 4") {
@@ -103,7 +107,7 @@ func TestIPv6OffRefusesIPv6Pod(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, namespace("app", true), p)
 	h.zt.connect()
-	ev := event(p)
+	ev := h.event(p)
 	ev.IPs = []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24"), netip.MustParsePrefix("fd00::5/64")}
 	_, err := h.agent.HandleAdd(context.Background(), ev)
 	if !errors.Is(err, ErrNotCaptured) || !strings.Contains(err.Error(), "--ipv6=false") {
@@ -122,7 +126,7 @@ func TestIPv6OffRefusesIPv6Pod(t *testing.T) {
 func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 	h := newHarness(t, namespace("app", true))
 	other := testutil.NewNetNS(t)
-	f, err := podnetns.Open("/proc/self/ns/net")
+	f, err := podnetns.Open(h.podNS.NS.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,12 +142,20 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 			t.Fatalf("DEL %+v of another sandbox dropped the pod", ev)
 		}
 	}
-	// The pod's own netns, or one that is gone, does drop it.
+	// A DEL naming a netns that is gone while the pod's own is still at
+	// its path (a late DEL of an old sandbox) leaves it too (issue 21).
 	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: "/nonexistent"}); err != nil {
 		t.Fatal(err)
 	}
+	if h.state("uid-a") != "enabled" {
+		t.Errorf("DEL with another, vanished netns: state %s, want enabled", h.state("uid-a"))
+	}
+	// The pod's own netns does drop it (no pod object here: forgotten).
+	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNS.NS.Path()}); err != nil {
+		t.Fatal(err)
+	}
 	if h.state("uid-a") != "absent" {
-		t.Errorf("DEL with a vanished netns: state %s, want absent", h.state("uid-a"))
+		t.Errorf("DEL of the pod's own netns: state %s, want absent", h.state("uid-a"))
 	}
 }
 
@@ -168,12 +180,21 @@ func TestPodLockHonoursDeadline(t *testing.T) {
 	}
 }
 
-// An enabled pod whose IPs change in the API (the ADD carried none, here)
-// gets its probe entry moved to the new IPs.
-func TestEnabledPodIPChangeMovesProbeEntry(t *testing.T) {
+// An enabled pod whose IPs change in the API is in a new sandbox (kubelet
+// reports new IPs only for one): it leaves the old one at once — pending
+// with the condition False, its probe entry removed, never moved to the
+// new IPs while they belong to an uncaptured sandbox — and is enrolled in
+// the new sandbox (found by the /proc scan: its netns holds the new IP):
+// rules, probe entry, a fresh Add with the new netns, enabled.
+func TestEnabledPodIPChangeIsANewSandbox(t *testing.T) {
+	hostProc := t.TempDir()
+	newNS := netnsWith(t, "10.1.0.77") // made first: the agent may hold it at cleanup
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
 	h.enrollConnected(p)
+	first := h.zt.added("uid-a")
+
+	// No new sandbox to be found yet: the pod leaves the old one.
 	cur, err := h.client.CoreV1().Pods("app").Get(context.Background(), "a", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -182,14 +203,39 @@ func TestEnabledPodIPChangeMovesProbeEntry(t *testing.T) {
 	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	want := netip.MustParseAddr("10.1.0.77")
-	h.waitFor("probe entry on the new IP", func() bool {
-		h.rules.mu.Lock()
-		defer h.rules.mu.Unlock()
-		ips := h.rules.probes["uid-a"]
-		return len(ips) == 1 && ips[0] == want
+	h.waitFor("pod uncaptured, pending and False", func() bool {
+		c := h.condition("app", "a")
+		v, _ := h.annotation("app", "a")
+		return h.state("uid-a") == "uncaptured" && v == "pending" && c != nil && c.Status == corev1.ConditionFalse && c.Reason == ReasonSandboxChanged
 	})
-	if e, _ := h.reg.Get("uid-a"); e.Phase != registry.Enabled || len(e.IPs) != 1 || e.IPs[0] != want {
-		t.Errorf("entry %+v, want enabled with IP %s", e, want)
+	h.rules.mu.Lock()
+	_, probe := h.rules.probes["uid-a"]
+	h.rules.mu.Unlock()
+	if probe {
+		t.Error("probe entry kept (or moved to the new IP) while the new sandbox is uncaptured")
 	}
+	if e, _ := h.reg.Get("uid-a"); e.Netns != nil {
+		t.Errorf("still holding the old sandbox's netns %v", e.Netns)
+	}
+
+	// The new sandbox appears: found, captured, Added with its netns.
+	fakeSandbox(t, hostProc, 200, "uid-a", newNS.NS.Path())
+	h.waitFor("pod enabled in its new sandbox", func() bool {
+		v, _ := h.annotation("app", "a")
+		return h.state("uid-a") == "enabled" && v == "enabled" && h.zt.added("uid-a") > first
+	})
+	e, _ := h.reg.Get("uid-a")
+	if e.Netns == nil || e.Netns.Inode() != newNS.Inode {
+		t.Errorf("enrolled in netns %v, want the new sandbox (inode %d)", e.Netns, newNS.Inode)
+	}
+	h.rules.mu.Lock()
+	ips := h.rules.probes["uid-a"]
+	h.rules.mu.Unlock()
+	if want := netip.MustParseAddr("10.1.0.77"); len(ips) != 1 || ips[0] != want {
+		t.Errorf("probe entry %v, want the new IP %s", ips, want)
+	}
+	if n := h.repairs("sandbox"); n != 1 {
+		t.Errorf("repairs{sandbox} = %v, want 1", n)
+	}
+	h.waitFor("SandboxChanged Event", func() bool { return h.hasEvent("app", EventSandboxChanged, "IPs changed") })
 }

@@ -77,10 +77,14 @@ type Node struct {
 // which is created after the server (the agent needs the server).
 type snapshotSource struct{ a *agent.Agent }
 
-func (s *snapshotSource) Snapshot() []ztunnel.SnapshotEntry     { return s.a.Snapshot() }
-func (s *snapshotSource) SnapshotRefused(uid string, err error) { s.a.SnapshotRefused(uid, err) }
+func (s *snapshotSource) Snapshot() []ztunnel.SnapshotEntry       { return s.a.Snapshot() }
+func (s *snapshotSource) SnapshotRefused(uid string, err error)   { s.a.SnapshotRefused(uid, err) }
+func (s *snapshotSource) HandOver(uid string, report func(error)) { s.a.HandOver(uid, report) }
 
-var _ ztunnel.SnapshotRefusalObserver = (*snapshotSource)(nil)
+var (
+	_ ztunnel.SnapshotRefusalObserver = (*snapshotSource)(nil)
+	_ ztunnel.HandoverSink            = (*snapshotSource)(nil)
+)
 
 // New builds the node agent: both socket servers are wired the same way,
 // with the agent behind them.

@@ -33,24 +33,43 @@ var _ ns.NetNS = (*Handle)(nil)
 // ErrClosed is returned by a Handle used after Close.
 var ErrClosed = errors.New("netns handle closed")
 
-// Open opens path and checks that it is a network namespace (an nsfs file,
-// or a /proc/<pid>/ns/net link on older kernels).
+// Open opens the network namespace at path (a runtime's bind mount such as
+// /var/run/netns/cni-…, or /proc/<pid>/ns/net). The path is checked before
+// anything is opened for reading: it is resolved with O_PATH (which neither
+// blocks on a FIFO nor has a device's open side effects) and must be on
+// nsfs; only then is it opened, through that O_PATH descriptor (so the same
+// file), and the kernel asked that it is a network namespace
+// (NS_GET_NSTYPE). Anything else is refused with an error naming path.
 func Open(path string) (*Handle, error) {
 	if path == "" {
 		return nil, errors.New("no netns path")
 	}
-	f, err := os.Open(path)
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open netns: %w", err)
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
 	}
 	var sfs unix.Statfs_t
-	if err := unix.Fstatfs(int(f.Fd()), &sfs); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("statfs netns %s: %w", path, err)
+	err = unix.Fstatfs(fd, &sfs)
+	if err == nil && sfs.Type != unix.NSFS_MAGIC {
+		err = fmt.Errorf("%s is not a network namespace (filesystem type %#x, not nsfs)", path, sfs.Type)
+	} else if err != nil {
+		err = fmt.Errorf("statfs netns %s: %w", path, err)
 	}
-	if sfs.Type != unix.NSFS_MAGIC && sfs.Type != unix.PROC_SUPER_MAGIC {
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY, 0)
+	unix.Close(fd)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
 		f.Close()
-		return nil, fmt.Errorf("%s is not a network namespace (filesystem type %#x)", path, sfs.Type)
+		if err != nil {
+			return nil, fmt.Errorf("netns %s: namespace type: %w", path, err)
+		}
+		return nil, fmt.Errorf("%s is a namespace but not a network namespace (type %#x)", path, t)
 	}
 	h, err := fromFile(f, path)
 	if err != nil {
@@ -75,6 +94,21 @@ func (h *Handle) Path() string { return h.path }
 
 // Inode is the namespace's inode number (what ztunnel and tests report).
 func (h *Handle) Inode() uint64 { return h.ino }
+
+// ID identifies the namespace.
+func (h *Handle) ID() ID { return ID{Dev: h.dev, Ino: h.ino} }
+
+// ID identifies a namespace: the device and inode of its nsfs file.
+type ID struct{ Dev, Ino uint64 }
+
+// IDOf returns the ID of the namespace at path.
+func IDOf(path string) (ID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return ID{}, err
+	}
+	return ID{Dev: st.Dev, Ino: st.Ino}, nil
+}
 
 // String names the handle in logs.
 func (h *Handle) String() string { return fmt.Sprintf("%s (inode %d)", h.path, h.ino) }

@@ -2,9 +2,10 @@ package podnetns
 
 import (
 	"errors"
-	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
@@ -84,23 +85,37 @@ func TestHandleCloseDuringDoWaitsForIt(t *testing.T) {
 	}
 }
 
+// Open checks a path is a network namespace before opening it for reading:
+// a FIFO (whose open would block), a device, a regular file, a directory and
+// another kind of namespace are refused at once, naming the path.
 func TestOpenRefusesNonNamespaces(t *testing.T) {
-	for _, path := range []string{"", "/nonexistent/netns", "/etc/hostname"} {
-		h, err := Open(path)
-		if err == nil {
-			h.Close()
-			t.Errorf("Open(%q): no error", path)
-			continue
-		}
-		if path != "" && !strings.Contains(err.Error(), path) {
-			t.Errorf("Open(%q) = %v: error does not name the path", path, err)
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"", "/nonexistent/netns", "/etc/hostname", "/etc", "/dev/null", fifo, "/proc/self/ns/mnt", "/proc/self/environ"} {
+		done := make(chan error, 1)
+		go func() {
+			h, err := Open(path)
+			if err == nil {
+				h.Close()
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("Open(%q): no error", path)
+			} else if path != "" && !strings.Contains(err.Error(), path) {
+				t.Errorf("Open(%q) = %v: error does not name the path", path, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Open(%q) blocked: it opened the path before checking it", path)
 		}
 	}
-	if _, err := os.Stat("/proc/self/ns/net"); err == nil {
-		h, err := Open("/proc/self/ns/net")
-		if err != nil {
-			t.Fatalf("Open(/proc/self/ns/net): %v", err)
-		}
-		h.Close()
+	h, err := Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatalf("Open(/proc/self/ns/net): %v", err)
 	}
+	h.Close()
 }

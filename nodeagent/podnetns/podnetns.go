@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,11 +35,90 @@ type Finder struct {
 	HostProc string
 	// addrs lists the addresses in the netns open as f; tests replace it.
 	addrs func(f *os.File) ([]netip.Addr, error)
+	// host are the node's own network namespaces: never a pod's.
+	host []ID
 }
 
 // New returns a Finder for the /proc tree at hostProc.
 func New(hostProc string) *Finder {
-	return &Finder{HostProc: hostProc, addrs: netnsAddrs}
+	return &Finder{HostProc: hostProc, addrs: netnsAddrs, host: HostNamespaces(hostProc)}
+}
+
+// HostNamespaces returns the network namespaces that are the node's own as
+// this process sees them: its own (the agent runs in the host network) and
+// that of pid 1 under hostProc (the host's init), whichever can be read.
+func HostNamespaces(hostProc string) []ID {
+	var out []ID
+	for _, p := range []string{"/proc/self/ns/net", filepath.Join(hostProc, "1", "ns", "net")} {
+		if id, err := IDOf(p); err == nil && !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// ErrHostNetns is returned for a namespace that is the node's own.
+var ErrHostNetns = errors.New("the node's own network namespace, never a pod's")
+
+// IsHost reports whether h is one of the node's own network namespaces.
+func (f *Finder) IsHost(h *Handle) bool { return slices.Contains(f.host, h.ID()) }
+
+// Accept checks a namespace found some other way than the /proc scan (the
+// state file, a runtime's path) as the scan checks what it finds: not the
+// node's own, and holding one of the pod's ips (an inode alone proves
+// nothing: inode numbers are reused).
+func (f *Finder) Accept(h *Handle, ips []netip.Addr) error {
+	if f.IsHost(h) {
+		return fmt.Errorf("netns %s: %w", h.Path(), ErrHostNetns)
+	}
+	ok, err := f.holds(h, ips)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("netns %s holds none of the pod's IPs %v", h.Path(), ips)
+	}
+	return nil
+}
+
+// Current reports whether h is still the pod's current sandbox: not the
+// node's own namespace; the path it was opened from still names it (except
+// a process's /proc/<pid>/ns/net: that process may exit while the sandbox
+// lives on); and, when ips is not empty, it holds one of them (the pod's
+// addresses as the API shows them now). A namespace the runtime removed, or
+// one whose pod got new addresses, is not. why says what failed; err is set
+// when the addresses could not be read (then ok is false too).
+func (f *Finder) Current(h *Handle, ips []netip.Addr) (ok bool, why string, err error) {
+	if f.IsHost(h) {
+		return false, ErrHostNetns.Error(), nil
+	}
+	if !strings.HasPrefix(h.Path(), "/proc/") && !strings.HasPrefix(h.Path(), strings.TrimSuffix(f.HostProc, "/")+"/") && !h.SameAs(h.Path()) {
+		return false, fmt.Sprintf("the runtime's netns path %s no longer names the namespace held (inode %d)", h.Path(), h.Inode()), nil
+	}
+	if len(ips) == 0 {
+		return true, "", nil
+	}
+	held, err := f.holds(h, ips)
+	if err != nil {
+		return false, "", err
+	}
+	if !held {
+		return false, fmt.Sprintf("the namespace held (%s) has none of the pod's IPs %v", h, ips), nil
+	}
+	return true, "", nil
+}
+
+// holds reports whether h's namespace has one of ips.
+func (f *Finder) holds(h *Handle, ips []netip.Addr) (bool, error) {
+	if !h.acquire() {
+		return false, fmt.Errorf("netns %s: %w", h.path, ErrClosed)
+	}
+	defer h.release()
+	addrs, err := f.addrs(h.f)
+	if err != nil {
+		return false, fmt.Errorf("list addresses of netns %s: %w", h.path, err)
+	}
+	return holdsAny(addrs, ips), nil
 }
 
 // Find scans HostProc once and returns, per uid found, an open Handle of
@@ -119,8 +199,8 @@ func (f *Finder) check(nsPath string, ips []netip.Addr, tried map[uint64]bool) (
 		return nil, false
 	}
 	var st syscall.Stat_t
-	if err := syscall.Fstat(int(h.Fd()), &st); err != nil || tried[st.Ino] {
-		h.Close()
+	if err := syscall.Fstat(int(h.Fd()), &st); err != nil || tried[st.Ino] || slices.Contains(f.host, ID{Dev: st.Dev, Ino: st.Ino}) {
+		h.Close() // seen already, or the node's own: a hostNetwork pod's processes live there
 		return nil, false
 	}
 	tried[st.Ino] = true

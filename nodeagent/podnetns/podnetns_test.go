@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
@@ -195,6 +196,131 @@ func TestFindRealNetns(t *testing.T) {
 	}
 }
 
+// addrNetns makes a real netns whose lo holds ip, and a process in it (so
+// a /proc scan finds it); it returns the netns and the process's pid.
+func addrNetns(t *testing.T, ip netip.Addr) (ns.NetNS, int) {
+	t.Helper()
+	testutil.RequireBinary(t, "sleep")
+	// A test may remove the netns itself (as a runtime does).
+	n := testutil.NewNetNSWith(t, testutil.NetNSOptions{IgnoreRemovalErr: true}).NS
+	var cmd *exec.Cmd
+	err := n.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}}); err != nil {
+			return err
+		}
+		cmd = exec.Command("sleep", "300")
+		return cmd.Start()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return n, cmd.Process.Pid
+}
+
+// fakeCgroup makes a fake proc entry pid whose cgroup names uid and whose
+// ns/net is realPid's.
+func fakeCgroup(t *testing.T, root string, pid int, uid string, realPid int) {
+	t.Helper()
+	dir := filepath.Join(root, fmt.Sprint(pid), "ns")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, fmt.Sprint(pid), "cgroup"), []byte("0::/kubepods/besteffort/pod"+uid+"/c\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(fmt.Sprintf("/proc/%d/ns/net", realPid), filepath.Join(dir, "net")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The host is never a pod: a hostNetwork pod's processes live in the node's
+// netns, which holds the pod's IP (the node's). The scan must not return it;
+// a pod netns holding the same address is found.
+func TestFindNeverReturnsTheHost(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1") // held by the node's netns too
+	root := t.TempDir()
+	fakeCgroup(t, root, 10, uidA, os.Getpid()) // "hostNetwork pod": the test's own netns
+	got, err := New(root).Find(context.Background(), []Target{{UID: uidA, IPs: []netip.Addr{lo}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := got[uidA]; h != nil {
+		h.Close()
+		t.Fatalf("the scan returned the node's own netns %v for a pod", h)
+	}
+	podNS, pid := addrNetns(t, netip.MustParseAddr("10.99.0.8"))
+	fakeCgroup(t, root, 11, uidA, pid)
+	h, err := New(root).FindOne(context.Background(), Target{UID: uidA, IPs: []netip.Addr{netip.MustParseAddr("10.99.0.8")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if !h.SameAs(podNS.Path()) {
+		t.Errorf("found %v, want the pod's netns %s", h, podNS.Path())
+	}
+}
+
+// Accept and Current: a namespace is the pod's only while it holds one of
+// the pod's IPs, and (for a runtime path) while its path still names it;
+// the node's own netns never is.
+func TestAcceptAndCurrent(t *testing.T) {
+	ip := netip.MustParseAddr("10.99.0.9")
+	other := netip.MustParseAddr("10.99.0.10")
+	podNS, _ := addrNetns(t, ip)
+	f := New(t.TempDir())
+	h, err := Open(podNS.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := f.Accept(h, []netip.Addr{ip}); err != nil {
+		t.Errorf("Accept with the pod's IP: %v", err)
+	}
+	if err := f.Accept(h, []netip.Addr{other}); err == nil {
+		t.Error("Accept of a netns without the pod's IP: no error")
+	}
+	if err := f.Accept(h, nil); err == nil {
+		t.Error("Accept without IPs to check: no error")
+	}
+	if ok, why, err := f.Current(h, []netip.Addr{ip}); !ok || err != nil {
+		t.Errorf("Current: %v %q %v", ok, why, err)
+	}
+	if ok, why, _ := f.Current(h, nil); !ok {
+		t.Errorf("Current without IPs (path still there): %q", why)
+	}
+	if ok, why, _ := f.Current(h, []netip.Addr{other}); ok || !strings.Contains(why, "none of the pod's IPs") {
+		t.Errorf("Current with another IP: %v %q", ok, why)
+	}
+	host, err := Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	if err := f.Accept(host, []netip.Addr{netip.MustParseAddr("127.0.0.1")}); !errors.Is(err, ErrHostNetns) {
+		t.Errorf("Accept of the node's netns: %v, want ErrHostNetns", err)
+	}
+	if ok, _, _ := f.Current(host, nil); ok {
+		t.Error("the node's netns is Current for a pod")
+	}
+	// The runtime removes the sandbox's netns: the handle keeps it alive,
+	// but it is no longer the pod's.
+	// (containerd unmounts lazily: the handle keeps the namespace open).
+	if err := unix.Unmount(podNS.Path(), unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(podNS.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, why, _ := f.Current(h, []netip.Addr{ip}); ok || !strings.Contains(why, "no longer names") {
+		t.Errorf("Current after the path went: %v %q", ok, why)
+	}
+}
+
 // BenchmarkFind scans a proc tree of 2000 processes for 100 pods in one pass,
 // as a restart with 100 pods does (address listing faked: this measures the
 // scan itself).
@@ -231,4 +357,33 @@ func BenchmarkFind(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/scan")
+}
+
+// BenchmarkCurrent is the sandbox check every sync of an enabled pod and
+// every drift pass makes before reading rules: a stat of the runtime's path
+// and a netlink address dump inside the held netns.
+func BenchmarkCurrent(b *testing.B) {
+	ip := netip.MustParseAddr("10.99.0.11")
+	n := testutil.NewNetNS(b)
+	if err := n.NS.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+	}); err != nil {
+		b.Fatal(err)
+	}
+	h, err := Open(n.NS.Path())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	f := New(b.TempDir())
+	for b.Loop() {
+		if ok, why, err := f.Current(h, []netip.Addr{ip}); !ok || err != nil {
+			b.Fatalf("Current: %v %q %v", ok, why, err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/check")
 }

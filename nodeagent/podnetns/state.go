@@ -7,7 +7,10 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+
+	"github.com/ambientd/ambientd/iptables"
 )
 
 // Record is where a pod's network namespace was when its CNI ADD came: the
@@ -16,6 +19,10 @@ import (
 type Record struct {
 	Path  string `json:"path"`
 	Inode uint64 `json:"inode"`
+	// Options are the capture options the pod's rules were programmed
+	// with, so a restarted agent verifies a pod whose annotations turned
+	// invalid against what it has (nil in files of older agents).
+	Options *iptables.PodOptions `json:"options,omitempty"`
 }
 
 // State is a small file of Records by pod uid. It lives in the agent's run
@@ -48,15 +55,26 @@ func OpenState(path string) (*State, error) {
 	return s, nil
 }
 
-// Put records uid's namespace as h.
-func (s *State) Put(uid string, h *Handle) error {
+// Put records uid's namespace as h, and the options its rules have.
+func (s *State) Put(uid string, h *Handle, opts iptables.PodOptions) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r, ok := s.m[uid]; ok && r == (Record{Path: h.Path(), Inode: h.Inode()}) {
+	if r, ok := s.m[uid]; ok && r.Path == h.Path() && r.Inode == h.Inode() && r.Options != nil && *r.Options == opts {
 		return nil
 	}
-	s.m[uid] = Record{Path: h.Path(), Inode: h.Inode()}
+	s.m[uid] = Record{Path: h.Path(), Inode: h.Inode(), Options: &opts}
 	return s.writeLocked()
+}
+
+// Options returns the capture options recorded for uid.
+func (s *State) Options(uid string) (iptables.PodOptions, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.m[uid]
+	if !ok || r.Options == nil {
+		return iptables.PodOptions{}, false
+	}
+	return *r.Options, true
 }
 
 // Delete forgets uid.
@@ -78,8 +96,29 @@ func (s *State) Has(uid string) bool {
 	return ok
 }
 
+// Retain drops the records of every uid keep rejects (pods deleted while
+// the agent was down) and returns them.
+func (s *State) Retain(keep func(uid string) bool) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var dropped []string
+	for uid := range s.m {
+		if !keep(uid) {
+			dropped = append(dropped, uid)
+			delete(s.m, uid)
+		}
+	}
+	if len(dropped) == 0 {
+		return nil, nil
+	}
+	slices.Sort(dropped)
+	return dropped, s.writeLocked()
+}
+
 // Open opens the namespace recorded for uid, only if the path still holds
-// the same namespace (same inode); ok is false otherwise.
+// the same namespace (same inode); ok is false otherwise. The same inode
+// does not prove the same sandbox (inode numbers are reused): the caller
+// checks the namespace further (Finder.Accept).
 func (s *State) Open(uid string) (*Handle, bool) {
 	s.mu.Lock()
 	r, ok := s.m[uid]

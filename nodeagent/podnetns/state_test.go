@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/ambientd/ambientd/iptables"
 )
 
 // A recorded namespace is found again by a fresh State (a restarted agent)
@@ -20,7 +22,7 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	if err := s.Put("uid-a", h); err != nil {
+	if err := s.Put("uid-a", h, iptables.PodOptions{DNSCapture: true}); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
@@ -35,6 +37,9 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatalf("Open(uid-a) = %v, %v; want inode %d", got, ok, h.Inode())
 	}
 	got.Close()
+	if o, ok := again.Options("uid-a"); !ok || !o.DNSCapture {
+		t.Errorf("recorded options %+v, %v; want DNS capture on", o, ok)
+	}
 	if _, ok := again.Open("uid-b"); ok {
 		t.Error("unknown uid found")
 	}
@@ -58,7 +63,34 @@ func TestStateRoundTrip(t *testing.T) {
 	if err == nil {
 		t.Error("corrupt state file: no error")
 	}
-	if err := bad.Put("uid-a", h); err != nil {
+	if err := bad.Put("uid-a", h, iptables.PodOptions{}); err != nil {
 		t.Fatalf("Put after a corrupt file: %v", err)
+	}
+}
+
+// Retain drops the records of pods that are gone, in the file too.
+func TestStateRetain(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pods.json")
+	s, _ := OpenState(path)
+	h, err := Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for _, uid := range []string{"live", "gone-1", "gone-2"} {
+		if err := s.Put(uid, h, iptables.PodOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropped, err := s.Retain(func(uid string) bool { return uid == "live" })
+	if err != nil || len(dropped) != 2 || dropped[0] != "gone-1" {
+		t.Fatalf("Retain = %v, %v", dropped, err)
+	}
+	again, _ := OpenState(path)
+	if !again.Has("live") || again.Has("gone-1") || again.Has("gone-2") {
+		t.Errorf("after Retain the file holds live=%v gone-1=%v gone-2=%v", again.Has("live"), again.Has("gone-1"), again.Has("gone-2"))
+	}
+	if dropped, err := again.Retain(func(string) bool { return true }); err != nil || dropped != nil {
+		t.Errorf("Retain of nothing: %v %v", dropped, err)
 	}
 }

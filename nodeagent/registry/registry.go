@@ -17,6 +17,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 )
 
@@ -31,6 +32,10 @@ type Entry struct {
 	IPs            []netip.Addr
 	Netns          *podnetns.Handle
 	Phase          Phase
+	// Options are the capture options the pod's rules were programmed
+	// (or last verified) with: an enrolled pod whose annotations turn
+	// invalid is verified against these.
+	Options iptables.PodOptions
 	// LastError says why the pod is not (yet) enabled; empty when it is.
 	// It is what a pod condition's message will carry.
 	LastError string

@@ -31,16 +31,17 @@ func put(t *testing.T, r *Registry, e Entry) {
 	}
 }
 
-var phases = []Phase{Absent, Unverified, Pending, Enabled, Releasing}
+var phases = []Phase{Absent, Unverified, Pending, Enabled, Releasing, Uncaptured}
 
 // TestTransitions: every allowed move is stored, every other one is refused
 // and leaves the entry as it was.
 func TestTransitions(t *testing.T) {
 	want := map[[2]Phase]bool{
-		{Absent, Unverified}: true, {Absent, Pending}: true, {Absent, Enabled}: true,
-		{Unverified, Pending}: true, {Unverified, Releasing}: true,
-		{Pending, Enabled}: true, {Pending, Releasing}: true,
-		{Enabled, Pending}: true, {Enabled, Releasing}: true,
+		{Absent, Unverified}: true, {Absent, Pending}: true, {Absent, Enabled}: true, {Absent, Uncaptured}: true,
+		{Unverified, Pending}: true, {Unverified, Uncaptured}: true, {Unverified, Releasing}: true,
+		{Pending, Enabled}: true, {Pending, Uncaptured}: true, {Pending, Releasing}: true,
+		{Enabled, Pending}: true, {Enabled, Uncaptured}: true, {Enabled, Releasing}: true,
+		{Uncaptured, Pending}: true, {Uncaptured, Releasing}: true,
 		{Releasing, Absent}: true,
 	}
 	for _, from := range phases {
@@ -152,5 +153,18 @@ func TestListSortedAndPhases(t *testing.T) {
 	}
 	if got := r.FindByName("a", "x"); !slices.Equal(got, []string{"2"}) {
 		t.Errorf("FindByName = %v", got)
+	}
+}
+
+// The probe rule: an entry exactly while the rules are in the current
+// sandbox.
+func TestProbeEntry(t *testing.T) {
+	for _, p := range phases {
+		if got, want := ProbeEntry(p), p == Pending || p == Enabled; got != want {
+			t.Errorf("ProbeEntry(%v) = %v, want %v", p, got, want)
+		}
+		if p.String() == "unknown" {
+			t.Errorf("phase %d has no name", p)
+		}
 	}
 }

@@ -1,28 +1,50 @@
 package ztunnel
 
 import (
+	"context"
+	"errors"
 	"os"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
-// refusals is a source that also records what it was told could not be
-// handed over.
-type refusals struct {
+// handoverSource is a source that re-adds, through the server, what it is
+// asked to hand over (as the agent's per-pod sync does), and reports the
+// pods it has no netns for.
+type handoverSource struct {
 	source
-	refused chan string
+	s    *Server
+	lost chan string
 }
 
-func (r *refusals) SnapshotRefused(uid string, _ error) { r.refused <- uid }
+func (h *handoverSource) HandOver(uid string, report func(error)) {
+	go func() {
+		for _, e := range h.Snapshot() {
+			if e.Workload.UID != uid {
+				continue
+			}
+			if e.Netns == nil {
+				report(errors.New("no netns"))
+				h.lost <- uid
+				return
+			}
+			report(h.s.AddWorkload(context.Background(), e.Workload, e.Netns))
+		}
+	}()
+}
 
 // When the newest ztunnel goes away, the pods it held (and only those) are
-// re-added to the one that remains, with their netns; a pod the source has
-// no netns for is reported back instead.
+// handed to the source, which re-adds them to the one that remains, with
+// their netns; the results are counted.
 func TestHandoverToRemainingConnection(t *testing.T) {
 	held, other, lost := newNetns(t), newNetns(t), "lost"
-	src := &refusals{refused: make(chan string, 4)}
+	src := &handoverSource{lost: make(chan string, 4)}
 	s, _ := runServer(t, Config{}, src)
+	src.s = s
 	old, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, old, 1)
 	waitUntil(t, "first conn acked", func() bool { return s.Status().SnapshotAcked })
@@ -52,13 +74,16 @@ func TestHandoverToRemainingConnection(t *testing.T) {
 		t.Errorf("a pod the closed ztunnel never held was handed over")
 	}
 	select {
-	case uid := <-src.refused:
+	case uid := <-src.lost:
 		if uid != lost {
-			t.Errorf("refused %q, want %q", uid, lost)
+			t.Errorf("lost %q, want %q", uid, lost)
 		}
 	case <-ctxT(t).Done():
 		t.Fatal("pod without netns not reported")
 	}
+	waitUntil(t, "handover results counted", func() bool {
+		return counterValue(s.metrics.handovers.WithLabelValues("ok")) == 1 && counterValue(s.metrics.handovers.WithLabelValues("failed")) == 1
+	})
 }
 
 // The socket is created owner-only by default, and with the configured mode.
@@ -77,4 +102,12 @@ func TestSocketMode(t *testing.T) {
 			t.Errorf("SocketMode %o: socket mode %o, want %o", mode, got, want)
 		}
 	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
 }

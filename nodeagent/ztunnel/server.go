@@ -434,43 +434,43 @@ func signal(m map[int]chan struct{}) {
 	}
 }
 
-// handOver re-Adds the pods a closed connection held to the now-newest
-// connection, so a pod whose ztunnel went away (the newest one of a rolling
-// update or a crash-looping one) is served by the one that remains instead
-// of staying captured with nobody behind its redirect. The netns handles come
-// from the snapshot source (the registry owns them). A pod that cannot be
-// handed over (no netns known, refused, no ztunnel left) is reported to the
-// source like a snapshot refusal, so the agent takes it back to pending and
-// retries it. Nothing happens when no connection remains (a new ztunnel gets
-// a snapshot) or the server is stopping.
+// HandoverSink is implemented by a SnapshotSource that re-adds the pods of
+// a closed connection itself, each through its own serialized path (the
+// agent's per-pod sync, under the pod's lock), so that one writer decides
+// what ztunnel should carry and a handover Add can never land after a Del
+// of the same pod. HandOver must not block (the server calls it as the
+// connection closes); report, if the sink calls it, is told the result of
+// the Add it sent for the handover.
+type HandoverSink interface {
+	HandOver(uid string, report func(error))
+}
+
+// handOver asks the snapshot source to re-Add the pods a closed connection
+// held to the now-newest connection, so a pod whose ztunnel went away (the
+// newest one of a rolling update or a crash-looping one) is served by the
+// one that remains instead of staying captured with nobody behind its
+// redirect. The source sends the Adds (HandoverSink); the server counts
+// their results (ambientd_ztunnel_handovers_total). Nothing happens when no
+// connection remains (a new ztunnel gets a snapshot) or the server is
+// stopping.
 func (s *Server) handOver(ctx context.Context, log *slog.Logger, held map[string]struct{}) {
 	if len(held) == 0 || ctx.Err() != nil || s.src == nil || s.newest() == nil {
 		return
 	}
-	start := s.now()
-	obs, _ := s.src.(SnapshotRefusalObserver)
-	moved, failed := 0, 0
-	for _, e := range s.src.Snapshot() {
-		if _, ok := held[e.Workload.UID]; !ok {
-			continue
-		}
-		var err error
-		if e.Netns == nil {
-			err = fmt.Errorf("hand over workload %s: no netns known", e.Workload.UID)
-		} else {
-			err = s.AddWorkload(ctx, e.Workload, e.Netns)
-		}
-		if err != nil {
-			failed++
-			s.metrics.handovers.WithLabelValues("failed").Inc()
-			log.Warn("handing pod over to the remaining ztunnel failed", "uid", e.Workload.UID, "err", err)
-			if obs != nil {
-				obs.SnapshotRefused(e.Workload.UID, err)
-			}
-			continue
-		}
-		moved++
-		s.metrics.handovers.WithLabelValues("ok").Inc()
+	sink, ok := s.src.(HandoverSink)
+	if !ok {
+		log.Warn("pods of the closed ztunnel not handed over: the snapshot source cannot re-add them", "held", len(held))
+		return
 	}
-	log.Info("pods of the closed ztunnel handed over to the newest", "moved", moved, "failed", failed, "took", s.now().Sub(start))
+	for uid := range held {
+		sink.HandOver(uid, func(err error) {
+			if err != nil {
+				s.metrics.handovers.WithLabelValues("failed").Inc()
+				log.Warn("handing pod over to the remaining ztunnel failed", "uid", uid, "err", err)
+				return
+			}
+			s.metrics.handovers.WithLabelValues("ok").Inc()
+		})
+	}
+	log.Info("pods of the closed ztunnel queued for a handover to the newest", "pods", len(held))
 }

@@ -304,17 +304,20 @@ func TestAdmissionAnnotationTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range cs {
-		_, err := dryRunPod(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsName, Annotations: map[string]string{c.Annotation: c.Value}}})
+		_, err := dryRunPod(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsName, Annotations: c.Annotations}})
 		switch {
-		case c.Valid && err != nil:
-			t.Errorf("%s: refused: %v", c.Name(), err)
-		case !c.Valid && err == nil:
-			t.Errorf("%s: accepted; the agent refuses it", c.Name())
-		case !c.Valid:
+		case c.Valid() && err != nil:
+			t.Errorf("%s: refused: %v", c.Name, err)
+		case !c.Valid() && err == nil:
+			t.Errorf("%s: accepted; the agent calls %v invalid", c.Name, c.Invalid)
+		case !c.Valid():
 			msg := err.Error()
-			if !apierrors.IsInvalid(err) || !strings.Contains(msg, admission.ValidatingPolicyName) ||
-				!strings.Contains(msg, "annotation "+c.Annotation+" has invalid value") || !strings.Contains(msg, "accepted values are") {
-				t.Errorf("%s: refusal %q must be Invalid and name the policy, the annotation and the accepted values", c.Name(), msg)
+			named := false
+			for _, a := range c.Invalid {
+				named = named || strings.Contains(msg, "annotation "+a+" has invalid value")
+			}
+			if !apierrors.IsInvalid(err) || !strings.Contains(msg, admission.ValidatingPolicyName) || !named || !strings.Contains(msg, "accepted values are") {
+				t.Errorf("%s: refusal %q must be Invalid and name the policy, an invalid annotation (%v) and the accepted values", c.Name, msg, c.Invalid)
 			}
 		}
 	}

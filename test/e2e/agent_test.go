@@ -949,7 +949,7 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 }
 
 // TestAgentBadInput: a CNI event for a pod the API does not know, an invalid
-// dns-capture annotation and a netns path that does not exist each fail with a
+// interface annotation and a netns path that does not exist each fail with a
 // clear error, are counted, and leak no rules or registry entries.
 func TestAgentBadInput(t *testing.T) {
 	ctx := testContext(t, 4*time.Minute)
@@ -982,10 +982,12 @@ func TestAgentBadInput(t *testing.T) {
 		t.Errorf("unknown pod got rules:\n%s", rules)
 	}
 
-	// 2. Invalid dns-capture annotation: CreatePod fails (and cleans up).
-	_, err = testEnv.CreatePod(ctx, e2eenv.PodSpec{Namespace: nsName, Name: "baddns", Annotations: map[string]string{annDNSCapture: "maybe"}})
-	if err == nil || !strings.Contains(err.Error(), annDNSCapture) {
-		t.Errorf("pod with %s=maybe: err = %v, want an error naming the annotation", annDNSCapture, err)
+	// 2. An invalid interface annotation: CreatePod fails (and cleans up).
+	// (An invalid boolean is ignored, as Istio does, with an Event:
+	// TestAnnotationsParsedLikeIstio.)
+	_, err = testEnv.CreatePod(ctx, e2eenv.PodSpec{Namespace: nsName, Name: "badtap", Annotations: map[string]string{"istio.io/reroute-virtual-interfaces": "tap 0"}})
+	if err == nil || !strings.Contains(err.Error(), "reroute-virtual-interfaces") {
+		t.Errorf("pod with reroute-virtual-interfaces=\"tap 0\": err = %v, want an error naming the annotation", err)
 	}
 
 	// 3. A netns path that does not exist, for a pod the API knows. The
@@ -1002,7 +1004,11 @@ func TestAgentBadInput(t *testing.T) {
 			t.Errorf("ambientd_failures_total{%s} = %v, want ≥ 1", r, v)
 		}
 	}
-	if v := metricValue(t, ctx, a, "ambientd_pods", `phase="pending"`) + metricValue(t, ctx, a, "ambientd_pods", `phase="unverified"`) + metricValue(t, ctx, a, "ambientd_pods", `phase="enabled"`); v != float64(len(annotatedUIDs(t, ctx))) {
+	var held float64
+	for _, ph := range []string{"pending", "unverified", "enabled", "uncaptured"} {
+		held += metricValue(t, ctx, a, "ambientd_pods", `phase="`+ph+`"`)
+	}
+	if v := held; v != float64(len(annotatedUIDs(t, ctx))) {
 		t.Errorf("registry holds %v pods, the node has %d enrolled: an entry leaked", v, len(annotatedUIDs(t, ctx)))
 	}
 	st := emuState(t, ctx, em)

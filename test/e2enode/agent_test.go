@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -143,6 +144,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"AdmissionGatesFromPolicy", r.admissionGatesFromPolicy},
 		{"StartupCost", r.startupCost},
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
+		{"HostNetworkPodNeverAPod", r.hostNetworkPodNeverAPod},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
 		{"UninstallLeavesNodeAsBefore", r.uninstallLeavesNodeAsBefore},
@@ -380,8 +382,8 @@ func (r *agentRun) ambientPodEnrolledCapturedReady(t *testing.T, ctx context.Con
 			return q.UID == uid && q.Op == "add" && q.AckError != ""
 		})
 	})
-	// The agent recorded the refusal on the pod (pending: its probe
-	// addresses are set only after an ack, so kubelet's probes fail too).
+	// The agent recorded the refusal on the pod (pending; not Ready: the
+	// gate holds it, while kubelet's probes pass through the probe SNAT).
 	p, err := waitPod(ctx, ns, "web", func(p *corev1.Pod) bool {
 		c := nodeenv.Condition(p, nodeenv.EnrolledCondition)
 		return p.Status.Phase == corev1.PodRunning && c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "refused by the test")
@@ -1193,25 +1195,32 @@ func (r *agentRun) nodeRebootCapturesBeforeReady(t *testing.T, ctx context.Conte
 	if t.Failed() {
 		t.FailNow()
 	}
-	// kubelet probes them meanwhile (the probes fail: a pending pod's probe
-	// address is set only once ztunnel acks); still nothing turns Ready.
-	if err := nodeenv.Poll(ctx, "kubelet probed every ambient pod after the reboot", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		evs, err := node.Env.CP.Admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=Unhealthy"})
-		if err != nil {
-			return false, err
-		}
-		probed := 0
+	// kubelet probes them meanwhile, and its probes reach the apps: a
+	// pending pod's probe entry goes in with its rules (docs/readiness.md,
+	// "one rule"), so its containers turn ready (liveness would pass too:
+	// no restart loop during a long ztunnel outage) — and still no pod is
+	// Ready: the readiness gate holds it (the watch above records any).
+	if err := nodeenv.Poll(ctx, "kubelet's probes of every pending ambient pod passing (ContainersReady) after the reboot", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		for _, name := range names {
-			if slices.ContainsFunc(evs.Items, func(e corev1.Event) bool {
-				return e.InvolvedObject.Name == name && !e.LastTimestamp.Time.Before(on.Truncate(time.Second))
-			}) {
-				probed++
+			p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			c := nodeenv.Condition(p, corev1.ContainersReady)
+			if c == nil || c.Status != corev1.ConditionTrue || !containerStartedSince(p, on) || p.Annotations[podmeta.AnnotationRedirection] != "pending" {
+				return false, fmt.Errorf("pod %s: %s", name, describe(p))
 			}
 		}
-		return probed == len(names), nil
+		return true, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
+	for _, name := range names {
+		if p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil || podReady(p) {
+			t.Errorf("pod %s Ready (or unreadable: %v) while pending without ztunnel", name, err)
+		}
+	}
+	t.Logf("power on -> kubelet's probes of every pending pod pass through the probe SNAT, none Ready: %s", time.Since(on).Round(time.Millisecond))
 
 	em, err := node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
 	if err != nil {
@@ -1275,4 +1284,143 @@ func inodeOf(path string) uint64 {
 		return 0
 	}
 	return st.Ino
+}
+
+// nodeNFT runs nft in the node netns (where this test and the agent run).
+func nodeNFT(t *testing.T, ctx context.Context, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, "nft", args...).CombinedOutput()
+	return string(out), err
+}
+
+// hostProbeTable returns the node's nftables host table (probe SNAT chain
+// and probe sets) and fails the test when the agent does not use the
+// nftables backend here.
+func hostProbeTable(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	out, err := nodeNFT(t, ctx, "list", "table", "inet", "istio-ambient-nat")
+	if err != nil {
+		t.Fatalf("the node has no nftables host table (the scenario needs the nftables backend): %v: %s", err, out)
+	}
+	return out
+}
+
+// agentProcess is the pid of the agent's ambientd process on the node: the
+// one in the node's netns (the DaemonSet runs in the host network; other
+// ambientd processes on this machine belong to other environments).
+func agentProcess(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeNetns := inodeOf("/proc/self/ns/net")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if c, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(c)) == "ambientd" &&
+			inodeOf(fmt.Sprintf("/proc/%d/ns/net", pid)) == nodeNetns {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("ambientd processes on the node: %v, want exactly one (the DaemonSet's)", pids)
+	}
+	return pids[0]
+}
+
+// hostNetworkPodNeverAPod (issue 20, item 3): a hostNetwork pod in an
+// ambient namespace annotated ambient.istio.io/redirection=enabled (anyone
+// who may annotate a pod can do that), then an agent restart. The host is
+// never treated as a pod: ztunnel gets no Add carrying the node's netns, and
+// the node's nftables host table (probe SNAT) and every meshed pod's probe
+// entry survive. The annotation is set while the agent is frozen (SIGSTOP),
+// so only the restart's rebuild sees it (a running agent cleans it first);
+// the agent is then SIGKILLed and kubelet restarts its container.
+func (r *agentRun) hostNetworkPodNeverAPod(t *testing.T, ctx context.Context) {
+	ns := ambientNamespace(t, ctx, "ambient-hostnet")
+	meshed, _ := startPod(t, ctx, ns, nodeenv.GatedPod("meshed"))
+	meshedIP := meshed.Status.PodIP
+	if !strings.Contains(hostProbeTable(t, ctx), meshedIP) {
+		t.Fatalf("meshed pod %s not in the host probe set before the test:\n%s", meshedIP, hostProbeTable(t, ctx))
+	}
+	hostSpec := appPodSpec()
+	hostSpec.HostNetwork = true
+	hostPod, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hostnet"}, Spec: hostSpec}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitPod(ctx, ns, "hostnet", podReady); err != nil {
+		t.Fatal(err)
+	}
+	hostIno := inodeOf("/proc/self/ns/net")
+	agentPod, err := node.AgentPod(ctx)
+	if err != nil || agentPod == nil {
+		t.Fatalf("agent pod: %v", err)
+	}
+	restarts := agentPod.Status.ContainerStatuses[0].RestartCount
+	var st0 ztunnelemu.State
+	if err := r.em.State(ctx, &st0); err != nil {
+		t.Fatal(err)
+	}
+
+	pid := agentProcess(t)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"enabled"}}}`, podmeta.AnnotationRedirection)
+	if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Patch(ctx, "hostnet", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	if err := nodeenv.Poll(ctx, "the agent restarted and Ready, the hostNetwork pod's annotation cleaned", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		p, err := node.AgentPod(ctx)
+		if err != nil || p == nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].RestartCount <= restarts || !podReady(p) {
+			return false, err
+		}
+		h, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "hostnet", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		_, annotated := h.Annotations[podmeta.AnnotationRedirection]
+		return !annotated, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent SIGKILLed -> restarted, Ready, the hostNetwork pod's annotation gone: %s", time.Since(restarted).Round(time.Millisecond))
+
+	var st ztunnelemu.State
+	if err := r.em.State(ctx, &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range st.Requests[len(st0.Requests):] {
+		if q.NetnsInode == hostIno || q.UID == string(hostPod.UID) {
+			t.Errorf("ztunnel got %s for %s/%s carrying netns inode %d (the node's is %d)", q.Op, q.Namespace, q.Name, q.NetnsInode, hostIno)
+		}
+	}
+	table := hostProbeTable(t, ctx)
+	if !strings.Contains(table, "postrouting") || !strings.Contains(table, "istio-inpod-probes-v4") || !strings.Contains(table, meshedIP) {
+		t.Errorf("after the restart the node's host table lost its probe SNAT or the meshed pod's entry %s:\n%s", meshedIP, table)
+	}
+	for _, chain := range []string{"istio-prerouting", "istio-output"} {
+		if strings.Contains(table, "chain "+chain) {
+			t.Errorf("in-pod chain %s in the node's own netns:\n%s", chain, table)
+		}
+	}
+	p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "meshed", metav1.GetOptions{})
+	if err != nil || !podReady(p) || p.Annotations[podmeta.AnnotationRedirection] != "enabled" {
+		t.Errorf("meshed pod after the restart: %s (%v)", describe(p), err)
+	}
+	if w, ok := st.Workload(string(meshed.UID)); !ok {
+		t.Errorf("ztunnel lost the meshed pod after the restart")
+	} else {
+		t.Logf("meshed pod held with netns inode %d; requests since the freeze: %d", w.NetnsInode, len(st.Requests)-len(st0.Requests))
+	}
 }

@@ -3,12 +3,15 @@
 package e2enode
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +34,25 @@ func uninstallCommand(kustomization string) []string {
 // pristineNode is the node's CNI state before the agent was ever installed.
 type pristineNode struct {
 	conflist []byte
+	confDir  map[string][]byte // every file of the CNI conf dir
+}
+
+// confDirFiles reads every file of the node's CNI conf dir.
+func confDirFiles(t *testing.T) map[string][]byte {
+	t.Helper()
+	entries, err := os.ReadDir(node.CNIConfDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(node.CNIConfDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = b
+	}
+	return out
 }
 
 func readPristine(t *testing.T) pristineNode {
@@ -45,7 +67,7 @@ func readPristine(t *testing.T) pristineNode {
 	if _, err := os.Stat(filepath.Join(node.CNIBinDir, "ambientd-cni")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("ambientd-cni in the node's bin dir before the agent ran (%v)", err)
 	}
-	return pristineNode{conflist: b}
+	return pristineNode{conflist: b, confDir: confDirFiles(t)}
 }
 
 // ensureInstalled installs the DaemonSet and the ztunnel emulator and waits
@@ -111,8 +133,8 @@ func (r *agentRun) uninstallLeavesNodeAsBefore(t *testing.T, ctx context.Context
 			t.Fatal(err)
 		}
 	}
-	if !strings.Contains(conflist(t), `"ambientd-cni"`) {
-		t.Fatalf("plugin not in the conflist before the uninstall:\n%s", conflist(t))
+	if !pluginInstalled(t) {
+		t.Fatalf("plugin not in the CNI config the runtime uses before the uninstall:\n%s", runtimeConfig(t))
 	}
 
 	// The agent's log, followed to its end: its own account of the
@@ -159,6 +181,12 @@ func (r *agentRun) uninstallLeavesNodeAsBefore(t *testing.T, ctx context.Context
 	// No waiting beyond the pod: the agent uninstalled before it exited.
 	if got := []byte(conflist(t)); string(got) != string(r.pristine.conflist) {
 		t.Errorf("conflist after the uninstall differs from before the install:\nbefore:\n%s\nafter:\n%s", r.pristine.conflist, got)
+	}
+	// The whole conf dir: the agent's own conflist (its default mode) gone
+	// too, nothing else left or changed.
+	if got := confDirFiles(t); !maps.EqualFunc(got, r.pristine.confDir, bytes.Equal) {
+		names := func(m map[string][]byte) []string { return slices.Sorted(maps.Keys(m)) }
+		t.Errorf("CNI conf dir after the uninstall differs from before the install: files %v, before %v (or contents changed)", names(got), names(r.pristine.confDir))
 	}
 	if _, err := os.Stat(filepath.Join(node.CNIBinDir, "ambientd-cni")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ambientd-cni still in the node's bin dir after the uninstall (%v)", err)

@@ -77,6 +77,9 @@ type Attachment struct {
 	PodName      string
 	PodNamespace string
 	PodUID       string
+	// IP, when set, asks host-local for this address (CNI_ARGS IP=), as
+	// for a pod whose sandbox keeps a static address.
+	IP netip.Addr
 }
 
 // NewChain writes the conflist and returns the chain.
@@ -186,7 +189,7 @@ func loopbackConf() (*libcni.PluginConfig, error) {
 }
 
 func (a Attachment) runtimeConf(ifName string) *libcni.RuntimeConf {
-	return &libcni.RuntimeConf{
+	rc := &libcni.RuntimeConf{
 		ContainerID: a.ContainerID,
 		NetNS:       a.NetnsPath,
 		IfName:      ifName,
@@ -198,6 +201,10 @@ func (a Attachment) runtimeConf(ifName string) *libcni.RuntimeConf {
 			{"K8S_POD_UID", a.PodUID},
 		},
 	}
+	if a.IP.IsValid() {
+		rc.Args = append(rc.Args, [2]string{"IP", a.IP.String()})
+	}
+	return rc
 }
 
 func (a Attachment) ifName() string {

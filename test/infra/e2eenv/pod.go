@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -49,6 +50,7 @@ type Pod struct {
 	chain     *Chain
 	sandbox   *Process // the pause process in Netns and in cgroupDir
 	cgroupDir string
+	requestIP netip.Addr // asked of host-local at ADD (RecreateSandbox SameIP)
 }
 
 // Attachment is what the chain was run with for this pod.
@@ -63,7 +65,7 @@ func (p *Pod) IP() netip.Addr {
 }
 
 func (p *Pod) attachment() Attachment {
-	return Attachment{ContainerID: p.ContainerID, NetnsPath: p.NetnsPath, PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.UID}
+	return Attachment{ContainerID: p.ContainerID, NetnsPath: p.NetnsPath, PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.UID, IP: p.requestIP}
 }
 
 // CreatePod does what the scheduler, kubelet and container runtime do for a
@@ -124,10 +126,15 @@ func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
 // update. On error everything it made is undone. DeletePod (or Env.Close)
 // tears the result down.
 func (e *Env) AttachPod(ctx context.Context, obj *corev1.Pod, chain *Chain) (*Pod, error) {
+	return e.attach(ctx, obj, chain, netip.Addr{})
+}
+
+// attach is AttachPod asking host-local for ip when it is valid.
+func (e *Env) attach(ctx context.Context, obj *corev1.Pod, chain *Chain, ip netip.Addr) (*Pod, error) {
 	if chain == nil {
 		chain = e.Chain
 	}
-	p := &Pod{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID), ContainerID: "e2e-" + randHex(12), chain: chain}
+	p := &Pod{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID), ContainerID: "e2e-" + randHex(12), chain: chain, requestIP: ip}
 	fail := func(err error) (*Pod, error) {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -187,6 +194,8 @@ func (e *Env) markRunning(ctx context.Context, obj *corev1.Pod, ips []netip.Addr
 	}
 	obj.Status.StartTime = &now
 	obj.Status.Conditions = []corev1.PodCondition{
+		// Moves whenever a sandbox gets its network (kubelet 1.29+).
+		{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: now},
 		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
 		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
 		{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
@@ -216,10 +225,103 @@ func (e *Env) markRunning(ctx context.Context, obj *corev1.Pod, ips []netip.Addr
 
 func isKubeletCondition(t corev1.PodConditionType) bool {
 	switch t {
-	case corev1.PodScheduled, corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady:
+	case corev1.PodReadyToStartContainers, corev1.PodScheduled, corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady:
 		return true
 	}
 	return false
+}
+
+// SandboxOptions adjust RecreateSandbox.
+type SandboxOptions struct {
+	// Chain runs the new sandbox's ADD and the old one's DEL (default: the
+	// chain the pod was attached with). Env.PlainChain leaves the agent
+	// out, as a runtime whose conflist lost our entry does.
+	Chain *Chain
+	// SameIP asks host-local for the pod's current first address again
+	// (CNI_ARGS IP=), as for a pod with a static address.
+	SameIP bool
+	// KeepOld leaves the old sandbox running (no DEL, netns and pause
+	// process kept), as a runtime that removes it later does; the caller
+	// tears it down with TeardownSandbox. Not with SameIP (the old
+	// sandbox still holds the address).
+	KeepOld bool
+}
+
+// RecreateSandbox does what the container runtime and kubelet do when a
+// pod's sandbox dies and is made again: the old sandbox is torn down (CNI DEL
+// through o.Chain, pause process and cgroup, netns), unless o.KeepOld; a new
+// one is attached (netns, pause process, CNI ADD through o.Chain); then the
+// pod's status is updated as kubelet does (new IPs, PodReadyToStartContainers
+// with a new lastTransitionTime). p then describes the new sandbox; the old
+// one is returned (with o.KeepOld still there, tracked until
+// TeardownSandbox).
+func (e *Env) RecreateSandbox(ctx context.Context, p *Pod, o SandboxOptions) (*Pod, error) {
+	if o.SameIP && o.KeepOld {
+		return nil, errors.New("RecreateSandbox: SameIP and KeepOld exclude each other")
+	}
+	chain := o.Chain
+	if chain == nil {
+		chain = p.chain
+	}
+	obj, err := e.CP.Admin.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("recreate sandbox of pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	old := &Pod{}
+	*old = *p
+	old.Object = nil
+	if !o.KeepOld {
+		old.chain = chain
+		if err := old.teardown(ctx); err != nil {
+			return nil, fmt.Errorf("recreate sandbox of pod %s/%s: tear the old one down: %w", p.Namespace, p.Name, err)
+		}
+		e.untrack(p)
+	}
+	var ip netip.Addr
+	if o.SameIP {
+		ip = p.IP()
+	}
+	nu, err := e.attach(ctx, obj, chain, ip)
+	if err != nil {
+		return old, fmt.Errorf("recreate sandbox of pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	if o.KeepOld {
+		// The old sandbox stays tracked as its own Pod; p becomes the new.
+		e.untrack(p)
+		e.track(old)
+	}
+	e.untrack(nu)
+	*p = *nu
+	e.track(p)
+	if p.Object, err = e.MarkRunning(ctx, obj, p.IPs); err != nil {
+		return old, err
+	}
+	return old, nil
+}
+
+// TeardownSandbox removes a sandbox RecreateSandbox kept (KeepOld), as the
+// runtime's late cleanup does: CNI DEL through chain (nil: the one it was
+// made with), pause process, netns. With removeNetnsFirst the netns is
+// removed before the DEL, so the DEL names a path that no longer exists.
+func (e *Env) TeardownSandbox(ctx context.Context, old *Pod, chain *Chain, removeNetnsFirst bool) error {
+	defer e.untrack(old)
+	if chain != nil {
+		old.chain = chain
+	}
+	var errs []error
+	if removeNetnsFirst {
+		errs = append(errs, old.stopSandbox())
+		if old.Netns != nil {
+			errs = append(errs, DeleteNetns(old.Netns))
+			old.Netns = nil
+		}
+		if _, err := os.Stat(old.NetnsPath); !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("netns %s still there after removal (%v)", old.NetnsPath, err))
+		}
+		errs = append(errs, old.chain.Del(ctx, old.attachment()))
+	}
+	errs = append(errs, old.teardown(ctx))
+	return errors.Join(errs...)
 }
 
 // DeletePod tears a pod down as the kubelet does: CNI DEL, stop the sandbox's

@@ -95,9 +95,17 @@ func (c *cgroups) close() error {
 	if c.dir != "" {
 		entries, _ := os.ReadDir(c.dir)
 		for _, en := range entries {
-			if en.IsDir() {
-				errs = append(errs, removeCgroup(filepath.Join(c.dir, en.Name())))
+			if !en.IsDir() {
+				continue
 			}
+			pod := filepath.Join(c.dir, en.Name())
+			scopes, _ := os.ReadDir(pod)
+			for _, sc := range scopes {
+				if sc.IsDir() {
+					errs = append(errs, removeCgroup(filepath.Join(pod, sc.Name())))
+				}
+			}
+			errs = append(errs, removeCgroup(pod))
 		}
 		errs = append(errs, removeCgroup(c.dir))
 	}
@@ -151,8 +159,10 @@ func (e *Env) startSandbox(ctx context.Context, p *Pod) error {
 	if err := syscall.Stat(p.NetnsPath, &want); err != nil {
 		return fmt.Errorf("pod %s/%s sandbox: %w", p.Namespace, p.Name, err)
 	}
-	dir := e.cgroups.podDir(p.UID)
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	// One scope per sandbox below the pod's cgroup, as containerd makes
+	// them: a recreated sandbox may run beside the old one.
+	dir := filepath.Join(e.cgroups.podDir(p.UID), "cri-containerd-"+p.ContainerID+".scope")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("pod %s/%s sandbox: create cgroup: %w", p.Namespace, p.Name, err)
 	}
 	p.cgroupDir = dir
@@ -198,6 +208,11 @@ func (p *Pod) stopSandbox() error {
 	}
 	if p.cgroupDir != "" {
 		errs = append(errs, removeCgroup(p.cgroupDir))
+		// The pod's cgroup goes with its last sandbox (another one of
+		// the pod may still run in it).
+		if err := os.Remove(filepath.Dir(p.cgroupDir)); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.EBUSY) && !errors.Is(err, syscall.ENOTEMPTY) {
+			errs = append(errs, fmt.Errorf("remove pod cgroup: %w", err))
+		}
 		p.cgroupDir = ""
 	}
 	return errors.Join(errs...)
