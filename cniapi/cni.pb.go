@@ -38,6 +38,9 @@ const (
 	Outcome_OUTCOME_PENDING Outcome = 2
 	// The pod does not belong in the mesh; nothing was done.
 	Outcome_OUTCOME_NOT_IN_MESH Outcome = 3
+	// The pod has an injected istio-proxy sidecar: its traffic is redirected
+	// to that proxy (Istio's sidecar rules), not to ztunnel.
+	Outcome_OUTCOME_SIDECAR Outcome = 4
 )
 
 // Enum value maps for Outcome.
@@ -47,12 +50,14 @@ var (
 		1: "OUTCOME_ENROLLED",
 		2: "OUTCOME_PENDING",
 		3: "OUTCOME_NOT_IN_MESH",
+		4: "OUTCOME_SIDECAR",
 	}
 	Outcome_value = map[string]int32{
 		"OUTCOME_UNSPECIFIED": 0,
 		"OUTCOME_ENROLLED":    1,
 		"OUTCOME_PENDING":     2,
 		"OUTCOME_NOT_IN_MESH": 3,
+		"OUTCOME_SIDECAR":     4,
 	}
 )
 
@@ -381,12 +386,13 @@ const file_cni_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"7\n" +
 	"\rDelPodRequest\x12&\n" +
 	"\x03pod\x18\x01 \x01(\v2\x14.ambientd.cni.v1.PodR\x03pod\"\x10\n" +
-	"\x0eDelPodResponse*f\n" +
+	"\x0eDelPodResponse*{\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10OUTCOME_ENROLLED\x10\x01\x12\x13\n" +
 	"\x0fOUTCOME_PENDING\x10\x02\x12\x17\n" +
-	"\x13OUTCOME_NOT_IN_MESH\x10\x032\xa1\x01\n" +
+	"\x13OUTCOME_NOT_IN_MESH\x10\x03\x12\x13\n" +
+	"\x0fOUTCOME_SIDECAR\x10\x042\xa1\x01\n" +
 	"\tCNIEvents\x12I\n" +
 	"\x06AddPod\x12\x1e.ambientd.cni.v1.AddPodRequest\x1a\x1f.ambientd.cni.v1.AddPodResponse\x12I\n" +
 	"\x06DelPod\x12\x1e.ambientd.cni.v1.DelPodRequest\x1a\x1f.ambientd.cni.v1.DelPodResponseB%Z#github.com/ambientd/ambientd/cniapib\x06proto3"

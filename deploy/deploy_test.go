@@ -210,3 +210,70 @@ func TestTaintKeyOverlayExample(t *testing.T) {
 		t.Errorf("overlay: ConfigMap AMBIENTD_TAINT_KEY = %q, want %q", cm.Data["AMBIENTD_TAINT_KEY"], key)
 	}
 }
+
+// The components' rights table of docs/security.md lists exactly the rules
+// of the opt-in repair components' roles, and each component binds its role
+// to the agent's ServiceAccount and sets the repair mode.
+func TestSecurityDocListsRepairComponentRights(t *testing.T) {
+	var want []string
+	for _, comp := range []string{"repair-delete", "repair-label"} {
+		dir := t.TempDir()
+		abs, err := filepath.Abs(".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base, err := filepath.Rel(dir, abs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + base + "]\ncomponents: [" + filepath.Join(base, "components", comp) + "]\n"
+		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		res := render(t, dir)
+		var role rbacv1.ClusterRole
+		object(t, res, "ClusterRole", "ambientd-"+comp, &role)
+		for _, r := range role.Rules {
+			group := r.APIGroups[0]
+			if group == "" {
+				group = "core"
+			}
+			var rs []string
+			for _, x := range r.Resources {
+				rs = append(rs, "`"+x+"`")
+			}
+			want = append(want, comp+" | "+group+" | "+strings.Join(rs, ", ")+" | "+strings.Join(r.Verbs, ", "))
+		}
+		var binding rbacv1.ClusterRoleBinding
+		object(t, res, "ClusterRoleBinding", "ambientd-"+comp, &binding)
+		var sa corev1.ServiceAccount
+		object(t, res, "ServiceAccount", "", &sa)
+		if len(binding.Subjects) != 1 || binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != sa.Namespace {
+			t.Errorf("%s: binding subjects %+v, want the agent's ServiceAccount %s/%s", comp, binding.Subjects, sa.Namespace, sa.Name)
+		}
+		var cm corev1.ConfigMap
+		object(t, res, "ConfigMap", "ambientd-config", &cm)
+		if mode := strings.TrimPrefix(comp, "repair-"); cm.Data["AMBIENTD_REPAIR_MODE"] != mode {
+			t.Errorf("%s: AMBIENTD_REPAIR_MODE = %q, want %q", comp, cm.Data["AMBIENTD_REPAIR_MODE"], mode)
+		}
+	}
+	var got []string
+	for _, row := range docTable(t, "## Rights of the opt-in repair components") {
+		if len(row) != 5 || row[4] == "" {
+			t.Errorf("row %q: want component | group | resources | verbs | what for", row)
+			continue
+		}
+		got = append(got, strings.Join(row[:4], " | "))
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("docs/security.md's components table does not match the components:\ndocumented:\n  %s\ncomponents:\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+	// The base ConfigMap repairs (the mode that needs no extra right).
+	var cm corev1.ConfigMap
+	object(t, render(t, "."), "ConfigMap", "ambientd-config", &cm)
+	if cm.Data["AMBIENTD_REPAIR_MODE"] != "repair" {
+		t.Errorf("base AMBIENTD_REPAIR_MODE = %q, want repair", cm.Data["AMBIENTD_REPAIR_MODE"])
+	}
+}

@@ -1,7 +1,8 @@
 // Package iptables is the face of ambientd's rule code: the Manager the
 // agent uses to program, verify and delete the in-pod redirection rules of
-// an ambient-mesh pod and the node's probe SNAT rules, whichever technology
-// carries them. It owns the backend choice (auto detection, persisted so it
+// an ambient-mesh pod (or, in sidecar mode, Istio's sidecar rules of a pod
+// with an injected istio-proxy: ApplySidecar, VerifySidecar, DeleteSidecar)
+// and the node's probe SNAT rules, whichever technology carries them. It owns the backend choice (auto detection, persisted so it
 // is sticky across restarts), the composition of the technology packages
 // into backends, the pod's policy route, and the probe-set bookkeeping; it
 // re-exports the shared vocabulary and the rule sets as data (BuildPodRules,

@@ -52,6 +52,33 @@ func TestImports(t *testing.T) {
 			},
 		},
 		{
+			// The istio-validation stand-in runs in a pod's init container
+			// as the proxy's uid: the contract only, nothing of the agent.
+			pkgs: []string{"cmd/sidecar-validation", "internal/validation"},
+			forbidden: func(pkg, dep string) string {
+				switch {
+				case strings.HasPrefix(dep, "k8s.io/"), strings.HasPrefix(dep, "sigs.k8s.io/"):
+					return "Kubernetes"
+				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg && dep != module+"/internal/validation":
+					return "ours"
+				}
+				return ""
+			},
+		},
+		{
+			// Sidecar mode's pod reading and lifecycle reach the rules
+			// through package iptables and write nothing but Events; the
+			// agent core reaches sidecar mode only through its hook.
+			pkgs: []string{"nodeagent/sidecar", "nodeagent/repair"},
+			forbidden: func(pkg, dep string) string {
+				switch dep {
+				case module + "/nodeagent/agent", module + "/nodeagent/registry", module + "/nodeagent/podstatus", module + "/nodeagent/ztunnel":
+					return "the ambient lifecycle (sidecar mode is its own)"
+				}
+				return ""
+			},
+		},
+		{
 			pkgs: []string{"ztunnelproto"},
 			forbidden: func(pkg, dep string) string {
 				switch {
@@ -65,7 +92,7 @@ func TestImports(t *testing.T) {
 		},
 		{
 			pkgs: []string{"nodeagent/agent", "nodeagent/registry", "nodeagent/podstatus", "nodeagent/policy",
-				"nodeagent/podnetns", "nodeagent/podmeta", "nodeagent/ztunnel"},
+				"nodeagent/podnetns", "nodeagent/podmeta", "nodeagent/ztunnel", "nodeagent/sidecar", "nodeagent/repair"},
 			forbidden: func(_, dep string) string {
 				if strings.HasPrefix(dep, "google.golang.org/grpc") {
 					return "gRPC (only nodeagent/cniserver speaks it)"

@@ -55,7 +55,14 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		host    = fs.Bool("host", false, "print the node's probe SNAT rules instead of the in-pod rules")
 		del     = fs.Bool("delete", false, "print the batch that removes the rules instead of the one that installs them")
 		nft     = fs.Bool("nftables", false, "print the native nftables rules (as `nft list` shows them) of --iptables nftables instead of iptables-restore text")
+		sc      = fs.Bool("sidecar", false, "print the rules of a sidecar pod (an istio-proxy injected by Istio): from --pod, or from --annotation (traffic.sidecar.istio.io/*, sidecar.istio.io/interceptionMode) and the --proxy-* flags")
+		side    = sidecarArgs{proxyEnv: annFlag{}}
 	)
+	fs.StringVar(&side.podFile, "pod", "", "with --sidecar: the injected pod (YAML or JSON; - for stdin), e.g. kubectl get pod -o yaml")
+	fs.Var(&side.ips, "pod-ip", "with --sidecar: the pod's addresses (repeatable; default the pod's status, else an IPv4 pod): the first decides IPv6 as in Istio")
+	fs.Var(side.proxyEnv, "proxy-env", "with --sidecar: istio-proxy env NAME=VALUE (repeatable): ISTIO_META_DNS_CAPTURE, ISTIO_DUAL_STACK, INVALID_DROP")
+	fs.Int64Var(&side.proxyUID, "proxy-uid", iptables.DefaultProxyID, "with --sidecar: istio-proxy's runAsUser")
+	fs.Int64Var(&side.proxyGID, "proxy-gid", iptables.DefaultProxyID, "with --sidecar: istio-proxy's runAsGroup")
 	fs.BoolVar(&cfg.IPv6, "ipv6", iptables.DefaultIPv6, "capture IPv6 too, as the agent does by default: add ip6tables rules")
 	var dnsCapture bool
 	fs.BoolVar(&dnsCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+podmeta.AnnotationDNSCapture+" annotation)")
@@ -71,6 +78,9 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "ambientd rules: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if *sc {
+		return printSidecar(side, ann, *family, *nft, *del, stdout, stderr)
 	}
 	cfg.RerouteInterfaces = reroute
 	if err := cfg.Validate(); err != nil {

@@ -47,6 +47,7 @@ type runFlags struct {
 	kubeBurst, workers, maxParallelAdds             int
 	install                                         installFlags
 	nodeReady                                       nodeready.Config
+	sidecar                                         daemon.SidecarConfig
 }
 
 // envOf maps flag names to their environment variables.
@@ -129,6 +130,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	f.install.register(fs)
 	fs.StringVar(&f.podConditionType, "pod-condition-type", def.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
 	nodeReady := nodeReadyFlags(fs)
+	sidecarSettings := sidecarFlags(fs)
 	for name, env := range envOf {
 		fl := fs.Lookup(name)
 		fl.Usage += " (env " + env + ")"
@@ -156,6 +158,9 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 		return f, err
 	}
 	f.nodeReady = nr
+	if f.sidecar, err = sidecarSettings(getenv); err != nil {
+		return f, err
+	}
 	return f, f.validate()
 }
 
@@ -379,6 +384,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		Components:         first,
 		AdminSocket:        f.adminSocket,
 		Version:            version,
+		Sidecar:            f.sidecar,
 	}, client, rules, log)
 	if err != nil {
 		return err

@@ -37,6 +37,7 @@ type Backend struct {
 	log        *slog.Logger
 	kubeletUID uint32
 	cache      *cache
+	sidecar    *sidecarCache
 	// closing counts sockets being released in the background (see
 	// conn.close).
 	closing *sync.WaitGroup
@@ -75,7 +76,7 @@ func prepare(rs RuleSet) (RuleSet, error) {
 	for ti := range rs.Tables {
 		for ri := range rs.Tables[ti].Rules {
 			r := &rs.Tables[ti].Rules[ri]
-			k, err := exprKey(r.exprs())
+			k, err := r.keyOf()
 			if err != nil {
 				return rs, err
 			}
@@ -109,7 +110,8 @@ func (b *Backend) podRules(opts rules.PodOptions) (RuleSet, error) {
 // primary backend, resolves the kubelet uid for the host rule (logged with
 // the choice). bg counts the sockets released in the background.
 func New(ctx context.Context, cfg Config, log *slog.Logger, bg *sync.WaitGroup, primary bool) (*Backend, error) {
-	b := &Backend{cfg: cfg, log: log, closing: bg, cache: &cache{sets: map[rules.PodOptions]RuleSet{}, raw: map[string]string{}}}
+	b := &Backend{cfg: cfg, log: log, closing: bg, cache: &cache{sets: map[rules.PodOptions]RuleSet{}, raw: map[string]string{}},
+		sidecar: &sidecarCache{}}
 	if _, err := b.holdsAny(); err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}

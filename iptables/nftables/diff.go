@@ -57,7 +57,7 @@ func (rs RuleSet) diff(st map[string]*tableState) (rules.Drift, error) {
 				k := r.key
 				if k == "" {
 					var err error
-					if k, err = exprKey(r.exprs()); err != nil {
+					if k, err = r.keyOf(); err != nil {
 						return d, err
 					}
 				}

@@ -128,3 +128,52 @@ func (c *conn) dumpRules(fn func(attrs []byte) error) error {
 	}
 	return nil
 }
+
+// setElems returns the keys of the elements of a set of an inet table.
+func (c *conn) setElems(table, set string) ([][]byte, error) {
+	filter, err := mnl.MarshalAttributes([]mnl.Attribute{
+		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: append([]byte(table), 0)},
+		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: append([]byte(set), 0)},
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out [][]byte
+	err = c.dump(unix.NFT_MSG_GETSETELEM, unix.NFPROTO_INET, filter, func(_ uint8, attrs []byte) error {
+		ad, err := mnl.NewAttributeDecoder(attrs)
+		if err != nil {
+			return err
+		}
+		for ad.Next() {
+			if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				continue
+			}
+			ad.Nested(func(list *mnl.AttributeDecoder) error {
+				for list.Next() {
+					list.Nested(func(el *mnl.AttributeDecoder) error {
+						for el.Next() {
+							if el.Type() != unix.NFTA_SET_ELEM_KEY {
+								continue
+							}
+							el.Nested(func(k *mnl.AttributeDecoder) error {
+								for k.Next() {
+									if k.Type() == unix.NFTA_DATA_VALUE {
+										out = append(out, append([]byte(nil), k.Bytes()...))
+									}
+								}
+								return nil
+							})
+						}
+						return nil
+					})
+				}
+				return nil
+			})
+		}
+		return ad.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the elements of set %s of %s: %w", set, table, err)
+	}
+	return out, nil
+}

@@ -44,23 +44,57 @@ func PodTables() []string { return []string{TableNat, TableMangle, TableRaw} }
 type statement struct {
 	text  string
 	exprs []expr.Any
+	// anon is the anonymous set a lookup of this statement names (a rule
+	// gives it its id).
+	anon anonSet
 }
 
 // Rule is one rule of a chain.
 type Rule struct {
 	Chain string
 	stmts []statement
-	key   string // the expressions' encoding as compared, filled by prepare
-	enc   []byte // the expressions' encoding as sent, filled by prepare
+	// anon are the anonymous sets the rule's lookups name (created with
+	// the rule, in the same transaction).
+	anon []anonSet
+	key  string // the expressions' encoding as compared, filled by prepare
+	enc  []byte // the expressions' encoding as sent, filled by prepare
 }
 
-// Text is the rule as `nft list` prints it (counters at zero).
+// anonSet is an anonymous constant set of one rule (`tcp dport != { 53,
+// 15008 }`): id names it within a transaction.
+type anonSet struct {
+	id    uint32
+	keyed nftSetType
+	elems [][]byte
+}
+
+// nftSetType is a set's key type: nft's magic number and key length.
+type nftSetType struct{ magic, len uint32 }
+
+// Text is the rule as `nft list` prints it (counters at zero). A statement
+// nft does not print (a protocol match implied by a later port match) has
+// no text.
 func (r Rule) Text() string {
-	parts := make([]string, len(r.stmts))
-	for i, s := range r.stmts {
-		parts[i] = s.text
+	parts := make([]string, 0, len(r.stmts))
+	for _, s := range r.stmts {
+		if s.text != "" {
+			parts = append(parts, s.text)
+		}
 	}
 	return strings.Join(parts, " ")
+}
+
+// keyOf is the rule's key (see exprKey), its anonymous sets keyed by
+// their elements.
+func (r Rule) keyOf() (string, error) {
+	return exprKeyAnon(r.exprs(), func(l *expr.Lookup) ([][]byte, bool) {
+		for _, a := range r.anon {
+			if a.id == l.SetID {
+				return a.elems, true
+			}
+		}
+		return nil, false
+	})
 }
 
 func (r Rule) exprs() []expr.Any {

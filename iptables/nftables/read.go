@@ -26,6 +26,9 @@ type tableState struct {
 type ruleRead struct {
 	handle uint64
 	key    string
+	// anon holds the expressions of a rule whose lookups name anonymous
+	// sets: its key is made once their elements are read.
+	anon []expr.Any
 }
 
 // View is one read of every nftables chain of a namespace, all families:
@@ -129,8 +132,14 @@ func readNFT(c *conn, v *View, names []string, withSets bool, cache *cache) (map
 		}
 		return nil
 	})
-	if err != nil || !withSets {
+	if err != nil {
 		return st, err
+	}
+	if err := keyAnonRules(c, st); err != nil {
+		return st, err
+	}
+	if !withSets {
+		return st, nil
 	}
 	for name, ts := range st {
 		if ts.sets, err = c.listSets(name); err != nil {
@@ -194,13 +203,24 @@ func parseRule(b []byte, cache *cache) (table, chain string, r ruleRead, err err
 	if err := ad.Err(); err != nil {
 		return table, chain, r, err
 	}
-	if k, ok := cache.rawKey(raw.String()); ok {
+	anon := strings.Contains(raw.String(), "__set")
+	if k, ok := cache.rawKey(raw.String()); ok && !anon {
 		r.key = k
 		return table, chain, r, nil
 	}
 	var exprs []expr.Any
 	var opaque bytes.Buffer
 	for _, el := range elems {
+		if el.name == "tproxy" {
+			// The library decodes its family attribute with the wrong
+			// width; read it here (see tproxyKey).
+			tp, err := decodeTProxy(el.data)
+			if err != nil {
+				return table, chain, r, fmt.Errorf("expression tproxy: %w", err)
+			}
+			exprs = append(exprs, tp)
+			continue
+		}
 		x := newExpr(el.name)
 		if x == nil {
 			fmt.Fprintf(&opaque, "%s:%x;", el.name, el.data)
@@ -217,6 +237,13 @@ func parseRule(b []byte, cache *cache) (table, chain string, r ruleRead, err err
 		}
 		exprs = append(exprs, x)
 	}
+	if anon && slices.ContainsFunc(exprs, isAnonLookup) {
+		// Keyed once the sets' elements are read (keyAnonRules); the set
+		// names differ between namespaces, so never cached.
+		r.anon = exprs
+		r.key = opaque.String()
+		return table, chain, r, nil
+	}
 	key, err := exprKey(exprs)
 	if err != nil {
 		return table, chain, r, err
@@ -224,6 +251,41 @@ func parseRule(b []byte, cache *cache) (table, chain string, r ruleRead, err err
 	r.key = key + opaque.String()
 	cache.putRaw(raw.String(), r.key)
 	return table, chain, r, nil
+}
+
+func isAnonLookup(e expr.Any) bool {
+	l, ok := e.(*expr.Lookup)
+	return ok && strings.HasPrefix(l.SetName, "__set")
+}
+
+// keyAnonRules keys the rules whose lookups name anonymous sets, with the
+// sets' elements (one dump per set).
+func keyAnonRules(c *conn, st map[string]*tableState) error {
+	for table, ts := range st {
+		elems := map[string][][]byte{}
+		for chain, rs := range ts.rules {
+			for i, r := range rs {
+				if r.anon == nil {
+					continue
+				}
+				key, err := exprKeyAnon(r.anon, func(l *expr.Lookup) ([][]byte, bool) {
+					if _, ok := elems[l.SetName]; !ok {
+						e, err := c.setElems(table, l.SetName)
+						if err != nil {
+							return nil, false
+						}
+						elems[l.SetName] = e
+					}
+					return elems[l.SetName], true
+				})
+				if err != nil {
+					return fmt.Errorf("rule of %s %s: %w", table, chain, err)
+				}
+				rs[i].key, rs[i].anon = key+r.key, nil
+			}
+		}
+	}
+	return nil
 }
 
 // newExpr returns an empty expression of the kinds our rules use.
@@ -255,10 +317,25 @@ func newExpr(name string) expr.Any {
 
 // exprKey is a rule's expressions as the kernel encodes them (counter values
 // zeroed), so a wanted rule and one read back compare byte for byte.
-func exprKey(exprs []expr.Any) (string, error) {
+func exprKey(exprs []expr.Any) (string, error) { return exprKeyAnon(exprs, nil) }
+
+// exprKeyAnon is exprKey where a lookup into an anonymous set is keyed by
+// the set's elements (anon resolves them), not by its name: the kernel
+// names the set (__set0, ...) and the name differs between namespaces.
+func exprKeyAnon(exprs []expr.Any, anon func(*expr.Lookup) ([][]byte, bool)) (string, error) {
 	var b bytes.Buffer
 	for _, e := range exprs {
 		switch v := e.(type) {
+		case *expr.TProxy:
+			fmt.Fprintf(&b, "tproxy{family=%d addr=%d port=%d}", v.Family, v.RegAddr, v.RegPort)
+			continue
+		case *expr.Lookup:
+			if anon != nil && strings.HasPrefix(v.SetName, "__set") {
+				if elems, ok := anon(v); ok {
+					e = &expr.Lookup{SourceRegister: v.SourceRegister, DestRegister: v.DestRegister, IsDestRegSet: v.IsDestRegSet,
+						Invert: v.Invert, SetName: elemsKey(elems)}
+				}
+			}
 		case *expr.Counter:
 			e = &expr.Counter{}
 		case *expr.Ct:
@@ -275,4 +352,36 @@ func exprKey(exprs []expr.Any) (string, error) {
 		b.Write(data)
 	}
 	return b.String(), nil
+}
+
+// elemsKey names a set by its elements, in a stable order.
+func elemsKey(elems [][]byte) string {
+	hexes := make([]string, len(elems))
+	for i, e := range elems {
+		hexes[i] = fmt.Sprintf("%x", e)
+	}
+	slices.Sort(hexes)
+	return "{" + strings.Join(hexes, ",") + "}"
+}
+
+// decodeTProxy reads a tproxy expression's attributes (family, address and
+// port registers, each a 32-bit big-endian number).
+func decodeTProxy(data []byte) (*expr.TProxy, error) {
+	ad, err := mnl.NewAttributeDecoder(data)
+	if err != nil {
+		return nil, err
+	}
+	ad.ByteOrder = binary.BigEndian
+	tp := &expr.TProxy{TableFamily: byte(inet)}
+	for ad.Next() {
+		switch ad.Type() {
+		case expr.NFTA_TPROXY_FAMILY:
+			tp.Family = byte(ad.Uint32())
+		case expr.NFTA_TPROXY_REG_ADDR:
+			tp.RegAddr = ad.Uint32()
+		case expr.NFTA_TPROXY_REG_PORT:
+			tp.RegPort = ad.Uint32()
+		}
+	}
+	return tp, ad.Err()
 }

@@ -96,8 +96,11 @@ func (t *tx) delChain(table, chain string) {
 	})
 }
 
-// addRule appends the rule to its chain.
+// addRule appends the rule to its chain, after its anonymous sets.
 func (t *tx) addRule(table string, r Rule) {
+	for _, a := range r.anon {
+		t.addAnonSet(table, a)
+	}
 	enc := r.enc
 	if enc == nil {
 		var err error
@@ -141,6 +144,46 @@ func (t *tx) addSet(table string, s Set, id uint32) {
 		ae.Uint32(unix.NFTA_SET_KEY_LEN, typ.Bytes)
 		ae.Uint32(unix.NFTA_SET_ID, id)
 		ae.Bytes(unix.NFTA_SET_USERDATA, userdata.AppendString(nil, userdata.NFTNL_UDATA_SET_COMMENT, probeSetComment))
+	})
+}
+
+// anonSetName is how a transaction names a new anonymous set; the kernel
+// numbers it.
+const anonSetName = "__set%d"
+
+// addAnonSet adds an anonymous constant set with its elements, as nft does
+// for `{ 53, 15008 }` in a rule; a.id names it for the rule's lookup.
+func (t *tx) addAnonSet(table string, a anonSet) {
+	t.add(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, "add anonymous set of "+table, func(ae *mnl.AttributeEncoder) {
+		ae.String(unix.NFTA_SET_TABLE, table)
+		ae.String(unix.NFTA_SET_NAME, anonSetName)
+		ae.Uint32(unix.NFTA_SET_FLAGS, unix.NFT_SET_ANONYMOUS|unix.NFT_SET_CONSTANT)
+		ae.Uint32(unix.NFTA_SET_KEY_TYPE, a.keyed.magic)
+		ae.Uint32(unix.NFTA_SET_KEY_LEN, a.keyed.len)
+		ae.Uint32(unix.NFTA_SET_ID, a.id)
+		ae.Nested(unix.NFTA_SET_DESC, func(d *mnl.AttributeEncoder) error {
+			d.Uint32(unix.NFTA_SET_DESC_SIZE, uint32(len(a.elems)))
+			return nil
+		})
+		// Key byte order: big endian (nft's own, for every constant set).
+		ae.Bytes(unix.NFTA_SET_USERDATA, userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 2))
+	})
+	t.add(unix.NFT_MSG_NEWSETELEM, unix.NLM_F_CREATE, "add anonymous set elements of "+table, func(ae *mnl.AttributeEncoder) {
+		ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+		ae.String(unix.NFTA_SET_ELEM_LIST_SET, anonSetName)
+		ae.Uint32(unix.NFTA_SET_ELEM_LIST_SET_ID, a.id)
+		ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(list *mnl.AttributeEncoder) error {
+			for _, e := range a.elems {
+				list.Nested(unix.NFTA_LIST_ELEM, func(el *mnl.AttributeEncoder) error {
+					el.Nested(unix.NFTA_SET_ELEM_KEY, func(k *mnl.AttributeEncoder) error {
+						k.Bytes(unix.NFTA_DATA_VALUE, e)
+						return nil
+					})
+					return nil
+				})
+			}
+			return nil
+		})
 	})
 }
 

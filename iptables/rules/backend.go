@@ -69,3 +69,21 @@ var ErrNoSet = errors.New("probe set does not exist")
 
 // IsNoSet reports whether err says a probe set does not exist.
 func IsNoSet(err error) bool { return errors.Is(err, ErrNoSet) }
+
+// SidecarBackend programs the sidecar rules (Istio's istio-cni sidecar
+// mode) of one technology. Like Backend's pod methods, each acts on the
+// calling thread's network namespace.
+type SidecarBackend interface {
+	// ApplySidecar makes the namespace's sidecar rules exactly o's; old,
+	// when known, are the options the pod had (their rules in built-in
+	// chains are removed too).
+	ApplySidecar(ctx context.Context, o SidecarOptions, old *SidecarOptions, v View) error
+	// VerifySidecar reports how the namespace's sidecar rules differ.
+	VerifySidecar(ctx context.Context, o SidecarOptions, v View) (Drift, error)
+	// DeleteSidecar removes every sidecar chain or table (and o's rules in
+	// built-in chains, when o is known).
+	DeleteSidecar(ctx context.Context, o *SidecarOptions, v View) error
+	// HoldsSidecar reports, cheaply, whether sidecar rules of this
+	// backend exist here.
+	HoldsSidecar(ctx context.Context, v View) (bool, error)
+}

@@ -183,6 +183,10 @@ type Agent struct {
 	podSeen               broadcast                                    // fires on every pod event
 
 	locks keyedMutex
+	// sidecar, when set, captures sidecar pods at CNI ADD (sidecar.go);
+	// sidecarInvalid is its invalid-pod error.
+	sidecar        SidecarCapture
+	sidecarInvalid error
 	// adds holds a token per CNI ADD enrolling (Config.MaxParallelAdds).
 	adds chan struct{}
 

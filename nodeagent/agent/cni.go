@@ -78,6 +78,9 @@ func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err er
 	for _, p := range ev.IPs {
 		ips = append(ips, p.Addr().Unmap())
 	}
+	if out, err, ok := a.addSidecar(ctx, pod, ev.NetnsPath, ips); ok {
+		return out, err
+	}
 	return a.sync(ctx, string(pod.UID), &cniInput{pod: pod, netnsPath: ev.NetnsPath, ips: ips})
 }
 

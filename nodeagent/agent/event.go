@@ -38,6 +38,9 @@ const (
 	Pending
 	// NotInMesh: the pod does not belong in the mesh; nothing was done.
 	NotInMesh
+	// SidecarCaptured: the pod has an injected istio-proxy; its traffic
+	// was redirected to that proxy (sidecar mode), not to ztunnel.
+	SidecarCaptured
 )
 
 func (o Outcome) String() string {
@@ -48,6 +51,8 @@ func (o Outcome) String() string {
 		return "pending"
 	case NotInMesh:
 		return "not-in-mesh"
+	case SidecarCaptured:
+		return "sidecar"
 	default:
 		return fmt.Sprintf("Outcome(%d)", int(o))
 	}

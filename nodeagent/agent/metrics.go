@@ -55,7 +55,7 @@ var (
 	// steps label ambientd_enrollment_step_duration_seconds.
 	steps = []string{"lookup", "netns", "rules", "ztunnel_ack", "probe_ips", "status_write"}
 	// cniOutcomes label ambientd_cni_add_total and ambientd_cni_add_duration_seconds.
-	cniOutcomes = []string{"enrolled", "pending", "not-in-mesh", "unknown", "error"}
+	cniOutcomes = []string{"enrolled", "pending", "not-in-mesh", "sidecar", "unknown", "error"}
 	// phases label ambientd_pods (a pod the agent does not hold is absent
 	// and not counted).
 	phases = []registry.Phase{registry.Unverified, registry.Pending, registry.Enabled, registry.Releasing, registry.Uncaptured}
@@ -213,7 +213,7 @@ func outcomeLabel(o Outcome, err error) string {
 	switch {
 	case err != nil:
 		return "error"
-	case o == Enrolled, o == Pending, o == NotInMesh:
+	case o == Enrolled, o == Pending, o == NotInMesh, o == SidecarCaptured:
 		return o.String()
 	}
 	return "unknown"

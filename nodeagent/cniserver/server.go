@@ -37,6 +37,7 @@ const (
 	Enrolled       = agent.Enrolled
 	Pending        = agent.Pending
 	NotInMesh      = agent.NotInMesh
+	Sidecar        = agent.SidecarCaptured
 )
 
 func outcomeProto(o Outcome) cniapi.Outcome {
@@ -47,6 +48,8 @@ func outcomeProto(o Outcome) cniapi.Outcome {
 		return cniapi.Outcome_OUTCOME_PENDING
 	case NotInMesh:
 		return cniapi.Outcome_OUTCOME_NOT_IN_MESH
+	case Sidecar:
+		return cniapi.Outcome_OUTCOME_SIDECAR
 	default:
 		return cniapi.Outcome_OUTCOME_UNSPECIFIED
 	}

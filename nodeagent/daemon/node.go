@@ -54,6 +54,8 @@ type Config struct {
 	// Components are further parts of the process (the CNI installer),
 	// started before all others and stopped after them.
 	Components []Component
+	// Sidecar configures sidecar mode and its repair controller.
+	Sidecar SidecarConfig
 }
 
 // Node is the whole node agent process: the agent core, its two socket
@@ -65,6 +67,8 @@ type Node struct {
 	zt    *ztunnel.Server
 	cni   *cniserver.Server
 	ready *nodeready.Controller
+	// sidecar are sidecar mode's parts (run after the agent starts).
+	sidecar []Component
 	// pluginInstalled is shared by the node condition and /readyz.
 	pluginInstalled func() error
 }
@@ -105,8 +109,12 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	if err := registerPluginCheck(&cfg, a.Metrics()); err != nil {
 		return nil, err
 	}
+	sc, err := sidecarParts(cfg, client, rules, a, log)
+	if err != nil {
+		return nil, err
+	}
 	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
-	n := &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs, pluginInstalled: cfg.PluginInstalled}
+	n := &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled}
 	nrCfg := cfg.NodeReady
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
@@ -179,6 +187,7 @@ func (n *Node) components() []Component {
 	if n.cfg.MetricsAddr != "" {
 		cs = append(cs, HTTP("--metrics-addr server", n.cfg.MetricsAddr, promhttp.HandlerFor(n.agent.Metrics(), promhttp.HandlerOpts{})))
 	}
+	cs = append(cs, n.sidecar...)
 	return append(cs,
 		n.adminServer(),
 		Func("status writer", n.agent.RunStatusWriter),

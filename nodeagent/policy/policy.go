@@ -1,9 +1,13 @@
-// Package policy decides whether a pod belongs in the ambient mesh. It is pure:
-// it looks only at the pod and its namespace's labels, never at the cluster.
+// Package policy decides, in one place, which data plane a pod gets from
+// this node agent: the ambient mesh (rules to ztunnel), sidecar capture
+// (rules to the pod's own istio-proxy, Istio's injector having added it), or
+// nothing. It is pure: it looks only at the pod and its namespace's labels,
+// never at the cluster.
 package policy
 
 import (
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -27,10 +31,29 @@ const (
 	ReasonTerminal          Reason = "terminal"
 )
 
-// Decision is the outcome of Decide.
+// Decision is the outcome of Decide. At most one of InMesh and Sidecar is
+// set.
 type Decision struct {
+	// InMesh: the ambient mesh (Reason says why, or why not).
 	InMesh bool
 	Reason Reason
+	// Sidecar: the pod's traffic is captured for its injected istio-proxy
+	// (Istio's istio-cni sidecar mode, see SidecarDecision).
+	Sidecar bool
+	// SidecarSkip, for a pod that looks injected but is not captured, is
+	// why (Istio's own wording of its skip, for logs).
+	SidecarSkip string
+}
+
+// Mode names the data plane decided: "ambient", "sidecar" or "none".
+func (d Decision) Mode() string {
+	switch {
+	case d.InMesh:
+		return "ambient"
+	case d.Sidecar:
+		return "sidecar"
+	}
+	return "none"
 }
 
 // Config holds what the policy needs besides the pod.
@@ -49,6 +72,11 @@ type Config struct {
 	SelfLabels map[string]string
 }
 
+// IstioAgentPodPrefix names the pods of Istio's own node agent DaemonSet
+// (istio-cni-node-*): in the system namespace, an injected one is skipped as
+// Istio skips its own pods (ours are recognised by SelfLabels).
+const IstioAgentPodPrefix = "istio-cni-node-"
+
 // DefaultSystemNamespace is where Istio (and the shipped DaemonSet) runs
 // ztunnel and the node agent.
 const DefaultSystemNamespace = "istio-system"
@@ -63,25 +91,31 @@ func DefaultConfig() Config {
 	}
 }
 
-// Decide says whether pod belongs in the mesh given its namespace's labels.
-// The exclusions come first: no label can enroll a hostNetwork pod, a sidecar
-// pod, ztunnel or the agent itself (in the system namespace), or a pod in an
-// excluded namespace. Terminal
-// pods (Succeeded/Failed) are out: their network is about to go away.
+// Decide says which data plane pod gets, given its namespace's labels.
+// The exclusions come first: no label can enroll a hostNetwork pod, ztunnel
+// or the agent itself (in the system namespace), or a pod in an excluded
+// namespace, in either mode. Terminal pods (Succeeded/Failed) are out: their
+// network is about to go away. A pod Istio's injector gave a sidecar (the
+// sidecar.istio.io/status annotation) is never ambient, whatever its labels
+// (as in Istio); it is captured for its proxy when SidecarDecision says so.
 func (c Config) Decide(pod *corev1.Pod, nsLabels map[string]string) Decision {
 	switch {
 	case slices.Contains(c.ExcludeNamespaces, pod.Namespace):
 		return Decision{Reason: ReasonExcludedNamespace}
 	case pod.Spec.HostNetwork:
 		return Decision{Reason: ReasonHostNetwork}
-	case hasKey(pod.Annotations, podmeta.AnnotationSidecarStatus):
-		return Decision{Reason: ReasonSidecar}
 	case c.system(pod) && matches(pod.Labels, c.ZtunnelLabels):
 		return Decision{Reason: ReasonZtunnel}
 	case c.system(pod) && matches(pod.Labels, c.SelfLabels):
 		return Decision{Reason: ReasonSelf}
 	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
 		return Decision{Reason: ReasonTerminal}
+	case hasKey(pod.Annotations, podmeta.AnnotationSidecarStatus):
+		if c.system(pod) && strings.HasPrefix(pod.Name, IstioAgentPodPrefix) {
+			return Decision{Reason: ReasonSelf, SidecarSkip: pod.Name + " looks like our own agent pod, skipping"}
+		}
+		capture, skip := SidecarDecision(pod)
+		return Decision{Reason: ReasonSidecar, Sidecar: capture, SidecarSkip: skip}
 	}
 	switch pod.Labels[podmeta.LabelDataplaneMode] {
 	case podmeta.ModeNone:
@@ -92,7 +126,13 @@ func (c Config) Decide(pod *corev1.Pod, nsLabels map[string]string) Decision {
 	if nsLabels[podmeta.LabelDataplaneMode] == podmeta.ModeAmbient {
 		return Decision{InMesh: true, Reason: ReasonNamespaceLabel}
 	}
-	return Decision{Reason: ReasonNotLabelled}
+	d := Decision{Reason: ReasonNotLabelled}
+	if _, ok := proxyContainer(pod); ok {
+		// An istio-proxy without the status annotation: Istio skips it
+		// (the last check of its order); say so in Istio's words.
+		_, d.SidecarSkip = SidecarDecision(pod)
+	}
+	return d
 }
 
 // system reports whether pod runs in the system namespace.

@@ -20,6 +20,7 @@ func TestDecide(t *testing.T) {
 		return p
 	}
 	hostNet := func(p *corev1.Pod) { p.Spec.HostNetwork = true }
+	const noProxy = "excluded because it does not have istio-proxy container (have [])"
 	phase := func(ph corev1.PodPhase) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Status.Phase = ph } }
 
 	tests := []struct {
@@ -28,24 +29,24 @@ func TestDecide(t *testing.T) {
 		nsLabels map[string]string
 		want     Decision
 	}{
-		{"namespace labelled", pod("a", nil, nil), ambient, Decision{true, ReasonNamespaceLabel}},
-		{"pod labelled", pod("a", ambient, nil), nil, Decision{true, ReasonPodLabel}},
-		{"nothing labelled", pod("a", nil, nil), nil, Decision{false, ReasonNotLabelled}},
-		{"other namespace mode", pod("a", nil, nil), map[string]string{podmeta.LabelDataplaneMode: "sidecar"}, Decision{false, ReasonNotLabelled}},
-		{"pod opts out of ambient namespace", pod("a", none, nil), ambient, Decision{false, ReasonPodOptOut}},
-		{"excluded namespace beats pod label", pod("kube-system", ambient, nil), ambient, Decision{false, ReasonExcludedNamespace}},
-		{"host network", pod("a", ambient, nil, hostNet), ambient, Decision{false, ReasonHostNetwork}},
-		{"sidecar injected", pod("a", nil, map[string]string{podmeta.AnnotationSidecarStatus: "{}"}), ambient, Decision{false, ReasonSidecar}},
-		{"sidecar annotation empty still counts", pod("a", nil, map[string]string{podmeta.AnnotationSidecarStatus: ""}), ambient, Decision{false, ReasonSidecar}},
-		{"ztunnel pod", pod("istio-system", map[string]string{"app": "ztunnel"}, nil), ambient, Decision{false, ReasonZtunnel}},
-		{"agent pod", pod("istio-system", map[string]string{"app": "ambientd", podmeta.LabelDataplaneMode: podmeta.ModeAmbient}, nil), ambient, Decision{false, ReasonSelf}},
+		{"namespace labelled", pod("a", nil, nil), ambient, Decision{InMesh: true, Reason: ReasonNamespaceLabel}},
+		{"pod labelled", pod("a", ambient, nil), nil, Decision{InMesh: true, Reason: ReasonPodLabel}},
+		{"nothing labelled", pod("a", nil, nil), nil, Decision{InMesh: false, Reason: ReasonNotLabelled}},
+		{"other namespace mode", pod("a", nil, nil), map[string]string{podmeta.LabelDataplaneMode: "sidecar"}, Decision{InMesh: false, Reason: ReasonNotLabelled}},
+		{"pod opts out of ambient namespace", pod("a", none, nil), ambient, Decision{InMesh: false, Reason: ReasonPodOptOut}},
+		{"excluded namespace beats pod label", pod("kube-system", ambient, nil), ambient, Decision{InMesh: false, Reason: ReasonExcludedNamespace}},
+		{"host network", pod("a", ambient, nil, hostNet), ambient, Decision{InMesh: false, Reason: ReasonHostNetwork}},
+		{"sidecar injected", pod("a", nil, map[string]string{podmeta.AnnotationSidecarStatus: "{}"}), ambient, Decision{Reason: ReasonSidecar, SidecarSkip: noProxy}},
+		{"sidecar annotation empty still counts", pod("a", nil, map[string]string{podmeta.AnnotationSidecarStatus: ""}), ambient, Decision{Reason: ReasonSidecar, SidecarSkip: noProxy}},
+		{"ztunnel pod", pod("istio-system", map[string]string{"app": "ztunnel"}, nil), ambient, Decision{InMesh: false, Reason: ReasonZtunnel}},
+		{"agent pod", pod("istio-system", map[string]string{"app": "ambientd", podmeta.LabelDataplaneMode: podmeta.ModeAmbient}, nil), ambient, Decision{InMesh: false, Reason: ReasonSelf}},
 		// Istio scopes the mesh's own pods to the system namespace: a
 		// user's app=ztunnel elsewhere is an ordinary pod.
-		{"app=ztunnel outside the system namespace", pod("shop", map[string]string{"app": "ztunnel"}, nil), ambient, Decision{true, ReasonNamespaceLabel}},
-		{"app=ambientd outside the system namespace", pod("shop", map[string]string{"app": "ambientd", podmeta.LabelDataplaneMode: podmeta.ModeAmbient}, nil), nil, Decision{true, ReasonPodLabel}},
-		{"succeeded pod", pod("a", nil, nil, phase(corev1.PodSucceeded)), ambient, Decision{false, ReasonTerminal}},
-		{"failed pod", pod("a", nil, nil, phase(corev1.PodFailed)), ambient, Decision{false, ReasonTerminal}},
-		{"running pod", pod("a", nil, nil, phase(corev1.PodRunning)), ambient, Decision{true, ReasonNamespaceLabel}},
+		{"app=ztunnel outside the system namespace", pod("shop", map[string]string{"app": "ztunnel"}, nil), ambient, Decision{InMesh: true, Reason: ReasonNamespaceLabel}},
+		{"app=ambientd outside the system namespace", pod("shop", map[string]string{"app": "ambientd", podmeta.LabelDataplaneMode: podmeta.ModeAmbient}, nil), nil, Decision{InMesh: true, Reason: ReasonPodLabel}},
+		{"succeeded pod", pod("a", nil, nil, phase(corev1.PodSucceeded)), ambient, Decision{InMesh: false, Reason: ReasonTerminal}},
+		{"failed pod", pod("a", nil, nil, phase(corev1.PodFailed)), ambient, Decision{InMesh: false, Reason: ReasonTerminal}},
+		{"running pod", pod("a", nil, nil, phase(corev1.PodRunning)), ambient, Decision{InMesh: true, Reason: ReasonNamespaceLabel}},
 	}
 	cfg := DefaultConfig()
 	for _, tt := range tests {
@@ -72,10 +73,10 @@ func TestDecideSystemNamespaceSetting(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.SystemNamespace = "mesh-system"
-	if got := cfg.Decide(zt("mesh-system"), ambient); got != (Decision{false, ReasonZtunnel}) {
+	if got := cfg.Decide(zt("mesh-system"), ambient); got != (Decision{InMesh: false, Reason: ReasonZtunnel}) {
 		t.Errorf("ztunnel in the configured system namespace: %+v", got)
 	}
-	if got := cfg.Decide(zt("istio-system"), ambient); got != (Decision{true, ReasonNamespaceLabel}) {
+	if got := cfg.Decide(zt("istio-system"), ambient); got != (Decision{InMesh: true, Reason: ReasonNamespaceLabel}) {
 		t.Errorf("app=ztunnel in istio-system when the system namespace is mesh-system: %+v", got)
 	}
 	cfg.SystemNamespace = ""

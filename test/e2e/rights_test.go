@@ -36,7 +36,8 @@ import (
 
 // renderOverlay renders deploy/ through a kustomize overlay made of
 // `resources: [deploy/]` plus the kustomization lines in extra (e.g.
-// "namePrefix: acme-"), as a user's overlay would.
+// "namePrefix: acme-"; $DEPLOY in them is the relative path to deploy/), as
+// a user's overlay would.
 func renderOverlay(t *testing.T, extra string) []*unstructured.Unstructured {
 	t.Helper()
 	dir := t.TempDir()
@@ -44,6 +45,7 @@ func renderOverlay(t *testing.T, extra string) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatal(err)
 	}
+	extra = strings.ReplaceAll(extra, "$DEPLOY", base)
 	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - " + base + "\n" + extra + "\n"
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)

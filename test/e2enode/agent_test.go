@@ -135,6 +135,11 @@ func TestAgentOnRealNode(t *testing.T) {
 	}{
 		{"DaemonSetReadyOnlyAfterZtunnel", r.daemonSetReadyOnlyAfterZtunnel},
 		{"AmbientPodEnrolledCapturedReady", r.ambientPodEnrolledCapturedReady},
+		{"SidecarPodCapturedValidated", r.sidecarPodCapturedValidated},
+		{"SidecarSkipCases", r.sidecarSkipCases},
+		{"SidecarPodWithoutPluginRepaired", r.sidecarPodWithoutPluginRepaired},
+		{"SidecarNamespaceMigratesToAmbient", r.sidecarNamespaceMigratesToAmbient},
+		{"SidecarBrokenPodDeleted", r.sidecarBrokenPodDeleted},
 		{"GatedPodNotReadyWithoutZtunnel", r.gatedPodNotReadyWithoutZtunnel},
 		{"AdmissionGatesFromPolicy", r.admissionGatesFromPolicy},
 		{"StartupCost", r.startupCost},

@@ -47,7 +47,8 @@ const (
 	// host-local at the version go.mod pins (the pod network of every test
 	// environment).
 	CNIPlugins Part = "cni-plugins"
-	// Ours are bin/ambientd, bin/ambientd-cni and bin/ztunnel-emulator.
+	// Ours are bin/ambientd, bin/ambientd-cni, bin/ztunnel-emulator and
+	// bin/sidecar-validation.
 	Ours Part = "ours"
 	// Image is the agent image, bin/ambientd-image.tar (hack/image.sh).
 	Image Part = "image"
@@ -106,7 +107,7 @@ var titles = map[Part]string{
 	Packages:     "Debian packages",
 	NodePackages: "Debian packages for the node (containerd, runc)",
 	CNIPlugins:   "CNI reference plugins (loopback, bridge, host-local)",
-	Ours:         "ambientd, ambientd-cni, ztunnel-emulator (bin/)",
+	Ours:         "ambientd, ambientd-cni, ztunnel-emulator, sidecar-validation (bin/)",
 	Image:        "the agent image (bin/ambientd-image.tar)",
 	"modules":    "the Go modules of Kubernetes and etcd (download)",
 }
@@ -156,6 +157,9 @@ var Programs = []Program{
 	{Name: "ambientd", Package: "./cmd/ambientd", Tags: []string{"grpcnotrace"}, Shipped: true},
 	{Name: "ambientd-cni", Package: "./cmd/ambientd-cni", Tags: []string{"grpcnotrace"}, Shipped: true},
 	{Name: "ztunnel-emulator", Package: "./cmd/ztunnel-emulator"},
+	// Our istio-validation (sidecar mode's init container check), the
+	// real-node suite's validation image and the e2e tests' check.
+	{Name: "sidecar-validation", Package: "./cmd/sidecar-validation"},
 }
 
 // buildArgs are the go build arguments for p into out.
@@ -185,7 +189,7 @@ type Binaries struct {
 	// CNIRefDir holds the reference plugins loopback, bridge, host-local.
 	CNIRefDir string
 	// Ours, in bin/.
-	Agent, CNIPlugin, Emulator string
+	Agent, CNIPlugin, Emulator, Validation string
 	// Image is the agent image archive.
 	Image string
 }
@@ -211,7 +215,8 @@ func Locate(root string) (Binaries, error) {
 		Scheduler: filepath.Join(kube, "kube-scheduler"), Kubectl: filepath.Join(kube, "kubectl"),
 		CNIRefDir: cni,
 		Agent:     filepath.Join(bin, "ambientd"), CNIPlugin: filepath.Join(bin, "ambientd-cni"), Emulator: filepath.Join(bin, "ztunnel-emulator"),
-		Image: filepath.Join(bin, "ambientd-image.tar"),
+		Validation: filepath.Join(bin, "sidecar-validation"),
+		Image:      filepath.Join(bin, "ambientd-image.tar"),
 	}
 	for _, x := range []struct {
 		dst  *string
@@ -242,7 +247,7 @@ func (b Binaries) files(p Part) []string {
 	case CNIPlugins:
 		return []string{filepath.Join(b.CNIRefDir, "loopback"), filepath.Join(b.CNIRefDir, "bridge"), filepath.Join(b.CNIRefDir, "host-local")}
 	case Ours:
-		return []string{b.Agent, b.CNIPlugin, b.Emulator}
+		return []string{b.Agent, b.CNIPlugin, b.Emulator, b.Validation}
 	case Image:
 		return []string{b.Image}
 	case NodePackages:
