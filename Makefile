@@ -7,7 +7,7 @@ PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 
-.PHONY: all build deps test e2e e2e-node bench bench-e2e demo demo-lite generate lint check clean image image-test fresh-check istio-oracle
+.PHONY: all build deps test e2e e2e-node e2e-switch bench bench-e2e demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-agent-image
 
 all: build
 
@@ -77,6 +77,19 @@ fresh-check:
 istio-oracle:
 	cd test/istio-oracle && $(GO) build -o ../../bin/ . ./cmd/istio-validation
 	cd test/istio-oracle && ../../bin/istio-oracle -out testdata/sidecar
+
+# Istio's own node agent (install-cni + istio-cni) as an image archive,
+# bin/istio-agent-image.tar: compiled from test/istio-oracle's pinned Istio on
+# the Debian layer of `make image`. Cold it costs the oracle module's cold
+# build (~10 CPU-minutes); only e2e-switch needs it.
+istio-agent-image:
+	hack/istio-agent-image.sh
+
+# Switching a live node between Istio's node agent and ambientd, both ways,
+# Istio's iptables default and its native nftables mode, on the real node
+# (docs/realnode.md). Builds Istio's agent first, so it is not part of check.
+e2e-switch:
+	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e-switch.sh
 
 generate:
 	@command -v protoc >/dev/null || hack/deps.sh
