@@ -22,8 +22,10 @@ var node *nodeenv.Node
 
 // The node registers without the startup taint: Istio's agent never removes
 // it (istiod does, in a cluster), and the scenarios are not about readiness.
+// It gets a PID namespace of its own: Istio's agent reads the host's network
+// namespace through /host/proc/1 (nodeenv's pidns.go).
 func TestMain(m *testing.M) {
-	nodeenv.Main(m, nodeenv.Options{}, func(n *nodeenv.Node) { node = n })
+	nodeenv.Main(m, nodeenv.Options{PIDNamespace: true}, func(n *nodeenv.Node) { node = n })
 }
 
 // testContext is bounded generously (the machine may be busy building) and

@@ -22,6 +22,9 @@ import (
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
+// stepTimeout bounds each wait of a scenario (the machine may be busy).
+const stepTimeout = 3 * time.Minute
+
 // scenario is one way of running the two agents.
 type scenario struct {
 	name string
@@ -156,12 +159,10 @@ func (r *run) scenario(ctx context.Context) {
 		t.Errorf("with no agent running the pods' rules moved from %s to %s", istio1, got)
 	}
 	r.kubectl(ctx, "apply", "-k", r.ambientd)
-	if err := nodeenv.Poll(ctx, "ambientd ready", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+	r.poll(ctx, "ambientd ready", func(ctx context.Context) (bool, error) {
 		code, _, err := nodeenv.AgentReadyz(ctx)
 		return err == nil && code == http.StatusOK, err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	r.waitSnapshot(ctx, "ambientd", "a", "b")
 	if got := r.step(ctx, "ambientd adopted a and b"); got != r.sc.ambientd {
 		t.Errorf("ambientd runs with the pods' rules in %s, want %s", got, r.sc.ambientd)
@@ -189,13 +190,11 @@ func (r *run) scenario(ctx context.Context) {
 	unlabelled := time.Now()
 	r.kubectl(ctx, "-n", r.ns, "label", "pod", "b", podmeta.LabelDataplaneMode+"=none", "--overwrite")
 	var released time.Time
-	if err := nodeenv.Poll(ctx, "Istio removes b's rules", 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+	r.poll(ctx, "Istio removes b's rules", func(ctx context.Context) (bool, error) {
 		j, err := readJumps(ctx, r.netns["b"])
 		released = time.Now()
 		return err == nil && len(j.backends()) == 0, err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	time.Sleep(2 * time.Second) // ten more samples of every pod
 	for _, name := range []string{"a", "c"} {
 		if _, err := r.jumps(ctx, name); err != nil {
@@ -280,6 +279,9 @@ func (r *run) jumps(ctx context.Context, name string) (string, error) {
 // is in ztunnel's workloads, and samples its outbound traffic from then on.
 func (r *run) startPod(ctx context.Context, name string) {
 	t := r.t
+	sctx := ctx // the sampler runs until the scenario ends
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
 	if _, err := node.Env.CP.Admin.CoreV1().Pods(r.ns).Create(ctx, nodeenv.AppPod(name), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -296,11 +298,13 @@ func (r *run) startPod(ctx context.Context, name string) {
 		t.Fatal(err)
 	}
 	r.netns[name], r.uids[name] = path, uid
-	r.samplers[name] = startSampler(ctx, name, path, r.peer.Addr)
+	r.samplers[name] = startSampler(sctx, name, path, r.peer.Addr)
 }
 
 // deployIstio applies Istio's agent and waits until its pod is Ready.
 func (r *run) deployIstio(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
 	r.kubectl(ctx, "apply", "-k", r.istio)
 	if err := nodeenv.Poll(ctx, "Istio's agent Ready", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		p, err := node.IstioAgentPod(ctx)
@@ -330,6 +334,8 @@ func (r *run) waitSnapshot(ctx context.Context, who string, pods ...string) {
 
 func (r *run) waitEmu(ctx context.Context, what string, cond func(ztunnelemu.State) bool) ztunnelemu.State {
 	r.t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
 	var st ztunnelemu.State
 	if err := nodeenv.Poll(ctx, what, 100*time.Millisecond, func(ctx context.Context) (bool, error) {
 		st = ztunnelemu.State{}
@@ -343,7 +349,19 @@ func (r *run) waitEmu(ctx context.Context, what string, cond func(ztunnelemu.Sta
 	return st
 }
 
+// poll waits, at most stepTimeout, for cond (checked every 100 ms).
+func (r *run) poll(ctx context.Context, what string, cond func(context.Context) (bool, error)) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	if err := nodeenv.Poll(ctx, what, 100*time.Millisecond, cond); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
 func (r *run) waitGone(ctx context.Context, what string, get func(context.Context) (*corev1.Pod, error)) {
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
 	if err := nodeenv.Poll(ctx, what+" gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		p, err := get(ctx)
 		return p == nil, err
