@@ -100,7 +100,6 @@ func TestSwitch(t *testing.T) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			r := &run{t: t, sc: sc, em: em, peer: p, samplers: map[string]*sampler{}}
-			t.Cleanup(r.diagnostics)
 			r.scenario(ctx)
 		})
 	}
@@ -139,6 +138,7 @@ func (r *run) scenario(ctx context.Context) {
 	// DEL reaches the agent that enrolled them.
 	t.Cleanup(func() { r.deleteNamespace() })
 	annotations := watchAnnotations(t, r.ns)
+	t.Cleanup(r.diagnostics) // first of the cleanups: the pods and agents are still there
 
 	// 1. Istio's agent enrolls a and b.
 	start := time.Now()
@@ -174,8 +174,14 @@ func (r *run) scenario(ctx context.Context) {
 
 	// 4. ambientd → Istio: the documented uninstall (the handover is in the
 	// agent's settings), then Istio's DaemonSet again.
+	agentLog := r.followAgentLog(ctx)
 	r.kubectl(ctx, "delete", "-k", r.ambientd, "--cascade=foreground")
 	r.waitGone(ctx, "ambientd's agent pod", node.AgentPod)
+	for _, line := range agentLog() {
+		if strings.Contains(line, "handover") || strings.Contains(line, "handing") || strings.Contains(line, "uninstall") || strings.Contains(line, "Istio's agent will use") {
+			t.Logf("ambientd: %s", line)
+		}
+	}
 	handedOver := r.step(ctx, "ambientd handed over and is gone")
 	r.deployIstio(ctx)
 	r.waitSnapshot(ctx, "Istio's agent", "a", "b", "c")
@@ -189,12 +195,16 @@ func (r *run) scenario(ctx context.Context) {
 	// of any capture is left in it.
 	unlabelled := time.Now()
 	r.kubectl(ctx, "-n", r.ns, "label", "pod", "b", podmeta.LabelDataplaneMode+"=none", "--overwrite")
-	var released time.Time
-	r.poll(ctx, "Istio removes b's rules", func(ctx context.Context) (bool, error) {
-		j, err := readJumps(ctx, r.netns["b"])
-		released = time.Now()
-		return err == nil && len(j.backends()) == 0, err
+	// Istio's agent deletes its rules in the pod, then tells ztunnel.
+	r.waitEmu(ctx, "Istio's Del of b", func(s ztunnelemu.State) bool {
+		return slices.ContainsFunc(s.Requests, func(q ztunnelemu.RequestRecord) bool {
+			return q.Op == "del" && q.UID == r.uids["b"] && q.At.After(unlabelled)
+		})
 	})
+	released := time.Now()
+	if j, err := readJumps(ctx, r.netns["b"]); err != nil || len(j.backends()) != 0 {
+		t.Errorf("pod b, out of the mesh and out of ztunnel, still has capture rules no agent owns: %s (%v)", j, err)
+	}
 	time.Sleep(2 * time.Second) // ten more samples of every pod
 	for _, name := range []string{"a", "c"} {
 		if _, err := r.jumps(ctx, name); err != nil {
@@ -347,6 +357,25 @@ func (r *run) waitEmu(ctx context.Context, what string, cond func(ztunnelemu.Sta
 		r.t.Fatal(err)
 	}
 	return st
+}
+
+// followAgentLog follows the log of ambientd's pod until it ends; the
+// function returned waits for that end and returns the lines.
+func (r *run) followAgentLog(ctx context.Context) func() []string {
+	p, err := node.AgentPod(ctx)
+	if err != nil || p == nil {
+		r.t.Fatalf("ambientd's pod: %v", err)
+	}
+	var out strings.Builder
+	cmd := exec.CommandContext(ctx, node.Bins.Kubectl, "--kubeconfig="+node.Env.CP.AdminKubeconfig, "logs", "-f", "-n", "istio-system", p.Name)
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	return func() []string {
+		_ = cmd.Wait()
+		return strings.Split(strings.TrimSpace(out.String()), "\n")
+	}
 }
 
 // poll waits, at most stepTimeout, for cond (checked every 100 ms).
