@@ -68,7 +68,7 @@ func (n *Node) IstioAgentTag() (string, error) {
 func (n *Node) IstioAgentImageArchive() (string, error) {
 	p := filepath.Join(n.Env.Root, "bin", "istio-agent-image.tar")
 	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("Istio's agent image: %w (run `make istio-agent-image` first; `make e2e-switch` does)", err)
+		return "", fmt.Errorf("image of Istio's agent: %w (run `make istio-agent-image` first; `make e2e-switch` does)", err)
 	}
 	return p, nil
 }
@@ -82,7 +82,7 @@ func (n *Node) IstioAgentImageArchive() (string, error) {
 func (n *Node) WriteIstioAgentOverlay(dir string, v IstioAgentVariant) (string, error) {
 	rendered, err := os.ReadFile(filepath.Join(n.Env.Root, "test", "istio-oracle", "testdata", "cni", string(v)+".yaml"))
 	if err != nil {
-		return "", fmt.Errorf("Istio's rendered Cni component: %w", err)
+		return "", fmt.Errorf("rendered Cni component of Istio: %w", err)
 	}
 	tag, err := n.IstioAgentTag()
 	if err != nil {
