@@ -7,7 +7,7 @@ PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 
-.PHONY: all build deps test e2e e2e-node bench bench-e2e demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check
+.PHONY: all build deps test e2e e2e-node e2e-switch bench bench-e2e demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
 
 all: build
 
@@ -86,6 +86,19 @@ istio-oracle:
 istio-oracle-check: istio-oracle
 	ISTIO_VALIDATION=$(CURDIR)/bin/istio-validation $(GO) test -tags istiooracle -count=1 -v -run 'Istio|Sidecar|Decision|Rules' ./nodeagent/sidecar/
 
+# Istio's own node agent (install-cni + istio-cni) as an image archive,
+# bin/istio-agent-image.tar: compiled from test/istio-oracle's pinned Istio on
+# the Debian layer of `make image`. Cold it costs the oracle module's cold
+# build (~10 CPU-minutes); only e2e-switch needs it.
+istio-agent-image:
+	hack/istio-agent-image.sh
+
+# Switching a live node between Istio's node agent and ambientd, both ways,
+# Istio's iptables default and its native nftables mode, on the real node
+# (docs/realnode.md). Builds Istio's agent first, so it is not part of check.
+e2e-switch:
+	E2E_TIMEOUT=$(E2E_TIMEOUT) hack/e2e-switch.sh
+
 generate:
 	@command -v protoc >/dev/null || hack/deps.sh
 	hack/generate.sh
@@ -95,6 +108,7 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./test/...
 	$(GO) vet -tags e2enode ./test/...
+	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
 	$(GO) tool staticcheck $(PKGS)
 
 # The README's test command: everything CI checks.

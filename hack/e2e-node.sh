@@ -13,6 +13,8 @@
 #
 #   E2E_TIMEOUT=30m   go test -timeout
 #   E2E_RUN=regexp    go test -run
+#   E2E_PKGS=...      the packages (default ./test/e2enode/...; hack/e2e-switch.sh
+#                     runs ./test/e2eswitch/... this way)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +36,7 @@ if [ -n "${E2E_RUN:-}" ]; then
 fi
 
 set +e
-go test "${args[@]}" ./test/e2enode/...
+go test "${args[@]}" ${E2E_PKGS:-./test/e2enode/...}
 rc=$?
 set -e
 suite=$(( $(date +%s) - start - build ))

@@ -36,7 +36,7 @@ func (m *Manager) choose(ctx context.Context) (Mode, error) {
 			holders = append(holders, mode)
 		}
 	}
-	probeIPSets, err := ipset.Exist()
+	probeIPSets, err := ipset.Exist([]Family{IPv4, IPv6})
 	if err != nil {
 		m.log.Debug("ipsets unreadable", "err", err)
 	}

@@ -84,3 +84,25 @@ func (m *Manager) persist() error {
 	}
 	return nil
 }
+
+// ForgetChoice removes the persisted backend choice, once nothing of ours
+// is left on the node — our host rules and probe sets deleted and every
+// pod's rules handed over to another agent — so an install after that
+// chooses afresh instead of moving the pods back to a backend none of them
+// uses. A choice recorded for another network namespace stays. Nothing
+// persisted is fine.
+func (m *Manager) ForgetChoice() error {
+	if m.cfg.StateDir == "" {
+		return nil
+	}
+	mode, err := m.readState()
+	if err != nil || mode == "" {
+		return err
+	}
+	path := filepath.Join(m.cfg.StateDir, stateFile)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("forgetting the rule backend: %w", err)
+	}
+	m.log.Info("rule backend choice forgotten: nothing of ours is left on the node", "mode", string(mode), "file", path)
+	return nil
+}

@@ -36,6 +36,7 @@ type runFlags struct {
 	adminSocket                                     string
 	healthAddr, metricsAddr, hostProc, iptablesMode string
 	excludeNamespaces, logLevel, runDir             string
+	handover                                        string
 	systemNamespace                                 string
 	podConditionType, ztunnelSocketMode             string
 	kubeletUID, ztunnelAllowedUIDs                  string
@@ -82,6 +83,7 @@ var envOf = map[string]string{
 	"workers":              "AMBIENTD_WORKERS",
 	"max-parallel-adds":    "AMBIENTD_MAX_PARALLEL_ADDS",
 	"ztunnel-allowed-uids": "AMBIENTD_ZTUNNEL_ALLOWED_UIDS",
+	"handover":             "AMBIENTD_HANDOVER",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -118,6 +120,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.ztunnelSocketMode, "ztunnel-socket-mode", "0600", "permission bits of the ztunnel socket (octal); widen it (e.g. 0660) for a non-root ztunnel")
 	fs.StringVar(&f.ztunnelAllowedUIDs, "ztunnel-allowed-uids", "0", "comma-separated uids ztunnel may connect as; any other process that reaches the ztunnel socket (it would receive every pod's network namespace) is refused, logged and counted (SO_PEERCRED)")
 	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin into the host's bin dir and config, keep it there, report it in readiness (see docs/install.md)")
+	fs.StringVar(&f.handover, "handover", string(iptables.SuccessorNone), "the node agent that takes the node over when this one uninstalls (not at an upgrade or restart): none (pods keep their rules as they are), istio (Istio's istio-cni with its chart defaults: iptables), istio-nftables (Istio's native nftables mode), or the backend an agent is pinned to (legacy, nft, nftables); before uninstalling, every enrolled pod's rules are moved to the backend that agent will use (docs/install.md, \"Switching\"). Needs --install-cni")
 	fs.BoolVar(&f.failPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
 	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", def.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
 	fs.DurationVar(&f.retryBase, "retry-base-delay", def.RetryBaseDelay, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
@@ -207,6 +210,11 @@ func (f runFlags) validate() error {
 	}
 	if _, err := iptables.ParseMode(f.iptablesMode); err != nil {
 		return fmt.Errorf("--iptables: %w", err)
+	}
+	if s, err := iptables.ParseSuccessor(f.handover); err != nil {
+		return fmt.Errorf("--handover: %w", err)
+	} else if s != iptables.SuccessorNone && !f.installCNI {
+		return fmt.Errorf("--handover %s needs --install-cni: only the installer's shutdown rule tells an uninstall from an upgrade", f.handover)
 	}
 	for _, n := range f.excluded() {
 		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
@@ -362,11 +370,13 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	var first []daemon.Component
 	if f.installCNI {
 		cfg, _ := f.install.config(f.cniSocket, f.excluded()) // validated
-		ci, err := newCNIInstall(f.install, cfg, f.nodeName, client, rules, log.With("component", "cni-install"))
+		successor, _ := iptables.ParseSuccessor(f.handover)   // validated
+		ci, err := newCNIInstall(f.install, cfg, f.nodeName, client, rules, successor, log.With("component", "cni-install"))
 		if err != nil {
 			return err
 		}
 		defer ci.Finish()
+		ac.HandOver = ci.HandOver
 		pluginInstalled = ci.Check
 		first = append(first, ci.Component())
 	}

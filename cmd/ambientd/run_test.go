@@ -73,6 +73,18 @@ func TestParseRunFlags(t *testing.T) {
 			}
 		}},
 		{name: "bad node name", args: []string{"--node-name=N_1"}, env: env(), wantErr: "--node-name"},
+		{name: "handover from env", args: []string{"--node-name=n", "--install-cni"}, env: env("AMBIENTD_HANDOVER", "istio-nftables"), check: func(t *testing.T, f runFlags) {
+			if f.handover != "istio-nftables" {
+				t.Errorf("handover %q, want istio-nftables", f.handover)
+			}
+		}},
+		{name: "handover default none", args: []string{"--node-name=n"}, env: env(), check: func(t *testing.T, f runFlags) {
+			if f.handover != "none" {
+				t.Errorf("handover %q, want none", f.handover)
+			}
+		}},
+		{name: "bad handover", args: []string{"--node-name=n", "--install-cni", "--handover=linkerd"}, env: env(), wantErr: "--handover"},
+		{name: "handover needs install-cni", args: []string{"--node-name=n", "--handover=istio"}, env: env(), wantErr: "needs --install-cni"},
 		{name: "bad retry base", args: []string{"--node-name=n", "--retry-base-delay=0s"}, env: env(), wantErr: "--retry-base-delay"},
 		{name: "retry max below base", args: []string{"--node-name=n", "--retry-base-delay=2s", "--retry-max-delay=1s"}, env: env(), wantErr: "--retry-max-delay"},
 		{name: "bad kube qps", args: []string{"--node-name=n", "--kube-qps=0"}, env: env(), wantErr: "--kube-qps"},

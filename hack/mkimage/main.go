@@ -3,6 +3,10 @@
 //
 //	mkimage --layer rootfs=DIR --layer ambientd=DIR --tag REF --out FILE
 //
+// The defaults describe the agent's image; --entrypoint, --cmd, --path and
+// --title describe another (hack/istio-agent-image.sh: Istio's node agent on
+// the same Debian layer, for the switch tests).
+//
 // SOURCE_DATE_EPOCH (seconds) sets every timestamp; default 0.
 package main
 
@@ -36,14 +40,31 @@ func main() {
 	tag := fs.String("tag", "ghcr.io/ambientd/ambientd:dev", "image reference recorded in the archive")
 	out := fs.String("out", "", "archive to write")
 	version := fs.String("version", "dev", "org.opencontainers.image.version label")
+	cfg := imageConfig{}
+	fs.StringVar(&cfg.entrypoint, "entrypoint", "/usr/local/bin/ambientd", "the image's entrypoint, comma-separated words (empty: none)")
+	fs.StringVar(&cfg.cmd, "cmd", "run", "the image's default arguments, comma-separated words")
+	fs.StringVar(&cfg.path, "path", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "the image's PATH")
+	fs.StringVar(&cfg.title, "title", "ambientd", "org.opencontainers.image.title label")
+	fs.StringVar(&cfg.source, "source", "https://github.com/ambientd/ambientd", "org.opencontainers.image.source label")
 	_ = fs.Parse(os.Args[1:])
-	if err := run(layers, *tag, *out, *version); err != nil {
+	if err := run(layers, *tag, *out, *version, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(layers []imagebuild.Layer, tag, out, version string) error {
+// imageConfig is the image's run configuration and labels.
+type imageConfig struct{ entrypoint, cmd, path, title, source string }
+
+// words splits a comma-separated flag value; empty is none.
+func words(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+func run(layers []imagebuild.Layer, tag, out, version string, cfg imageConfig) error {
 	if out == "" || len(layers) == 0 {
 		return fmt.Errorf("--out and at least one --layer are required")
 	}
@@ -58,13 +79,13 @@ func run(layers []imagebuild.Layer, tag, out, version string) error {
 	img, err := imagebuild.Build(imagebuild.Options{
 		Layers:     layers,
 		Tag:        tag,
-		Entrypoint: []string{"/usr/local/bin/ambientd"},
-		Cmd:        []string{"run"},
-		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Entrypoint: words(cfg.entrypoint),
+		Cmd:        words(cfg.cmd),
+		Env:        []string{"PATH=" + cfg.path},
 		Labels: map[string]string{
-			"org.opencontainers.image.title":   "ambientd",
+			"org.opencontainers.image.title":   cfg.title,
 			"org.opencontainers.image.version": version,
-			"org.opencontainers.image.source":  "https://github.com/ambientd/ambientd",
+			"org.opencontainers.image.source":  cfg.source,
 		},
 		Epoch: epoch,
 	})

@@ -93,14 +93,14 @@ func Destroy(fams []rules.Family) error {
 	return nil
 }
 
-// Exist reports whether either family's probe set exists.
-func Exist() (bool, error) {
+// Exist reports whether the probe set of any of fams exists.
+func Exist(fams []rules.Family) (bool, error) {
 	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
 	if err != nil {
 		return false, err
 	}
 	defer h.Close()
-	for _, f := range []rules.Family{rules.IPv4, rules.IPv6} {
+	for _, f := range fams {
 		_, err := h.IpsetList(f.ProbeSet())
 		if err == nil {
 			return true, nil

@@ -270,7 +270,7 @@ func (b *Backend) holds(ctx context.Context, v rules.View, chains ...string) (bo
 	}
 	var used []rules.Family
 	for _, f := range fams {
-		ok, err := legacyTablesUsed(f)
+		ok, err := LegacyTablesUsed(f)
 		if err != nil {
 			return false, err
 		}
@@ -305,10 +305,11 @@ func nfproto(f rules.Family) uint8 {
 	return unix.NFPROTO_IPV4
 }
 
-// legacyTablesUsed reports whether the kernel has any legacy iptables table
+// LegacyTablesUsed reports whether the kernel has any legacy iptables table
 // of f in the calling thread's namespace (thread-self: the thread may be
-// inside a pod's namespace while the process is not).
-func legacyTablesUsed(f rules.Family) (bool, error) {
+// inside a pod's namespace while the process is not). It is what
+// `iptables-legacy-save` (no -t) lists, and it creates nothing.
+func LegacyTablesUsed(f rules.Family) (bool, error) {
 	name := "/proc/thread-self/net/ip_tables_names"
 	if f == rules.IPv6 {
 		name = "/proc/thread-self/net/ip6_tables_names"
@@ -321,4 +322,22 @@ func legacyTablesUsed(f rules.Family) (bool, error) {
 		return false, fmt.Errorf("reading %s: %w", name, err)
 	}
 	return strings.TrimSpace(string(b)) != "", nil
+}
+
+// EnsureLegacyTable makes the kernel instantiate the legacy table of family
+// f in the calling thread's namespace (an empty one if it had none): one
+// `iptables-legacy-restore --noflush` of just "*table / COMMIT". Nothing in
+// it changes when the table exists. Only for the legacy variant.
+func (b *Backend) EnsureLegacyTable(ctx context.Context, f rules.Family, table string) error {
+	if b.mode != rules.ModeLegacy {
+		return fmt.Errorf("ensure table %s: %s is not the legacy variant", table, b.mode)
+	}
+	if _, ok := b.tools[f]; !ok {
+		return fmt.Errorf("ensure table %s: no %s tools of the legacy variant", table, f)
+	}
+	_, errs := b.runAll(ctx, []proc{b.restoreProc(f, "*"+table+"\nCOMMIT\n")})
+	if errs[0] != nil {
+		return fmt.Errorf("ensure legacy %s table %s: %w", f, table, errs[0])
+	}
+	return nil
 }

@@ -106,6 +106,14 @@ type Config struct {
 	// (within their deadline). Each runs iptables-restore in the pod's
 	// netns, so this bounds the processes a burst of new pods forks.
 	MaxParallelAdds int
+	// HandOver, when set, is asked once as Run stops (the workers done,
+	// the registry still open) whether another node agent takes the node
+	// over: a non-nil Successor is that agent's rule backend, and every
+	// enrolled pod's rules are moved there (handover.go). nil: nothing moves
+	// (an upgrade or a restart).
+	HandOver func(ctx context.Context) (Successor, error)
+	// HandOverTimeout bounds the handover (DefaultHandOverTimeout when 0).
+	HandOverTimeout time.Duration
 }
 
 // DefaultPodConditionType is the pod condition a readiness gate names.
@@ -345,6 +353,7 @@ func (a *Agent) enqueueNamespace(obj any) {
 // when ctx ends. The registry is closed when Run returns.
 func (a *Agent) Run(ctx context.Context, ready func()) error {
 	defer a.reg.Close()
+	defer a.handOver()          // after the workers, before the registry closes
 	stopEvents := a.runEvents() // stopped after the workers
 	defer stopEvents()
 	var wg sync.WaitGroup

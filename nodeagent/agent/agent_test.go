@@ -285,6 +285,9 @@ type harness struct {
 	rules  *fakeRules
 	agent  *Agent
 	reg    *registry.Registry
+	// stop stops the agent and waits for Run to return (at most once; the
+	// test's cleanup calls it too).
+	stop func()
 }
 
 const node = "node-1"
@@ -341,17 +344,21 @@ func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...
 	// As the daemon does: the ztunnel server starts once the agent is ready.
 	go a.RunStatusWriter(ctx)
 	go func() { done <- a.Run(ctx, func() { go h.zt.Run(ctx) }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
+	var once sync.Once
+	h.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("Run did not return after cancel")
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not return after cancel")
-		}
-	})
+		})
+	}
+	t.Cleanup(h.stop)
 	h.waitFor("agent running", func() bool { return a.running.Load() })
 	return h
 }

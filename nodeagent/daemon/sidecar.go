@@ -6,12 +6,10 @@ import (
 	"log/slog"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/repair"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
 )
@@ -29,7 +27,7 @@ type SidecarConfig struct {
 // sidecarParts wires sidecar mode into the agent and returns its
 // components: the tracker (restart verification, drift pass) and the
 // repair controller, each recording Events while it runs.
-func sidecarParts(cfg Config, client kubernetes.Interface, rules agent.Rules, a *agent.Agent, log *slog.Logger) ([]Component, error) {
+func sidecarParts(cfg Config, client kube.Interface, rules agent.Rules, a *agent.Agent, log *slog.Logger) ([]Component, error) {
 	if cfg.Sidecar.Disabled {
 		return nil, nil
 	}
@@ -61,13 +59,13 @@ func sidecarParts(cfg Config, client kubernetes.Interface, rules agent.Rules, a 
 
 func broadcaster(node, component string) (record.EventBroadcaster, record.EventRecorder) {
 	b := record.NewBroadcaster()
-	return b, b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component, Host: node})
+	return b, b.NewRecorder(kube.NewScheme(), corev1.EventSource{Component: component, Host: node})
 }
 
 // withEvents sends b's Events to the API while run runs.
-func withEvents(client kubernetes.Interface, b record.EventBroadcaster, run func(context.Context) error) func(context.Context) error {
+func withEvents(client kube.Interface, b record.EventBroadcaster, run func(context.Context) error) func(context.Context) error {
 	return func(ctx context.Context) error {
-		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+		b.StartRecordingToSink(kube.EventSink{Client: client.CoreV1()})
 		defer b.Shutdown()
 		return run(ctx)
 	}

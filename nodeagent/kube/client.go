@@ -93,11 +93,13 @@ type (
 )
 
 // PodInterface: pods are looked up (CNI ADD, restart), watched (this
-// node's) and their status patched (annotation and condition).
+// node's) and their status patched (annotation and condition); the sidecar
+// repair controller's delete mode deletes a broken pod.
 type PodInterface interface {
 	Getter[*corev1.Pod]
 	ListWatcher[*corev1.PodList]
 	Patcher[*corev1.Pod]
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 }
 
 // NamespaceInterface: namespaces are watched (their labels enroll pods)

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"log/slog"
 	"strings"
 	"sync"
@@ -26,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -119,7 +119,7 @@ type skipper interface{ Skip() error }
 // Controller is the repair controller.
 type Controller struct {
 	cfg      Config
-	client   kubernetes.Interface
+	client   kube.Interface
 	pods     cache.SharedIndexInformer
 	repairer Repairer
 	recorder record.EventRecorder
@@ -137,7 +137,7 @@ type Controller struct {
 
 // New builds the controller over the agent's informer of this node's pods.
 // reg gets the metric (Istio's name).
-func New(cfg Config, client kubernetes.Interface, pods cache.SharedIndexInformer, repairer Repairer, recorder record.EventRecorder,
+func New(cfg Config, client kube.Interface, pods cache.SharedIndexInformer, repairer Repairer, recorder record.EventRecorder,
 	reg prometheus.Registerer, log *slog.Logger) (*Controller, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

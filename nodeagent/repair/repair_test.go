@@ -20,6 +20,8 @@ import (
 	k8stest "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/ambientd/ambientd/test/infra/kubetest"
 )
 
 const node = "node-a"
@@ -119,7 +121,7 @@ func newController(t *testing.T, cfg Config, r Repairer, pods ...*corev1.Pod) (*
 	if r == nil {
 		r = &fakeRepairer{}
 	}
-	c, err := New(cfg, client, inf, r, rec, prometheus.NewRegistry(), nil)
+	c, err := New(cfg, kubetest.Wrap(client), inf, r, rec, prometheus.NewRegistry(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@
 //	istio-oracle -out DIR      regenerate DIR; exit 1 if anything changed
 //	  -run NAME                only the cases whose name contains NAME
 //	  -manifests FILE          also write what `profile=ambient` renders
+//	  -cni DIR                 where the Cni component's manifests go (cni.go)
 //
 // It runs in a user + network namespace of its own (it re-executes itself),
 // so nothing it does can reach the host's network stack.
@@ -17,6 +18,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -39,11 +41,12 @@ func main() {
 	out := flag.String("out", "testdata/sidecar", "directory of the golden files (one .txtar per case)")
 	only := flag.String("run", "", "only cases whose name contains this (no stale-file check)")
 	manifests := flag.String("manifests", "", "also write every object `profile=ambient` renders to this file (not a golden)")
+	cniDir := flag.String("cni", "testdata/cni", "directory of the rendered Cni component (Istio's node agent) the switch tests deploy")
 	flag.Parse()
 	if os.Getenv(sandboxEnv) != "1" {
 		os.Exit(reexecSandboxed())
 	}
-	if err := run(*out, *only, *manifests); err != nil {
+	if err := run(*out, *only, *manifests, *cniDir); err != nil {
 		fmt.Fprintln(os.Stderr, "istio-oracle:", err)
 		os.Exit(1)
 	}
@@ -76,7 +79,7 @@ func reexecSandboxed() int {
 	return 0
 }
 
-func run(outDir, only, manifestsPath string) error {
+func run(outDir, only, manifestsPath, cniDir string) error {
 	_ = log.Configure(quietLogOptions())
 	// The local API stand-in listens on loopback of this fresh netns.
 	lo, err := netlink.LinkByName("lo")
@@ -131,7 +134,15 @@ func run(outDir, only, manifestsPath string) error {
 	if err := checkIstioGoldens(files); err != nil {
 		return err
 	}
-	return writeAll(outDir, files, only == "")
+	err = writeAll(outDir, files, only == "")
+	if only != "" {
+		return err
+	}
+	cni, cerr := renderCNI()
+	if cerr == nil {
+		cerr = writeAll(cniDir, cni, false)
+	}
+	return errors.Join(err, cerr)
 }
 
 // renderCase runs one case through injector, plugin and rule builders and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -60,6 +61,13 @@ var StartupTaint = corev1.Taint{Key: "cni.istio.io/not-ready", Effect: corev1.Ta
 // is no kube-proxy, so the `kubernetes` Service routes nowhere), readiness
 // checked every second (so measured times are not 5-second steps).
 func (n *Node) WriteAgentOverlay(dir, tag string) (string, error) {
+	return n.WriteAgentOverlayEnv(dir, tag, nil)
+}
+
+// WriteAgentOverlayEnv is WriteAgentOverlay with more environment variables
+// for the agent's container (settings beyond deploy/'s ConfigMap, e.g.
+// AMBIENTD_HANDOVER), sorted by name.
+func (n *Node) WriteAgentOverlayEnv(dir, tag string, env map[string]string) (string, error) {
 	u, err := url.Parse(n.Env.CP.URL)
 	if err != nil {
 		return "", err
@@ -95,9 +103,9 @@ spec:
               value: %q
             - name: KUBERNETES_SERVICE_PORT
               value: %q
-          readinessProbe:
+%s          readinessProbe:
             periodSeconds: 1
-`, u.Hostname(), u.Port()),
+`, u.Hostname(), u.Port(), envYAML(env)),
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
@@ -108,6 +116,15 @@ spec:
 		}
 	}
 	return dir, nil
+}
+
+// envYAML renders env as container env entries (indented for the overlay).
+func envYAML(env map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		fmt.Fprintf(&b, "            - name: %s\n              value: %q\n", k, env[k])
+	}
+	return b.String()
 }
 
 // AgentImageArchive is `make image`'s output (hack/e2e-node.sh and

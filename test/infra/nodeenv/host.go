@@ -121,8 +121,11 @@ func lockMachine(ctx context.Context, log io.Writer) (func(), error) {
 //     dir);
 //   - /run/netns: the pods' network namespaces (containerd's default place);
 //   - /run/ambientd, /run/ztunnel: the agent's and ztunnel's sockets (the
-//     DaemonSet's hostPaths /var/run/ambientd, /var/run/ztunnel).
-var tmpfsPaths = []string{"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log", "/run/netns", "/run/ambientd", "/run/ztunnel"}
+//     DaemonSet's hostPaths /var/run/ambientd, /var/run/ztunnel);
+//   - /run/istio-cni: Istio's node agent's run dir (its DaemonSet's hostPath
+//     /var/run/istio-cni: plugin socket, the plugin's kubeconfig), for the
+//     switch scenarios that run Istio's agent on the node (test/e2eswitch).
+var tmpfsPaths = []string{"/run/containerd", "/var/lib/cni", "/var/lib/kubelet", "/var/log", "/run/netns", "/run/ambientd", "/run/ztunnel", "/run/istio-cni"}
 
 // Standard CNI dirs: in the node's mount namespace the node's own CNI dirs
 // (under the work dir) are bind-mounted here, so containerd and the

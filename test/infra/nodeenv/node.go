@@ -58,6 +58,11 @@ type Options struct {
 	KubeletPort int
 	// Log receives progress messages (default os.Stderr).
 	Log io.Writer
+	// PIDNamespace gives the node a PID namespace of its own, whose pid 1
+	// is in the node's network namespace, as on a machine (pidns.go): for
+	// node agents that read the host's namespaces through /proc/1, as
+	// Istio's does.
+	PIDNamespace bool
 }
 
 func (o *Options) defaults() error {
@@ -149,13 +154,24 @@ func Program(opts Options, run func(ctx context.Context, n *Node) int) int {
 	if !e2eenv.InNodeNetns() {
 		return outer(opts.Log)
 	}
+	if os.Getenv(envPIDNSInit) == "1" {
+		return pidNamespaceInit(opts.Log)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// The mount namespace first: e2eenv's pod cgroups then use the same
-	// /sys/fs/cgroup as kubelet.
-	mounts, err := hostCgroupMounts("/proc/1/mountinfo")
-	if err == nil {
-		err = prepareMountNamespace(mounts)
+	// /sys/fs/cgroup as kubelet. (Inside the node's own PID namespace it is
+	// prepared already, by the run that made the namespace.)
+	mounts, inPIDNS, err := pidNamespaceMounts()
+	if err == nil && !inPIDNS {
+		mounts, err = hostCgroupMounts("/proc/1/mountinfo")
+		if err == nil {
+			err = prepareMountNamespace(mounts)
+		}
+		if err == nil && opts.PIDNamespace {
+			stop() // the namespace's init gets the signals and forwards them
+			return enterPIDNamespace(mounts, opts.Log)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(opts.Log, "nodeenv: %v\n", err)

@@ -1,0 +1,139 @@
+package agent
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/registry"
+)
+
+// Successor is the rule backend of the node agent that takes the node over
+// (*iptables.Manager built for that backend implements it). ApplyPod writes
+// the pod's rules there and then removes ours from every other backend, so
+// the pod is never without capture and ends with one set of rules.
+type Successor interface {
+	ApplyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) error
+}
+
+// DefaultHandOverTimeout bounds a handover (within the DaemonSet's 30 s
+// termination grace period, with time left for the uninstall after it).
+const DefaultHandOverTimeout = 15 * time.Second
+
+// handOver runs when Run stops, after the workers (and, in the daemon, the
+// CNI and ztunnel servers and the drift pass) have stopped and before the
+// registry closes: nothing else changes a pod's rules meanwhile. It asks
+// Config.HandOver whether another agent takes the node over; if so, every
+// registered pod still in the mesh gets its rules moved to that agent's
+// backend, and every registered pod no longer in the mesh (or whose object
+// is gone) loses its rules: the incoming agent finds exactly the pods it
+// will consider enrolled captured, each once, in the backend it looks at.
+// The pods' annotations are left as they are (the incoming agent reads
+// them), and ztunnel is not told anything: it keeps serving the pods until
+// the incoming agent's snapshot.
+func (a *Agent) handOver() {
+	if a.cfg.HandOver == nil {
+		return
+	}
+	timeout := a.cfg.HandOverTimeout
+	if timeout <= 0 {
+		timeout = DefaultHandOverTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	to, err := a.cfg.HandOver(ctx)
+	if err != nil {
+		a.log.Error("handover: cannot tell the successor's rule backend; pods keep their rules in ours", "error", err)
+		return
+	}
+	if to == nil {
+		return
+	}
+	start := time.Now()
+	var entries []registry.Entry
+	for _, e := range a.reg.List() {
+		switch {
+		case e.Phase == registry.Releasing:
+			// Its rules are already gone (or going with the pod).
+		case e.Netns == nil:
+			a.podLog(e.Namespace, e.Name, e.UID).Warn("handover: the pod's network namespace was never found; its rules, if any, stay as they are")
+		default:
+			entries = append(entries, e)
+		}
+	}
+	var moved, released, failed atomic.Int64
+	work := make(chan registry.Entry)
+	var wg sync.WaitGroup
+	for range min(a.cfg.Workers, max(len(entries), 1)) {
+		wg.Go(func() {
+			for e := range work {
+				switch a.handOverPod(ctx, to, e) {
+				case handOverMoved:
+					moved.Add(1)
+				case handOverReleased:
+					released.Add(1)
+				default:
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	for _, e := range entries {
+		work <- e
+	}
+	close(work)
+	wg.Wait()
+	log := a.log.Info
+	if failed.Load() > 0 {
+		log = a.log.Error
+	}
+	log("handover: pods' rules moved to the successor's backend", "moved", moved.Load(), "released", released.Load(), "failed", failed.Load(), "took", time.Since(start).Round(time.Millisecond))
+}
+
+type handOverResult int
+
+const (
+	handOverFailed handOverResult = iota
+	handOverMoved
+	handOverReleased
+)
+
+// handOverPod moves one pod's rules (or, out of the mesh, removes them).
+func (a *Agent) handOverPod(ctx context.Context, to Successor, e registry.Entry) handOverResult {
+	log := a.podLog(e.Namespace, e.Name, e.UID)
+	pod := a.podByUID(e.UID)
+	inMesh := pod != nil
+	if pod != nil {
+		// The informer stopped with the agent; its cache is the last word
+		// the agent had. A decision it cannot make keeps the pod captured.
+		if d, err := a.decide(ctx, pod); err == nil && !d.InMesh {
+			inMesh = false
+		}
+	}
+	if !inMesh {
+		if err := a.rules.DeletePod(ctx, e.Netns); err != nil {
+			log.Error("handover: removing the rules of a pod out of the mesh", "error", err)
+			return handOverFailed
+		}
+		log.Info("handover: pod out of the mesh; its rules removed")
+		return handOverReleased
+	}
+	opts, err := podmeta.PodOptions(a.cfg.DNSCapture, pod.Annotations)
+	if err != nil {
+		// Enrolled with options the annotations no longer give: the node's
+		// defaults are the closest; the successor reconciles them.
+		log.Warn("handover: pod annotations invalid; moving its rules with the node's defaults", "error", err)
+		opts = iptables.PodOptions{DNSCapture: a.cfg.DNSCapture}
+	}
+	if err := to.ApplyPod(ctx, e.Netns, opts); err != nil {
+		log.Error("handover: moving the pod's rules to the successor's backend failed; it keeps ours", "error", err)
+		return handOverFailed
+	}
+	log.Debug("handover: pod's rules moved")
+	return handOverMoved
+}
