@@ -17,7 +17,8 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "e2e-switch: needs root (namespaces, cgroups, containerd); run: sudo $0" >&2
   exit 1
 fi
+go run ./hack/ensure -name "${ENSURE_NAME:-make e2e-switch}" e2e-switch
 start=$(date +%s)
-hack/istio-agent-image.sh
+ENSURE_NAME="make e2e-switch" hack/istio-agent-image.sh
 echo "e2e-switch: Istio's agent image in $(( $(date +%s) - start ))s"
 E2E_PKGS=./test/e2eswitch/... ENSURE_NAME="make e2e-switch" exec hack/e2e-node.sh

@@ -39,11 +39,12 @@ check e2e "$d" go test -tags e2e -count=1 -run '^$' ./test/e2e/
 check demo-lite "$d" go run ./test/demolite
 check bench-e2e "$d" go run ./test/bench
 
-# The real-node set: e2e-node and demo.
+# The real-node set: e2e-node, demo and e2e-switch.
 fresh e2e-node
 d="$scratch_root/e2e-node"
 check e2e-node "$d" go test -tags e2enode -count=1 -run '^$' ./test/e2enode/
 check demo "$d" go run ./test/demo
+check e2e-switch "$d" go test -tags e2enode -count=1 -run '^$' ./test/e2eswitch/
 
 # The image alone.
 fresh image

@@ -16,6 +16,7 @@
 #   ISTIO_AGENT_TAG=ref               default istio.local/e2e/install-cni:<istio revision>
 set -euo pipefail
 cd "$(dirname "$0")/.."
+go run ./hack/ensure -name "${ENSURE_NAME:-make istio-agent-image}" istio-agent-image
 out=${1:-bin/istio-agent-image.tar}
 rev=$(awk '$1=="require" && $2=="istio.io/istio" {print $3}' test/istio-oracle/go.mod)
 [ -n "$rev" ] || { echo "istio-agent-image: no 'require istio.io/istio' line in test/istio-oracle/go.mod" >&2; exit 1; }

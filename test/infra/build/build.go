@@ -79,6 +79,12 @@ var Targets = map[string][]Part{
 	"test":       {Packages, CNIPlugins},
 	"bench":      {Packages, CNIPlugins},
 	"image-test": {Packages, NodePackages},
+	// Istio's own node agent image (hack/istio-agent-image.sh): the Go
+	// toolchain and the Debian layer's tools; Istio itself comes from the
+	// module proxy through test/istio-oracle.
+	"istio-agent-image": {Packages},
+	// The switch scenarios run on the real node, with Istio's image too.
+	"e2e-switch": Node,
 }
 
 // kubeParts are built from the wrapper module hack/kube, in this order
