@@ -8,17 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
-
-// HostRepairer is implemented by a rule manager that can verify and repair
-// the node's host rules and report what it repaired. Without it the drift
-// pass re-asserts them with EnsureHostRules (idempotent, but uncounted).
-type HostRepairer interface {
-	RepairHostRules(ctx context.Context) (iptables.Drift, error)
-}
 
 // unrepaired takes a pod whose rules could not be verified or repaired out
 // of Enabled or Pending, in one step with its probe entry (kubelet's probes
@@ -155,17 +147,7 @@ func (a *Agent) verifyEnrolled(ctx context.Context) {
 
 // repairHost re-asserts the node's host rules (probe SNAT and its jump).
 func (a *Agent) repairHost(ctx context.Context) {
-	hr, ok := a.rules.(HostRepairer)
-	if !ok {
-		// TODO(coordinator): the nft branch's Manager implements
-		// HostRepairer (VerifyHostRules/RepairHostRules, jump at position
-		// 1); until it is merged, re-assert without knowing what changed.
-		if err := a.rules.EnsureHostRules(ctx); err != nil {
-			a.log.Warn("re-asserting host rules failed", "error", err)
-		}
-		return
-	}
-	d, err := hr.RepairHostRules(ctx)
+	d, err := a.rules.RepairHostRules(ctx)
 	if err != nil {
 		a.log.Warn("repairing host rules failed", "error", err)
 		return

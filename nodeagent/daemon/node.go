@@ -57,41 +57,36 @@ type Config struct {
 }
 
 // Node is the whole node agent process: the agent core, its two socket
-// servers, the status writer and the HTTP listeners.
+// servers, the node readiness controller, the status writer and the HTTP
+// listeners, over one set of shared informers and one Event broadcaster.
 type Node struct {
-	cfg   Config
-	log   *slog.Logger
-	agent *agent.Agent
-	zt    *ztunnel.Server
-	cni   *cniserver.Server
-	ready *nodeready.Controller
+	cfg       Config
+	log       *slog.Logger
+	informers *kube.Informers
+	events    *kube.Events
+	agent     *agent.Agent
+	zt        *ztunnel.Server
+	cni       *cniserver.Server
+	ready     *nodeready.Controller
 	// pluginInstalled is shared by the node condition and /readyz.
 	pluginInstalled func() error
 }
 
-// snapshotSource forwards the ztunnel server's snapshot calls to the agent,
-// which is created after the server (the agent needs the server).
-type snapshotSource struct{ a *agent.Agent }
-
-func (s *snapshotSource) Snapshot() []ztunnel.SnapshotEntry       { return s.a.Snapshot() }
-func (s *snapshotSource) SnapshotRefused(uid string, err error)   { s.a.SnapshotRefused(uid, err) }
-func (s *snapshotSource) HandOver(uid string, report func(error)) { s.a.HandOver(uid, report) }
-
-var (
-	_ ztunnel.SnapshotRefusalObserver = (*snapshotSource)(nil)
-	_ ztunnel.HandoverSink            = (*snapshotSource)(nil)
-)
-
-// New builds the node agent: both socket servers are wired the same way,
-// with the agent behind them.
+// New builds the node agent. What several parts share is built once, here:
+// the informers, the Event broadcaster, and the ztunnel server the agent
+// talks to — the agent is the server's snapshot source, handed to its Run,
+// so neither waits for the other to exist.
 func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger) (*Node, error) {
-	src := &snapshotSource{}
-	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, src, log)
-	a, err := agent.New(cfg.Agent, client, zs, rules, registry.New(), log)
+	informers := kube.NewInformers(client, cfg.Agent.NodeName)
+	events := kube.NewEvents(client, cfg.Agent.NodeName)
+	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, log)
+	a, err := agent.New(cfg.Agent, agent.Deps{
+		Client: client, Informers: informers, Recorder: events.Recorder(),
+		Ztunnel: zs, Rules: rules, Registry: registry.New(), Log: log,
+	})
 	if err != nil {
 		return nil, err
 	}
-	src.a = a
 	if err := a.Metrics().Register(zs.Metrics()); err != nil {
 		return nil, fmt.Errorf("register ztunnel metrics: %w", err)
 	}
@@ -106,14 +101,16 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 		return nil, err
 	}
 	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
-	n := &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs, pluginInstalled: cfg.PluginInstalled}
+	n := &Node{cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, pluginInstalled: cfg.PluginInstalled}
 	nrCfg := cfg.NodeReady
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
 	}
 	n.ready, err = nodeready.New(nrCfg, nodeready.Deps{
-		Client: client,
-		Log:    log,
+		Client:   client,
+		Node:     informers.Node,
+		Recorder: events.Recorder(),
+		Log:      log,
 		Inputs: nodeready.Inputs{
 			PluginInstalled: n.pluginInstalled,
 			CachesSynced:    a.CachesSynced,
@@ -169,10 +166,13 @@ func (n *Node) runNodeReady(ctx context.Context) error {
 }
 
 // components lists the parts of the process in start order (see Run):
-// cfg.Components, the listeners (a bad address fails the start), the status writer, the
-// agent (ready once its registry is rebuilt), then the servers that feed it.
+// cfg.Components, the Event broadcaster, the listeners (a bad address fails
+// the start), the status writer, the informers (started once every part
+// added its handlers), the agent (ready once its registry is rebuilt), then
+// the servers that feed it.
 func (n *Node) components() []Component {
 	cs := slices.Clone(n.cfg.Components)
+	cs = append(cs, Func("event broadcaster", n.events.Run))
 	if n.cfg.HealthAddr != "" {
 		cs = append(cs, HTTP("--health-addr server", n.cfg.HealthAddr, n.healthHandler()))
 	}
@@ -182,12 +182,18 @@ func (n *Node) components() []Component {
 	return append(cs,
 		n.adminServer(),
 		Func("status writer", n.agent.RunStatusWriter),
+		Func("informers", func(ctx context.Context) error {
+			n.informers.Start(ctx.Done())
+			<-ctx.Done()
+			n.informers.Shutdown()
+			return nil
+		}),
 		Func("node readiness", n.runNodeReady),
 		Staged("agent", func(ctx context.Context, ready func()) error {
 			return n.agent.Run(ctx, func() { ready(); n.ready.Notify() }) // caches synced
 		}),
 		Func("drift repair", n.agent.RunDrift),
-		Func("ztunnel server", n.zt.Run),
+		Func("ztunnel server", func(ctx context.Context) error { return n.zt.Run(ctx, n.agent) }),
 		Func("CNI server", n.cni.Run),
 	)
 }

@@ -56,6 +56,7 @@ type readResult struct {
 type zconn struct {
 	id            uint64
 	s             *Server
+	src           SnapshotSource
 	c             *zp.Conn
 	reqs          chan *request   // unbuffered: a request is either taken by the owner or not at all
 	in            chan readResult // from the reader
@@ -99,7 +100,7 @@ func (c *zconn) do(ctx context.Context, r *request) error {
 }
 
 // serveConn runs one connection from accept to close.
-func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
+func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn, src SnapshotSource) {
 	c := zp.NewConn(uc)
 	defer c.Close()
 	// Shutdown must not wait out a hello or ack timeout.
@@ -114,6 +115,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 
 	zc := &zconn{
 		s:    s,
+		src:  src,
 		c:    c,
 		reqs: make(chan *request),
 		in:   make(chan readResult),
@@ -138,7 +140,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		c.Close() // unblocks the reader
 		<-readerDone
 		log.Info("ztunnel connection closed", "held", len(zc.held))
-		s.handOver(ctx, log, zc.held)
+		s.handOver(ctx, log, zc.src, zc.held)
 	}()
 
 	if !zc.sendSnapshot(ctx, log) {
@@ -174,14 +176,9 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 
 // sendSnapshot sends Add or Keep for every known pod, then SnapshotSent,
 // one at a time. It reports whether the connection is still usable. Entries
-// that fail without breaking the connection are reported to the source if it
-// is a SnapshotRefusalObserver.
+// that fail without breaking the connection are reported to the source.
 func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
-	var entries []SnapshotEntry
-	if c.s.src != nil {
-		entries = c.s.src.Snapshot()
-	}
-	obs, _ := c.s.src.(SnapshotRefusalObserver)
+	entries := c.src.Snapshot()
 	adds, keeps := 0, 0
 	for _, e := range entries {
 		r := keepReq(e.Workload.UID)
@@ -198,9 +195,7 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 			// connection is fine. The source hears of it before the
 			// snapshot is acked, so it can retry the pod then.
 			log.Warn("snapshot entry failed", "op", r.op, "uid", r.uid, "err", err)
-			if obs != nil {
-				obs.SnapshotRefused(r.uid, err)
-			}
+			c.src.SnapshotRefused(r.uid, err)
 			continue
 		}
 		c.track(r)
