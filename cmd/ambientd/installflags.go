@@ -28,7 +28,7 @@ type installFlags struct {
 }
 
 // installEnvOf maps the install flags to their environment variables.
-var installEnvOf = map[string]string{
+var installEnvOf = flagEnv{
 	"cni-bin-source":        "AMBIENTD_CNI_BIN_SOURCE",
 	"cni-bin-dir":           "AMBIENTD_CNI_BIN_DIR",
 	"cni-conf-dir":          "AMBIENTD_CNI_CONF_DIR",
@@ -46,7 +46,7 @@ var installEnvOf = map[string]string{
 	"daemonset-namespace":   "POD_NAMESPACE",
 }
 
-// register adds the install flags to fs (usage names each env variable).
+// register adds the install flags to fs (their variables: installEnvOf).
 func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.binSource, "cni-bin-source", "", "the plugin binary to install (default: ambientd-cni beside this executable)")
 	fs.StringVar(&f.binDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
@@ -63,23 +63,6 @@ func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", 30*time.Second, "the plugin's timeout for one ADD's call to the agent")
 	fs.StringVar(&f.daemonSet, "daemonset-name", "ambientd", "the agent's DaemonSet, read at shutdown to tell uninstall from upgrade")
 	fs.StringVar(&f.namespace, "daemonset-namespace", "istio-system", "the DaemonSet's namespace")
-	for name, env := range installEnvOf {
-		fs.Lookup(name).Usage += " (env " + env + ")"
-	}
-}
-
-// applyEnv sets each flag of envOf that was not given from its variable.
-func applyEnv(fs *flag.FlagSet, envOf map[string]string, getenv func(string) string) error {
-	given := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
-	for name, env := range envOf {
-		if v := getenv(env); v != "" && !given[name] {
-			if err := fs.Set(name, v); err != nil {
-				return fmt.Errorf("%s (for --%s): %w", env, name, err)
-			}
-		}
-	}
-	return nil
 }
 
 // config builds the installer's config; cniSocket is the agent's socket

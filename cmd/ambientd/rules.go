@@ -65,7 +65,7 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "usage: ambientd rules [flags]\n\nPrints the exact iptables-restore text for the given options, touching nothing.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, nil); err != nil { // no variables: it prints what is asked
 		return 2
 	}
 	if fs.NArg() > 0 {
