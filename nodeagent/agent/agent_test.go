@@ -32,6 +32,7 @@ import (
 
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/kube"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/policy"
@@ -893,11 +894,27 @@ func TestHealth(t *testing.T) {
 	if err := h.agent.Live(); err != nil {
 		t.Errorf("Live: %v", err)
 	}
-	if err := h.agent.Ready(); err == nil {
+	// Readiness (nodeready.Compute) with the agent's inputs, as the daemon
+	// computes it.
+	ready := func() error {
+		return nodeready.Compute(nodeready.Inputs{
+			PluginInstalled: func() error { return nil },
+			AgentStarted:    h.agent.Started,
+			Ztunnel: func() nodeready.ZtunnelState {
+				st := h.zt.Status()
+				return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
+			},
+			CNIServing: func() bool { return true },
+		}).Err()
+	}
+	if !h.agent.Started() {
+		t.Error("Started after Run's rebuild: false")
+	}
+	if err := ready(); err == nil {
 		t.Error("Ready with no ztunnel: nil")
 	}
 	h.zt.connect()
-	if err := h.agent.Ready(); err != nil {
+	if err := ready(); err != nil {
 		t.Errorf("Ready: %v", err)
 	}
 	// Workers that stop while the agent is meant to run make it not live

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -70,6 +69,8 @@ type Node struct {
 	ready     *nodeready.Controller
 	// pluginInstalled is shared by the node condition and /readyz.
 	pluginInstalled func() error
+	// inputs are readiness's (the node condition's, /readyz's).
+	inputs nodeready.Inputs
 }
 
 // New builds the node agent. What several parts share is built once, here:
@@ -106,19 +107,23 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
 	}
+	// The inputs of readiness: one definition (nodeready.Compute) for the
+	// node condition, /readyz and `ambientd status`.
+	n.inputs = nodeready.Inputs{
+		PluginInstalled: n.pluginInstalled,
+		AgentStarted:    a.Started,
+		Ztunnel: func() nodeready.ZtunnelState {
+			st := zs.Status()
+			return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
+		},
+		CNIServing: cs.Serving,
+	}
 	n.ready, err = nodeready.New(nrCfg, nodeready.Deps{
 		Client:   client,
 		Node:     informers.Node,
 		Recorder: events.Recorder(),
 		Log:      log,
-		Inputs: nodeready.Inputs{
-			PluginInstalled: n.pluginInstalled,
-			CachesSynced:    a.CachesSynced,
-			Ztunnel: func() nodeready.ZtunnelState {
-				st := zs.Status()
-				return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
-			},
-		},
+		Inputs:   n.inputs,
 	})
 	if err != nil {
 		return nil, err
@@ -203,25 +208,12 @@ func (n *Node) Run(ctx context.Context) error {
 	return Run(ctx, n.log.With("component", "daemon"), n.components()...)
 }
 
-// Ready is /readyz: the node condition's inputs (the agent's checks:
-// caches, ztunnel connected, snapshot acked; the CNI plugin installed) and
-// the CNI socket.
-func (n *Node) Ready() error {
-	var failed []string
-	if err := n.agent.Ready(); err != nil {
-		failed = append(failed, err.Error())
-	}
-	if err := n.pluginInstalled(); err != nil {
-		failed = append(failed, "CNI plugin not installed: "+err.Error())
-	}
-	if !n.cni.Serving() {
-		failed = append(failed, "CNI socket not serving")
-	}
-	if len(failed) > 0 {
-		return errors.New(strings.Join(failed, "; "))
-	}
-	return nil
-}
+// Ready is /readyz: the node's readiness for the mesh as the node
+// condition computes it (nodeready.Compute: our plugin in the runtime's CNI
+// config, caches synced and registry rebuilt, a ztunnel connected that
+// acked its snapshot, the CNI socket serving), now rather than as last
+// written. The error lists every failed check.
+func (n *Node) Ready() error { return nodeready.Compute(n.inputs).Err() }
 
 func (n *Node) healthHandler() http.Handler {
 	mux := http.NewServeMux()

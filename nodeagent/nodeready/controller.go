@@ -175,8 +175,8 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 	if deps.Client == nil {
 		return nil, errors.New("nodeready: a Kubernetes client is required")
 	}
-	if deps.Inputs.PluginInstalled == nil || deps.Inputs.CachesSynced == nil || deps.Inputs.Ztunnel == nil {
-		return nil, errors.New("nodeready: inputs PluginInstalled, CachesSynced and Ztunnel are all required")
+	if !deps.Inputs.complete() {
+		return nil, errors.New("nodeready: inputs PluginInstalled, AgentStarted, Ztunnel and CNIServing are all required")
 	}
 	if deps.Node == nil || deps.Recorder == nil {
 		return nil, errors.New("nodeready: the Node informer and an Event recorder are required")

@@ -34,8 +34,9 @@ func (f *flipInputs) set(synced bool, zt ZtunnelState) {
 func (f *flipInputs) inputs() Inputs {
 	return Inputs{
 		PluginInstalled: func() error { f.mu.Lock(); defer f.mu.Unlock(); return f.plugin },
-		CachesSynced:    func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.synced },
+		AgentStarted:    func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.synced },
 		Ztunnel:         func() ZtunnelState { f.mu.Lock(); defer f.mu.Unlock(); return f.zt },
+		CNIServing:      func() bool { return true },
 	}
 }
 
@@ -300,7 +301,7 @@ func TestNewValidates(t *testing.T) {
 		{"no client", Config{NodeName: "n"}, Deps{Inputs: in, Node: node, Recorder: rec}, "client"},
 		{"no node informer", Config{NodeName: "n"}, Deps{Client: client, Inputs: in, Recorder: rec}, "informer"},
 		{"no recorder", Config{NodeName: "n"}, Deps{Client: client, Inputs: in, Node: node}, "recorder"},
-		{"missing input", Config{NodeName: "n"}, Deps{Client: client, Inputs: Inputs{CachesSynced: in.CachesSynced}, Node: node, Recorder: rec}, "inputs"},
+		{"missing input", Config{NodeName: "n"}, Deps{Client: client, Inputs: Inputs{AgentStarted: in.AgentStarted}, Node: node, Recorder: rec}, "inputs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -54,12 +54,13 @@ func (s *switches) setZtunnel(connected bool) {
 func (s *switches) inputs() nodeready.Inputs {
 	return nodeready.Inputs{
 		PluginInstalled: func() error { return nil },
-		CachesSynced:    func() bool { return true },
+		AgentStarted:    func() bool { return true },
 		Ztunnel: func() nodeready.ZtunnelState {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			return nodeready.ZtunnelState{Connected: s.ztConnected, SnapshotAcked: s.ztConnected}
 		},
+		CNIServing: func() bool { return true },
 	}
 }
 
