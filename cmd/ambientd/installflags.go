@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
@@ -60,7 +61,7 @@ func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.repairWindow, "cni-repair-window", cniinstall.DefaultRepairWindow, "sliding window of --cni-repair-limit")
 	fs.StringVar(&f.pluginLogLevel, "cni-plugin-log-level", "info", "the plugin's logLevel in its config entry")
 	fs.StringVar(&f.pluginLogFile, "cni-plugin-log-file", "", "the plugin's logFile on the host (default: stderr, i.e. the runtime's log)")
-	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", 30*time.Second, "the plugin's timeout for one ADD's call to the agent")
+	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", cniapi.DefaultPluginTimeout, "the plugin's timeout for one ADD's call to the agent")
 	fs.StringVar(&f.daemonSet, "daemonset-name", "ambientd", "the agent's DaemonSet, read at shutdown to tell uninstall from upgrade")
 	fs.StringVar(&f.namespace, "daemonset-namespace", "istio-system", "the DaemonSet's namespace")
 }
@@ -75,7 +76,7 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 		if err != nil {
 			return cniinstall.Config{}, fmt.Errorf("--cni-bin-source: locating this executable: %w", err)
 		}
-		src = filepath.Join(filepath.Dir(exe), cniinstall.DefaultPluginType)
+		src = filepath.Join(filepath.Dir(exe), cniapi.PluginType)
 	}
 	if f.pluginTimeout <= 0 {
 		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-timeout %v: must be positive", f.pluginTimeout)
@@ -99,12 +100,14 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 		InPlace: !f.owned, OwnedName: f.ownedName,
 		PollInterval: f.pollInterval, Resync: f.resync, RepairLimit: f.repairLimit, RepairWindow: f.repairWindow,
 		Entry: cniinstall.Entry{
-			Type:              cniinstall.DefaultPluginType,
-			AgentSocket:       cniSocket,
-			Timeout:           f.pluginTimeout.String(),
-			ExcludeNamespaces: exclude,
-			LogLevel:          f.pluginLogLevel,
-			LogFile:           f.pluginLogFile,
+			Type: cniapi.PluginType,
+			PluginSettings: cniapi.PluginSettings{
+				AgentSocket:       cniSocket,
+				Timeout:           f.pluginTimeout.String(),
+				ExcludeNamespaces: exclude,
+				LogLevel:          f.pluginLogLevel,
+				LogFile:           f.pluginLogFile,
+			},
 		},
 	}
 	return cfg, cfg.Validate()

@@ -26,11 +26,14 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ambientd/ambientd/cniapi"
 )
 
 // Defaults of Config.
 const (
-	DefaultPluginType   = "ambientd-cni"
+	// DefaultPluginType is the plugin's type (cniapi's).
+	DefaultPluginType   = cniapi.PluginType
 	DefaultOwnedName    = "00-ambientd.conflist"
 	DefaultRepairWindow = time.Minute
 	DefaultRepairLimit  = 5
@@ -42,14 +45,11 @@ const (
 // CNI has not written one); Run waits for one.
 var ErrNoConfig = errors.New("no valid CNI config in the conf dir yet")
 
-// Entry is our plugin's entry in the conflist (see cniplugin.Config).
+// Entry is our plugin's entry in the conflist: its type and its own keys
+// (cniapi.PluginSettings, the schema the plugin reads).
 type Entry struct {
-	Type              string   `json:"type"`
-	AgentSocket       string   `json:"agentSocket,omitempty"`
-	Timeout           string   `json:"timeout,omitempty"`
-	ExcludeNamespaces []string `json:"excludeNamespaces,omitempty"`
-	LogLevel          string   `json:"logLevel,omitempty"`
-	LogFile           string   `json:"logFile,omitempty"`
+	Type string `json:"type"`
+	cniapi.PluginSettings
 }
 
 // Config says where to install what. The zero value of every mode field is

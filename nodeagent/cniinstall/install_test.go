@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -40,7 +41,7 @@ func newHostTree(t *testing.T) hostTree {
 func (h hostTree) config() Config {
 	return Config{
 		BinSource: h.src, BinDir: h.bin, ConfDir: h.conf,
-		Entry: Entry{Type: "ambientd-cni", AgentSocket: "/var/run/ambientd/cni.sock", Timeout: "30s"},
+		Entry: Entry{Type: "ambientd-cni", PluginSettings: cniapi.PluginSettings{AgentSocket: "/var/run/ambientd/cni.sock", Timeout: "30s"}},
 	}
 }
 

@@ -42,8 +42,8 @@ type Config struct {
 	// PluginInstalled is the node condition's "CNI plugin installed" check
 	// (nil: PluginInConfDir of CNIConfDir for cniapi.PluginType).
 	PluginInstalled func() error
-	// CNIConfDir is the container runtime's CNI config dir
-	// (DefaultCNIConfDir when empty).
+	// CNIConfDir is the container runtime's CNI config dir, as mounted
+	// (required without PluginInstalled).
 	CNIConfDir string
 	// AdminSocket serves `ambientd status` (admin.DefaultSocketPath when
 	// empty). StatusProviders add what other parts know to its answers.
@@ -92,11 +92,10 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 		return nil, fmt.Errorf("register ztunnel metrics: %w", err)
 	}
 	if cfg.PluginInstalled == nil {
-		dir := cfg.CNIConfDir
-		if dir == "" {
-			dir = DefaultCNIConfDir
+		if cfg.CNIConfDir == "" {
+			return nil, errors.New("daemon: a CNI config dir (or a plugin check) is required")
 		}
-		cfg.PluginInstalled = func() error { return PluginInConfDir(dir, cniapi.PluginType) }
+		cfg.PluginInstalled = func() error { return PluginInConfDir(cfg.CNIConfDir, cniapi.PluginType) }
 	}
 	if err := registerPluginCheck(&cfg, a.Metrics()); err != nil {
 		return nil, err
