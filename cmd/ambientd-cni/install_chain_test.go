@@ -65,8 +65,8 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	if _, err := inst.Install(); err != nil {
 		t.Fatal(err)
 	}
-	if ok, reason := inst.Ready(); !ok {
-		t.Fatal(reason)
+	if err := inst.Check(); err != nil {
+		t.Fatal(err)
 	}
 
 	// The runtime: the first file of the conf dir, plugins from the host bin

@@ -147,9 +147,6 @@ func (c *cniInstall) Component() daemon.Component {
 	})
 }
 
-// Ready is the installer's readiness: our entry in the runtime's config.
-func (c *cniInstall) Ready() (bool, string) { return c.inst.Ready() }
-
 // Check is Ready as an error (nil = installed), the shape of
 // nodeready.Inputs.PluginInstalled.
 func (c *cniInstall) Check() error { return c.inst.Check() }

@@ -111,7 +111,7 @@ type Config struct {
 }
 
 // DefaultPodConditionType is the pod condition a readiness gate names.
-const DefaultPodConditionType = "ambient.istio.io/enrolled"
+const DefaultPodConditionType = podmeta.ConditionEnrolled
 
 // DefaultConfig returns the defaults (the flags of `ambientd run` show them).
 func DefaultConfig() Config {

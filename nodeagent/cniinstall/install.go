@@ -559,14 +559,6 @@ func (i *Installer) Check() error {
 	return nil
 }
 
-// Ready is Check as a readiness answer for /readyz and the node condition.
-func (i *Installer) Ready() (bool, string) {
-	if err := i.Check(); err != nil {
-		return false, "CNI plugin not installed: " + err.Error()
-	}
-	return true, "CNI plugin installed"
-}
-
 // Uninstall removes what the installer put on the node: our entry from every
 // config (restoring a converted .conf byte for byte), our owned config, then
 // the binary (last, so a runtime never calls a missing plugin). Other
