@@ -164,7 +164,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 			a.moved.take(uid) // what the pod already shows: nothing to publish
 		}
 		restored++
-		log.Info("restored pod", "state", st.String(), "netns_found", h != nil, "via_state_file", viaState[uid], "annotated", c.annotated)
+		log.Info("restored pod", "phase", st.String(), "netns_found", h != nil, "via_state_file", viaState[uid], "annotated", c.annotated)
 		if h == nil || reason == ReasonSandboxChanged {
 			// Searched again now; a pod whose sandbox changed gets its
 			// False written now, not only once a ztunnel acks.
@@ -219,7 +219,7 @@ func (a *Agent) cleanStale(ctx context.Context, p *corev1.Pod) error {
 	}
 	if err := a.finder.Accept(h, podIPs(p)); err != nil {
 		h.Close()
-		log.Info("the recorded netns is no longer the pod's; record dropped", "reason", err)
+		log.Info("the recorded netns is no longer the pod's; record dropped", "error", err)
 		a.forgetNetns(uid)
 		return nil
 	}

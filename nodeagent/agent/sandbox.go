@@ -91,7 +91,7 @@ func (a *Agent) leaveSandbox(ctx context.Context, log *slog.Logger, s *podSync, 
 	a.forgetNetns(e.UID)
 	a.metrics.repairs.WithLabelValues("sandbox").Inc()
 	a.podEvent(e.UID, corev1.EventTypeWarning, EventSandboxChanged, "The pod's sandbox changed ("+why+"): the agent re-enrolls it in its new sandbox; until then it is not captured")
-	log.Warn("pod sandbox changed; re-enrolling", "why", why, "held", held)
+	log.Warn("pod sandbox changed; re-enrolling", "reason", why, "held", held)
 	a.publishNow(s, e)
 	return e, nil
 }
@@ -150,7 +150,7 @@ func (a *Agent) findNetns(ctx context.Context, targets []podnetns.Target) (found
 					found[t.UID], viaState[t.UID] = h, true
 					continue
 				} else {
-					a.log.Info("state file netns not accepted; scanning /proc", "uid", t.UID, "reason", aerr)
+					a.log.Info("state file netns not accepted; scanning /proc", "uid", t.UID, "error", aerr)
 				}
 				h.Close()
 			}

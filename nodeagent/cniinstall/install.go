@@ -309,7 +309,7 @@ func (i *Installer) ensureConfig() (bool, error) {
 	wrote, err := editFile(target.real, target.snap, i.entryOnly)
 	if wrote {
 		i.step()
-		i.log.Info("inserted CNI plugin into config", "path", target.path, "file", target.real)
+		i.log.Info("inserted CNI plugin into config", "path", target.path, "real_path", target.real)
 	}
 	if err != nil {
 		return wrote, fmt.Errorf("inserting into %s: %w", target.path, err)
@@ -627,7 +627,7 @@ func (i *Installer) uninstallFrom(c confFile, all []confFile) error {
 	}); err != nil {
 		return fmt.Errorf("removing our plugin from %s: %w", c.path, err)
 	}
-	i.log.Info("removed our plugin from CNI config", "path", c.path, "file", c.real)
+	i.log.Info("removed our plugin from CNI config", "path", c.path, "real_path", c.real)
 	return nil
 }
 

@@ -261,7 +261,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			c.log.Warn("node readiness reconcile failed", "error", err, "retry", backoff)
+			c.log.Warn("node readiness reconcile failed", "error", err, "retry_in", backoff)
 			after = backoff
 			backoff = min(backoff*2, c.cfg.ResyncPeriod)
 		} else {
@@ -340,9 +340,9 @@ func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Dur
 			c.event(n, r)
 		}
 		if transition || cur.Reason != want.Reason || cur.Message != want.Message {
-			c.log.Info("node condition written", "type", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
+			c.log.Info("node condition written", "condition", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
 		} else {
-			c.log.Debug("node condition heartbeat", "type", want.Type, "status", want.Status)
+			c.log.Debug("node condition heartbeat", "condition", want.Type, "status", want.Status)
 		}
 		c.mu.Lock()
 		c.status.Written = true

@@ -109,7 +109,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn, src SnapshotSo
 	log := s.log.With(peerAttrs(uc)...)
 	hello, err := c.ReadHello(time.Now().Add(s.cfg.HelloTimeout))
 	if err != nil {
-		log.Warn("dropping ztunnel connection: no valid hello", "err", err)
+		log.Warn("dropping ztunnel connection: no valid hello", "error", err)
 		return
 	}
 
@@ -158,14 +158,14 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn, src SnapshotSo
 			}
 			r.res <- err
 			if fatal {
-				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "err", err)
+				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "error", err)
 				return
 			}
 		case res := <-zc.in:
 			if errors.Is(res.err, io.EOF) {
 				log.Info("ztunnel hung up")
 			} else {
-				log.Warn("dropping ztunnel connection: unsolicited packet while idle", "err", res.err, "ack_error", res.ack.GetError())
+				log.Warn("dropping ztunnel connection: unsolicited packet while idle", "error", res.err, "ack_error", res.ack.GetError())
 			}
 			return
 		case <-ctx.Done():
@@ -187,14 +187,14 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 		}
 		err, fatal := c.roundTrip(ctx, r)
 		if fatal {
-			log.Warn("dropping ztunnel connection during snapshot", "op", r.op, "uid", r.uid, "err", err)
+			log.Warn("dropping ztunnel connection during snapshot", "op", r.op, "uid", r.uid, "error", err)
 			return false
 		}
 		if err != nil {
 			// Refused (nack) or not sendable (netns closed); the
 			// connection is fine. The source hears of it before the
 			// snapshot is acked, so it can retry the pod then.
-			log.Warn("snapshot entry failed", "op", r.op, "uid", r.uid, "err", err)
+			log.Warn("snapshot entry failed", "op", r.op, "uid", r.uid, "error", err)
 			c.src.SnapshotRefused(r.uid, err)
 			continue
 		}
@@ -207,7 +207,7 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 	}
 	r := snapshotSentReq()
 	if err, _ := c.roundTrip(ctx, r); err != nil {
-		log.Warn("dropping ztunnel connection: snapshot not acked", "err", err)
+		log.Warn("dropping ztunnel connection: snapshot not acked", "error", err)
 		return false
 	}
 	log.Info("ztunnel acked snapshot", "adds", adds, "keeps", keeps)

@@ -210,7 +210,7 @@ func (s *Server) Run(ctx context.Context, src SnapshotSource) error {
 			if temporaryAcceptError(err) {
 				s.metrics.retries.Inc()
 				backoff = min(max(2*backoff, minAcceptBackoff), maxAcceptBackoff)
-				s.log.Warn("accept on ztunnel socket failed; retrying", "socket", s.cfg.SocketPath, "err", err, "retry_in", backoff)
+				s.log.Warn("accept on ztunnel socket failed; retrying", "socket", s.cfg.SocketPath, "error", err, "retry_in", backoff)
 				if !sleepCtx(ctx, backoff) {
 					break
 				}
@@ -230,7 +230,7 @@ func (s *Server) Run(ctx context.Context, src SnapshotSource) error {
 	l.Close()
 	sock.RemoveIfOurs(s.log)
 	if acceptErr != nil {
-		s.log.Error("ztunnel server stopping; closing every connection", "err", acceptErr)
+		s.log.Error("ztunnel server stopping; closing every connection", "error", acceptErr)
 		closeConns()
 	}
 	wg.Wait()
@@ -246,7 +246,7 @@ func (s *Server) allowedPeer(uc *net.UnixConn) bool {
 	cred, err := unixsock.PeerCred(uc)
 	if err != nil {
 		s.metrics.refused.Inc()
-		s.log.Warn("refused a connection to the ztunnel socket: cannot read its peer's credentials", "err", err)
+		s.log.Warn("refused a connection to the ztunnel socket: cannot read its peer's credentials", "error", err)
 		return false
 	}
 	if slices.Contains(s.cfg.AllowedUIDs, cred.Uid) {
@@ -459,7 +459,7 @@ func (s *Server) handOver(ctx context.Context, log *slog.Logger, src SnapshotSou
 		src.HandOver(uid, func(err error) {
 			if err != nil {
 				s.metrics.handovers.WithLabelValues("failed").Inc()
-				log.Warn("handing pod over to the remaining ztunnel failed", "uid", uid, "err", err)
+				log.Warn("handing pod over to the remaining ztunnel failed", "uid", uid, "error", err)
 				return
 			}
 			s.metrics.handovers.WithLabelValues("ok").Inc()
