@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 )
 
@@ -27,7 +28,7 @@ const (
 )
 
 // DefaultConditionType is the agent's pod condition (--pod-condition-type).
-const DefaultConditionType = "ambient.istio.io/enrolled"
+const DefaultConditionType = podmeta.ConditionEnrolled
 
 // Names of what deploy/ installs, for `ambientd check`.
 const (

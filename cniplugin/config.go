@@ -15,29 +15,18 @@ import (
 	"github.com/ambientd/ambientd/cniapi"
 )
 
-// DefaultTimeout bounds one ADD's call to the agent. It covers the agent's
-// worst case: informer wait plus a direct GET, rules, and a ztunnel ack.
-const DefaultTimeout = 30 * time.Second
+// DefaultTimeout bounds one ADD's call to the agent (cniapi's).
+const DefaultTimeout = cniapi.DefaultPluginTimeout
 
 // maxDelTimeout caps the DEL's best-effort call: a DEL never fails because of
 // the agent, so it must not hold pod teardown for the full ADD timeout.
 const maxDelTimeout = 5 * time.Second
 
-// Config is the plugin's entry in the conflist.
+// Config is the plugin's entry in the conflist: CNI's standard keys and
+// the plugin's own (cniapi.PluginSettings, the schema the installer writes).
 type Config struct {
 	types.PluginConf
-
-	// AgentSocket is the agent's Unix socket; default cniapi.DefaultSocketPath.
-	AgentSocket string `json:"agentSocket,omitempty"`
-	// Timeout is a Go duration ("30s"); default DefaultTimeout.
-	Timeout string `json:"timeout,omitempty"`
-	// ExcludeNamespaces are passed through without asking the agent.
-	ExcludeNamespaces []string `json:"excludeNamespaces,omitempty"`
-	// LogLevel is debug, info, warn or error; default info.
-	LogLevel string `json:"logLevel,omitempty"`
-	// LogFile receives the plugin's log (appended); default stderr. Never
-	// stdout: that is the CNI result channel.
-	LogFile string `json:"logFile,omitempty"`
+	cniapi.PluginSettings
 
 	timeout  time.Duration
 	logLevel slog.Level

@@ -54,7 +54,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	log, closeLog := p.logger(conf)
 	defer closeLog()
-	log = log.With("cmd", "ADD", "containerID", args.ContainerID)
+	log = log.With("cmd", "ADD", "container_id", args.ContainerID)
 
 	if conf.PrevResult == nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, "ambientd-cni: missing prevResult",
@@ -62,14 +62,14 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	pod, ok, err := podIdentity(args.Args, args.ContainerID)
 	if err != nil {
-		log.Error("bad CNI_ARGS", "err", err)
+		log.Error("bad CNI_ARGS", "error", err)
 		return err
 	}
 	if !ok {
 		log.Debug("no Kubernetes pod in CNI_ARGS; passing through")
 		return p.printPrev(conf)
 	}
-	log = log.With("pod", pod.Namespace+"/"+pod.Name, "uid", pod.Uid)
+	log = log.With("namespace", pod.Namespace, "pod", pod.Name, "uid", pod.Uid)
 	if conf.excluded(pod.Namespace) {
 		log.Debug("namespace excluded; passing through")
 		return p.printPrev(conf)
@@ -92,13 +92,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	})
 	if err != nil {
 		cerr := agentError(ctx, err, conf.AgentSocket, conf.timeout, pod)
-		log.Error("agent call failed", "err", cerr, "took", time.Since(start))
+		log.Error("agent call failed", "error", cerr, "took", time.Since(start))
 		return cerr
 	}
 	if resp.GetOutcome() == cniapi.Outcome_OUTCOME_UNSPECIFIED {
 		// Never pass a pod silently on an answer we cannot read.
 		cerr := types.NewError(ErrAgentRefused, fmt.Sprintf("ambientd-cni: ambientd agent gave no outcome for pod %s/%s", pod.Namespace, pod.Name), resp.GetMessage())
-		log.Error("agent answer without outcome", "err", cerr)
+		log.Error("agent answer without outcome", "error", cerr)
 		return cerr
 	}
 	log.Info("agent answered", "outcome", resp.GetOutcome().String(), "message", resp.GetMessage(), "took", time.Since(start))
@@ -116,14 +116,14 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	log, closeLog := p.logger(conf)
 	defer closeLog()
-	log = log.With("cmd", "DEL", "containerID", args.ContainerID)
+	log = log.With("cmd", "DEL", "container_id", args.ContainerID)
 
 	pod, ok, err := podIdentity(args.Args, args.ContainerID)
 	if err != nil || !ok {
-		log.Debug("no usable Kubernetes pod in CNI_ARGS; nothing to tell the agent", "err", err)
+		log.Debug("no usable Kubernetes pod in CNI_ARGS; nothing to tell the agent", "error", err)
 		return nil
 	}
-	log = log.With("pod", pod.Namespace+"/"+pod.Name, "uid", pod.Uid)
+	log = log.With("namespace", pod.Namespace, "pod", pod.Name, "uid", pod.Uid)
 	if conf.excluded(pod.Namespace) {
 		return nil
 	}
@@ -142,7 +142,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return err
 	})
 	if err != nil {
-		log.Warn("could not tell the agent; ignoring (DEL never fails)", "err", agentError(ctx, err, conf.AgentSocket, timeout, pod))
+		log.Warn("could not tell the agent; ignoring (DEL never fails)", "error", agentError(ctx, err, conf.AgentSocket, timeout, pod))
 		return nil
 	}
 	log.Debug("agent told")
@@ -233,9 +233,9 @@ func (p *Plugin) logger(conf *Config) (*slog.Logger, func()) {
 	if w == nil {
 		w = io.Discard
 	}
-	log := slog.New(slog.NewTextHandler(w, opts)).With("plugin", "ambientd-cni", "pid", os.Getpid())
+	log := slog.New(slog.NewTextHandler(w, opts)).With("component", cniapi.PluginType, "pid", os.Getpid())
 	if openErr != nil {
-		log.Warn("cannot open logFile; logging to stderr", "logFile", conf.LogFile, "err", openErr)
+		log.Warn("cannot open logFile; logging to stderr", "log_file", conf.LogFile, "error", openErr)
 	}
 	return log, closeFn
 }

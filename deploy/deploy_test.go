@@ -4,14 +4,17 @@
 package deploy
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -275,5 +278,79 @@ func TestSecurityDocListsRepairComponentRights(t *testing.T) {
 	object(t, render(t, "."), "ConfigMap", "ambientd-config", &cm)
 	if cm.Data["AMBIENTD_REPAIR_MODE"] != "repair" {
 		t.Errorf("base AMBIENTD_REPAIR_MODE = %q, want repair", cm.Data["AMBIENTD_REPAIR_MODE"])
+	}
+}
+
+// The DaemonSet serves and mounts what the ConfigMap tells the agent: its
+// ports are the health and metrics addresses' (probes included), every
+// directory the agent uses is mounted (the sockets and the run dir from
+// the host at the same path: the plugin and ztunnel find them there), and
+// the DaemonSet is the one the installer's shutdown rule reads.
+func TestDaemonSetMatchesConfigMap(t *testing.T) {
+	res := render(t, ".")
+	var cm corev1.ConfigMap
+	object(t, res, "ConfigMap", "ambientd-config", &cm)
+	var ds appsv1.DaemonSet
+	object(t, res, "DaemonSet", "ambientd", &ds)
+	c := ds.Spec.Template.Spec.Containers[0]
+	port := func(env string) int32 {
+		_, p, err := net.SplitHostPort(cm.Data[env])
+		if err != nil {
+			t.Fatalf("ConfigMap %s = %q: %v", env, cm.Data[env], err)
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int32(n)
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if want := port("AMBIENTD_HEALTH_ADDR"); ports["health"] != want {
+		t.Errorf("container port health %d, ConfigMap's health address port %d", ports["health"], want)
+	}
+	if want := port("AMBIENTD_METRICS_ADDR"); ports["metrics"] != want {
+		t.Errorf("container port metrics %d, ConfigMap's metrics address port %d", ports["metrics"], want)
+	}
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.IntValue() != int(port("AMBIENTD_HEALTH_ADDR")) {
+			t.Errorf("%s probe %+v: want an HTTP GET on the health port", name, p)
+		}
+	}
+	hostPaths := map[string]string{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	mounted := func(dir string) (hostPath string, ok bool) {
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == dir {
+				return hostPaths[m.Name], true
+			}
+		}
+		return "", false
+	}
+	for _, d := range []struct{ what, dir string }{
+		{"ztunnel socket's dir", filepath.Dir(cm.Data["ZTUNNEL_UDS_ADDRESS"])},
+		{"CNI socket's dir", filepath.Dir(cm.Data["AMBIENTD_CNI_SOCKET"])},
+		{"run dir (state file, admin socket)", agent.DefaultConfig().RunDir},
+	} {
+		if hp, ok := mounted(d.dir); !ok || hp != d.dir {
+			t.Errorf("%s %s: mounted from host path %q (mounted: %v), want the same path on the host", d.what, d.dir, hp, ok)
+		}
+	}
+	for _, env := range []string{"AMBIENTD_CNI_BIN_DIR", "AMBIENTD_CNI_CONF_DIR", "AMBIENTD_HOST_PROC"} {
+		if _, ok := mounted(cm.Data[env]); !ok {
+			t.Errorf("ConfigMap %s = %s: not mounted", env, cm.Data[env])
+		}
+	}
+	if cm.Data["AMBIENTD_DAEMONSET_NAME"] != ds.Name {
+		t.Errorf("ConfigMap AMBIENTD_DAEMONSET_NAME %q, the DaemonSet is %q", cm.Data["AMBIENTD_DAEMONSET_NAME"], ds.Name)
+	}
+	if cm.Data["AMBIENTD_SYSTEM_NAMESPACE"] != ds.Namespace {
+		t.Errorf("ConfigMap AMBIENTD_SYSTEM_NAMESPACE %q, the DaemonSet runs in %q", cm.Data["AMBIENTD_SYSTEM_NAMESPACE"], ds.Namespace)
 	}
 }

@@ -29,7 +29,7 @@ func (m *Manager) choose(ctx context.Context) (Mode, error) {
 		}
 		held, err := b.HoldsHost(ctx, v)
 		if err != nil {
-			m.log.Debug("rule backend unreadable", "backend", string(mode), "err", err)
+			m.log.Debug("rule backend unreadable", "backend", string(mode), "error", err)
 			continue
 		}
 		if held {
@@ -38,7 +38,7 @@ func (m *Manager) choose(ctx context.Context) (Mode, error) {
 	}
 	probeIPSets, err := ipset.Exist([]Family{IPv4, IPv6})
 	if err != nil {
-		m.log.Debug("ipsets unreadable", "err", err)
+		m.log.Debug("ipsets unreadable", "error", err)
 	}
 	switch {
 	case slices.Contains(holders, ModeLegacy) && slices.Contains(holders, ModeNFT):
@@ -62,7 +62,7 @@ func (m *Manager) choose(ctx context.Context) (Mode, error) {
 		return ModeNFTables, nil
 	}
 	if err := nftables.Supported(); err != nil {
-		m.log.Info("nftables backend not usable on this kernel; using iptables", "err", err)
+		m.log.Info("nftables backend not usable on this kernel; using iptables", "error", err)
 		return m.detect(ctx)
 	}
 	m.log.Info("rule backend: clean node, kernel supports nftables", "mode", string(ModeNFTables))
@@ -79,7 +79,7 @@ func (m *Manager) detect(ctx context.Context) (Mode, error) {
 		for _, f := range m.families() {
 			n, err := xtables.CountRules(ctx, m.cfg.xtables(m), mode, f)
 			if err != nil {
-				m.log.Debug("iptables variant unavailable or unreadable", "mode", string(mode), "err", err)
+				m.log.Debug("iptables variant unavailable or unreadable", "mode", string(mode), "error", err)
 				continue
 			}
 			count[mode] += n

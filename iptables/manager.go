@@ -69,7 +69,7 @@ func NewManager(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, er
 		if o, err := m.newBackend(ctx, other, false); err == nil {
 			m.others = append(m.others, o)
 		} else {
-			log.Debug("other rule backend unavailable", "backend", string(other), "err", err)
+			log.Debug("other rule backend unavailable", "backend", string(other), "error", err)
 		}
 	}
 	if err := m.persist(); err != nil {
@@ -137,7 +137,7 @@ func (m *Manager) ApplyPod(ctx context.Context, podNS ns.NetNS, opts PodOptions)
 func (m *Manager) view() (v rules.View, done func()) {
 	nv, err := nftables.ReadView(&m.bg)
 	if err != nil {
-		m.log.Debug("nftables chains unreadable", "err", err)
+		m.log.Debug("nftables chains unreadable", "error", err)
 		return nil, func() {}
 	}
 	return nv, nv.Close

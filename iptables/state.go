@@ -51,12 +51,12 @@ func (m *Manager) readState() (Mode, error) {
 	}
 	fields := strings.Fields(string(b))
 	if len(fields) != 2 || fields[1] != "netns="+id {
-		m.log.Info("rule backend state is for another network namespace; ignored", "file", path, "content", strings.TrimSpace(string(b)))
+		m.log.Info("rule backend state is for another network namespace; ignored", "path", path, "content", strings.TrimSpace(string(b)))
 		return "", nil
 	}
 	mode, err := ParseMode(fields[0])
 	if err != nil || mode == ModeAuto {
-		m.log.Warn("rule backend state unreadable; ignored", "file", path, "content", strings.TrimSpace(string(b)))
+		m.log.Warn("rule backend state unreadable; ignored", "path", path, "content", strings.TrimSpace(string(b)))
 		return "", nil
 	}
 	return mode, nil
@@ -103,6 +103,6 @@ func (m *Manager) ForgetChoice() error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("forgetting the rule backend: %w", err)
 	}
-	m.log.Info("rule backend choice forgotten: nothing of ours is left on the node", "mode", string(mode), "file", path)
+	m.log.Info("rule backend choice forgotten: nothing of ours is left on the node", "mode", string(mode), "path", path)
 	return nil
 }

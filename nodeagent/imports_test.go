@@ -10,10 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/test/infra/build"
 	"github.com/ambientd/ambientd/test/infra/testutil"
-	zp "github.com/ambientd/ambientd/ztunnelproto"
 )
 
 const module = "github.com/ambientd/ambientd"
@@ -257,24 +255,5 @@ func TestRuleFloors(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestZDSFactsAgree: iptables may not import ztunnelproto, so it repeats
-// ztunnel's mark and ports in its rules; they must be ztunnelproto's.
-func TestZDSFactsAgree(t *testing.T) {
-	for _, c := range []struct {
-		name       string
-		rules, zds int
-	}{
-		{"proxy mark", iptables.ProxyMark, zp.ProxyMark},
-		{"outbound port", iptables.OutboundPort, zp.OutboundPort},
-		{"inbound port", iptables.InboundPort, zp.InboundPort},
-		{"HBONE port", iptables.HBONEPort, zp.HBONEPort},
-		{"DNS port", iptables.DNSPort, zp.DNSPort},
-	} {
-		if c.rules != c.zds {
-			t.Errorf("%s: iptables has %#x, ztunnelproto %#x", c.name, c.rules, c.zds)
-		}
 	}
 }

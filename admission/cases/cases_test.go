@@ -2,29 +2,17 @@ package cases
 
 import (
 	"maps"
-	"os"
 	"slices"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
-
 	"github.com/ambientd/ambientd/admission"
+	"github.com/ambientd/ambientd/test/infra/kubetest"
 )
 
 // shippedConfig is deploy/configmap.yaml's data: the settings the shipped
 // policy reads (as its param) and the agent gets as its environment.
 func shippedConfig(t *testing.T) map[string]string {
-	t.Helper()
-	b, err := os.ReadFile("../../deploy/configmap.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cm corev1.ConfigMap
-	if err := yaml.UnmarshalStrict(b, &cm); err != nil {
-		t.Fatal(err)
-	}
-	return cm.Data
+	return kubetest.ShippedConfig(t, "../../deploy/configmap.yaml")
 }
 
 // TestEnrollmentTable judges enrollment.yaml with the Go side: the agent's

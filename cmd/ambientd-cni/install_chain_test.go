@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
 	"github.com/ambientd/ambientd/test/infra/testutil"
@@ -56,7 +57,7 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	}
 	inst, err := cniinstall.New(cniinstall.Config{
 		BinSource: filepath.Join(binDir, "ambientd-cni"), BinDir: hostBin, ConfDir: confDir, InPlace: inPlace,
-		Entry: cniinstall.Entry{Type: "ambientd-cni", AgentSocket: sock, Timeout: "30s", LogLevel: "debug", LogFile: filepath.Join(root, "plugin.log")},
+		Entry: cniinstall.Entry{Type: "ambientd-cni", PluginSettings: cniapi.PluginSettings{AgentSocket: sock, Timeout: "30s", LogLevel: "debug", LogFile: filepath.Join(root, "plugin.log")}},
 	}, testutil.Logger(t, 0))
 	if err != nil {
 		t.Fatal(err)
@@ -64,8 +65,8 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	if _, err := inst.Install(); err != nil {
 		t.Fatal(err)
 	}
-	if ok, reason := inst.Ready(); !ok {
-		t.Fatal(reason)
+	if err := inst.Check(); err != nil {
+		t.Fatal(err)
 	}
 
 	// The runtime: the first file of the conf dir, plugins from the host bin

@@ -24,7 +24,7 @@ type settingsFlags struct {
 	given                                             map[string]bool
 }
 
-var settingsEnvOf = map[string]string{
+var settingsEnvOf = flagEnv{
 	"exclude-namespaces": admission.EnvExcludeNamespaces,
 	"system-namespace":   admission.EnvSystemNamespace,
 	"pod-condition-type": admission.EnvConditionType,
@@ -35,23 +35,13 @@ func (s *settingsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.excludeNamespaces, "exclude-namespaces", strings.Join(d.Policy.ExcludeNamespaces, ","), "comma-separated namespaces the agent never enrolls (as `ambientd run`)")
 	fs.StringVar(&s.systemNamespace, "system-namespace", d.Policy.SystemNamespace, "the mesh's own namespace (as `ambientd run`)")
 	fs.StringVar(&s.conditionType, "pod-condition-type", d.ConditionType, "the pod condition the readiness gate names (as `ambientd run`)")
-	for name, env := range settingsEnvOf {
-		fs.Lookup(name).Usage += " (env " + env + ")"
-	}
 }
 
-// parse applies the variables and validates; call after fs.Parse.
-func (s *settingsFlags) parse(fs *flag.FlagSet, getenv func(string) string) error {
-	if err := applyEnv(fs, settingsEnvOf, getenv); err != nil {
-		return err
-	}
+// parse notes which settings the command line or the variables gave, and
+// validates; call after parseFlags(..., settingsEnvOf).
+func (s *settingsFlags) parse(fs *flag.FlagSet) error {
 	s.given = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { s.given[f.Name] = true })
-	for name, env := range settingsEnvOf {
-		if getenv(env) != "" {
-			s.given[name] = true
-		}
-	}
+	fs.Visit(func(f *flag.Flag) { s.given[f.Name] = true }) // set by parseFlags too
 	for _, n := range s.settings(admission.DefaultSettings()).Policy.ExcludeNamespaces {
 		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
 			return fmt.Errorf("--exclude-namespaces: %q: %s", n, strings.Join(errs, "; "))
@@ -129,13 +119,16 @@ func (c *clientFlags) client(_ context.Context) (kube.Interface, string, error) 
 // parseClientFlags parses the flags of a client command (inject, check)
 // and the settings' variables; ok=false: exit with code.
 func parseClientFlags(fs *flag.FlagSet, args []string, sf *settingsFlags, getenv func(string) string, stderr io.Writer) (code int, ok bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, false
-		}
-		return 2, false
+	err := parseFlags(fs, args, getenv, settingsEnvOf)
+	if err == nil {
+		err = sf.parse(fs)
 	}
-	if err := sf.parse(fs, getenv); err != nil {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0, false
+	case isParseError(err):
+		return 2, false // fs printed it, with the usage
+	case err != nil:
 		fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
 		return 2, false
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
@@ -30,7 +31,7 @@ type installFlags struct {
 }
 
 // installEnvOf maps the install flags to their environment variables.
-var installEnvOf = map[string]string{
+var installEnvOf = flagEnv{
 	"cni-bin-source":        "AMBIENTD_CNI_BIN_SOURCE",
 	"cni-bin-dir":           "AMBIENTD_CNI_BIN_DIR",
 	"cni-conf-dir":          "AMBIENTD_CNI_CONF_DIR",
@@ -48,7 +49,7 @@ var installEnvOf = map[string]string{
 	"daemonset-namespace":   "POD_NAMESPACE",
 }
 
-// register adds the install flags to fs (usage names each env variable).
+// register adds the install flags to fs (their variables: installEnvOf).
 func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.binSource, "cni-bin-source", "", "the plugin binary to install (default: ambientd-cni beside this executable)")
 	fs.StringVar(&f.binDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
@@ -62,26 +63,9 @@ func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.repairWindow, "cni-repair-window", cniinstall.DefaultRepairWindow, "sliding window of --cni-repair-limit")
 	fs.StringVar(&f.pluginLogLevel, "cni-plugin-log-level", "info", "the plugin's logLevel in its config entry")
 	fs.StringVar(&f.pluginLogFile, "cni-plugin-log-file", "", "the plugin's logFile on the host (default: stderr, i.e. the runtime's log)")
-	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", 30*time.Second, "the plugin's timeout for one ADD's call to the agent")
+	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", cniapi.DefaultPluginTimeout, "the plugin's timeout for one ADD's call to the agent")
 	fs.StringVar(&f.daemonSet, "daemonset-name", "ambientd", "the agent's DaemonSet, read at shutdown to tell uninstall from upgrade")
 	fs.StringVar(&f.namespace, "daemonset-namespace", "istio-system", "the DaemonSet's namespace")
-	for name, env := range installEnvOf {
-		fs.Lookup(name).Usage += " (env " + env + ")"
-	}
-}
-
-// applyEnv sets each flag of envOf that was not given from its variable.
-func applyEnv(fs *flag.FlagSet, envOf map[string]string, getenv func(string) string) error {
-	given := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
-	for name, env := range envOf {
-		if v := getenv(env); v != "" && !given[name] {
-			if err := fs.Set(name, v); err != nil {
-				return fmt.Errorf("%s (for --%s): %w", env, name, err)
-			}
-		}
-	}
-	return nil
 }
 
 // config builds the installer's config; cniSocket is the agent's socket
@@ -94,7 +78,7 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 		if err != nil {
 			return cniinstall.Config{}, fmt.Errorf("--cni-bin-source: locating this executable: %w", err)
 		}
-		src = filepath.Join(filepath.Dir(exe), cniinstall.DefaultPluginType)
+		src = filepath.Join(filepath.Dir(exe), cniapi.PluginType)
 	}
 	if f.pluginTimeout <= 0 {
 		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-timeout %v: must be positive", f.pluginTimeout)
@@ -118,12 +102,14 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 		InPlace: !f.owned, OwnedName: f.ownedName,
 		PollInterval: f.pollInterval, Resync: f.resync, RepairLimit: f.repairLimit, RepairWindow: f.repairWindow,
 		Entry: cniinstall.Entry{
-			Type:              cniinstall.DefaultPluginType,
-			AgentSocket:       cniSocket,
-			Timeout:           f.pluginTimeout.String(),
-			ExcludeNamespaces: exclude,
-			LogLevel:          f.pluginLogLevel,
-			LogFile:           f.pluginLogFile,
+			Type: cniapi.PluginType,
+			PluginSettings: cniapi.PluginSettings{
+				AgentSocket:       cniSocket,
+				Timeout:           f.pluginTimeout.String(),
+				ExcludeNamespaces: exclude,
+				LogLevel:          f.pluginLogLevel,
+				LogFile:           f.pluginLogFile,
+			},
 		},
 	}
 	return cfg, cfg.Validate()
@@ -216,9 +202,6 @@ func (c *cniInstall) Component() daemon.Component {
 		return c.inst.Run(ctx)
 	})
 }
-
-// Ready is the installer's readiness: our entry in the runtime's config.
-func (c *cniInstall) Ready() (bool, string) { return c.inst.Ready() }
 
 // Check is Ready as an error (nil = installed), the shape of
 // nodeready.Inputs.PluginInstalled.

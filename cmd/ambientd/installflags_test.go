@@ -56,10 +56,7 @@ func TestInstallFlags(t *testing.T) {
 			fs.SetOutput(io.Discard)
 			var f installFlags
 			f.register(fs)
-			err := fs.Parse(tc.args)
-			if err == nil {
-				err = applyEnv(fs, installEnvOf, func(k string) string { return tc.env[k] })
-			}
+			err := parseFlags(fs, tc.args, func(k string) string { return tc.env[k] }, installEnvOf)
 			if err == nil {
 				var c cniinstall.Config
 				c, err = f.config("/var/run/ambientd/cni.sock", []string{"kube-system"})

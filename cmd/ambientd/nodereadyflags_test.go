@@ -46,10 +46,14 @@ func TestNodeReadyFlags(t *testing.T) {
 			fs := flag.NewFlagSet("test", flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
 			get := nodeReadyFlags(fs)
-			if err := fs.Parse(tt.args); err != nil {
+			var got nodeready.Config
+			err := parseFlags(fs, tt.args, func(k string) string { return tt.env[k] }, nodeReadyEnvOf)
+			if isParseError(err) {
 				t.Fatal(err)
 			}
-			got, err := get(func(k string) string { return tt.env[k] }, "n1")
+			if err == nil {
+				got, err = get("n1")
+			}
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want one mentioning %q", err, tt.wantErr)
@@ -67,12 +71,15 @@ func TestNodeReadyFlags(t *testing.T) {
 	for _, node := range []string{"", "N_1"} {
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)
 		get := nodeReadyFlags(fs)
-		if _, err := get(func(string) string { return "" }, node); err == nil || !strings.Contains(err.Error(), "--node-name") {
+		if _, err := get(node); err == nil || !strings.Contains(err.Error(), "--node-name") {
 			t.Errorf("node name %q: error %v, want one naming --node-name", node, err)
 		}
 	}
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	nodeReadyFlags(fs)
+	if err := parseFlags(fs, nil, func(string) string { return "" }, nodeReadyEnvOf); err != nil {
+		t.Fatal(err)
+	}
 	if u := fs.Lookup("untaint").Usage; !strings.Contains(u, "(env AMBIENTD_UNTAINT)") {
 		t.Errorf("usage %q does not name the env var", u)
 	}

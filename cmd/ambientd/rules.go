@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
@@ -65,14 +66,14 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&side.proxyGID, "proxy-gid", iptables.DefaultProxyID, "with --sidecar: istio-proxy's runAsGroup")
 	fs.BoolVar(&cfg.IPv6, "ipv6", iptables.DefaultIPv6, "capture IPv6 too, as the agent does by default: add ip6tables rules")
 	var dnsCapture bool
-	fs.BoolVar(&dnsCapture, "dns-capture", true, "capture DNS by default, as the agent does (pods may override with the "+podmeta.AnnotationDNSCapture+" annotation)")
+	fs.BoolVar(&dnsCapture, "dns-capture", agent.DefaultConfig().DNSCapture, "capture DNS by default, as the agent does (pods may override with the "+podmeta.AnnotationDNSCapture+" annotation)")
 	fs.Var(&reroute, "reroute-interface", "virtual interface whose TCP goes to ztunnel's outbound port (repeatable, or comma separated)")
 	fs.Var(ann, "annotation", "pod annotation key=value (repeatable), e.g. "+podmeta.AnnotationBypassInbound+"=true")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: ambientd rules [flags]\n\nPrints the exact iptables-restore text for the given options, touching nothing.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, nil); err != nil { // no variables: it prints what is asked
 		return 2
 	}
 	if fs.NArg() > 0 {

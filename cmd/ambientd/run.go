@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/ambientd/ambientd/admission"
 	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/admin"
@@ -51,8 +52,8 @@ type runFlags struct {
 	sidecar                                         daemon.SidecarConfig
 }
 
-// envOf maps flag names to their environment variables.
-var envOf = map[string]string{
+// envOf maps the run flags to their environment variables (parseFlags).
+var envOf = flagEnv{
 	"kubeconfig":           "KUBECONFIG",
 	"node-name":            "NODE_NAME",
 	"ztunnel-socket":       "ZTUNNEL_UDS_ADDRESS",
@@ -61,8 +62,8 @@ var envOf = map[string]string{
 	"metrics-addr":         "AMBIENTD_METRICS_ADDR",
 	"host-proc":            "AMBIENTD_HOST_PROC",
 	"iptables":             "AMBIENTD_IPTABLES",
-	"exclude-namespaces":   "AMBIENTD_EXCLUDE_NAMESPACES",
-	"system-namespace":     "AMBIENTD_SYSTEM_NAMESPACE",
+	"exclude-namespaces":   admission.EnvExcludeNamespaces,
+	"system-namespace":     admission.EnvSystemNamespace,
 	"dns-capture":          "AMBIENTD_DNS_CAPTURE",
 	"ipv6":                 "AMBIENTD_IPV6",
 	"install-cni":          "AMBIENTD_INSTALL_CNI",
@@ -76,7 +77,7 @@ var envOf = map[string]string{
 	"verify-interval":      "AMBIENTD_VERIFY_INTERVAL",
 	"run-dir":              "AMBIENTD_RUN_DIR",
 	"ztunnel-socket-mode":  "AMBIENTD_ZTUNNEL_SOCKET_MODE",
-	"pod-condition-type":   "AMBIENTD_POD_CONDITION_TYPE",
+	"pod-condition-type":   admission.EnvConditionType,
 	"kubelet-uid":          "AMBIENTD_KUBELET_UID",
 	"admin-socket":         "AMBIENTD_ADMIN_SOCKET",
 	"iptables-lock-wait":   "AMBIENTD_IPTABLES_LOCK_WAIT",
@@ -134,34 +135,18 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.podConditionType, "pod-condition-type", def.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
 	nodeReady := nodeReadyFlags(fs)
 	sidecarSettings := sidecarFlags(fs)
-	for name, env := range envOf {
-		fl := fs.Lookup(name)
-		fl.Usage += " (env " + env + ")"
-	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, getenv, envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf); err != nil {
 		return f, err
 	}
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	given := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
-	for name, env := range envOf {
-		if v := getenv(env); v != "" && !given[name] {
-			if err := fs.Set(name, v); err != nil {
-				return f, fmt.Errorf("%s (for --%s): %w", env, name, err)
-			}
-		}
-	}
-	if err := applyEnv(fs, installEnvOf, getenv); err != nil {
-		return f, err
-	}
-	nr, err := nodeReady(getenv, f.nodeName)
+	nr, err := nodeReady(f.nodeName)
 	if err != nil {
 		return f, err
 	}
 	f.nodeReady = nr
-	if f.sidecar, err = sidecarSettings(getenv); err != nil {
+	if f.sidecar, err = sidecarSettings(); err != nil {
 		return f, err
 	}
 	return f, f.validate()

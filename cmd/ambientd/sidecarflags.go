@@ -8,11 +8,25 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/repair"
 )
 
-// sidecarFlags registers sidecar mode's settings (docs/sidecar.md) on fs,
-// each with an environment variable, and returns the function to call
-// after fs.Parse: it applies the environment to the flags not given (flags
-// win) and returns the validated daemon.SidecarConfig.
-func sidecarFlags(fs *flag.FlagSet) func(getenv func(string) string) (daemon.SidecarConfig, error) {
+// sidecarEnvOf maps sidecar mode's flags to their environment variables
+// (parseFlags).
+var sidecarEnvOf = flagEnv{
+	"sidecar":                         "AMBIENTD_SIDECAR",
+	"repair-mode":                     "AMBIENTD_REPAIR_MODE",
+	"repair-label-key":                "AMBIENTD_REPAIR_LABEL_KEY",
+	"repair-label-value":              "AMBIENTD_REPAIR_LABEL_VALUE",
+	"repair-sidecar-annotation":       "AMBIENTD_REPAIR_SIDECAR_ANNOTATION",
+	"repair-init-container-name":      "AMBIENTD_REPAIR_INIT_CONTAINER_NAME",
+	"repair-init-exit-code":           "AMBIENTD_REPAIR_INIT_EXIT_CODE",
+	"repair-init-termination-message": "AMBIENTD_REPAIR_INIT_TERMINATION_MESSAGE",
+	"repair-label-selectors":          "AMBIENTD_REPAIR_LABEL_SELECTORS",
+	"repair-field-selectors":          "AMBIENTD_REPAIR_FIELD_SELECTORS",
+}
+
+// sidecarFlags registers sidecar mode's settings (docs/sidecar.md) on fs
+// (their variables: sidecarEnvOf) and returns the function to call after
+// parseFlags: it returns the validated daemon.SidecarConfig.
+func sidecarFlags(fs *flag.FlagSet) func() (daemon.SidecarConfig, error) {
 	d := repair.DefaultConfig()
 	var (
 		enabled  bool
@@ -30,31 +44,7 @@ func sidecarFlags(fs *flag.FlagSet) func(getenv func(string) string) (daemon.Sid
 	fs.StringVar(&c.InitTerminationMessage, "repair-init-termination-message", "", "termination message that container must have ended with (empty: any)")
 	fs.StringVar(&c.LabelSelector, "repair-label-selectors", "", "label selector restricting the pods repaired")
 	fs.StringVar(&c.FieldSelector, "repair-field-selectors", "", "field selector restricting the pods repaired (metadata.name, metadata.namespace, spec.serviceAccountName, status.phase)")
-	env := map[string]string{
-		"sidecar":                         "AMBIENTD_SIDECAR",
-		"repair-mode":                     "AMBIENTD_REPAIR_MODE",
-		"repair-label-key":                "AMBIENTD_REPAIR_LABEL_KEY",
-		"repair-label-value":              "AMBIENTD_REPAIR_LABEL_VALUE",
-		"repair-sidecar-annotation":       "AMBIENTD_REPAIR_SIDECAR_ANNOTATION",
-		"repair-init-container-name":      "AMBIENTD_REPAIR_INIT_CONTAINER_NAME",
-		"repair-init-exit-code":           "AMBIENTD_REPAIR_INIT_EXIT_CODE",
-		"repair-init-termination-message": "AMBIENTD_REPAIR_INIT_TERMINATION_MESSAGE",
-		"repair-label-selectors":          "AMBIENTD_REPAIR_LABEL_SELECTORS",
-		"repair-field-selectors":          "AMBIENTD_REPAIR_FIELD_SELECTORS",
-	}
-	for name, e := range env {
-		fs.Lookup(name).Usage += " (env " + e + ")"
-	}
-	return func(getenv func(string) string) (daemon.SidecarConfig, error) {
-		given := map[string]bool{}
-		fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
-		for name, e := range env {
-			if v := getenv(e); v != "" && !given[name] {
-				if err := fs.Set(name, v); err != nil {
-					return daemon.SidecarConfig{}, fmt.Errorf("%s (for --%s): %w", e, name, err)
-				}
-			}
-		}
+	return func() (daemon.SidecarConfig, error) {
 		m, err := repair.ParseMode(mode)
 		if err != nil {
 			return daemon.SidecarConfig{}, fmt.Errorf("--repair-mode: %w", err)

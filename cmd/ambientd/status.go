@@ -21,32 +21,28 @@ func statusCmd(args []string) int {
 	return runStatus(context.Background(), args, os.Getenv, os.Stdout, os.Stderr)
 }
 
+// statusEnvOf maps the status flags to their environment variables.
+var statusEnvOf = flagEnv{"admin-socket": "AMBIENTD_ADMIN_SOCKET", "timeout": "AMBIENTD_STATUS_TIMEOUT"}
+
 func runStatus(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ambientd status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	socket := fs.String("admin-socket", admin.DefaultSocketPath, "the agent's admin socket (env AMBIENTD_ADMIN_SOCKET)")
+	socket := fs.String("admin-socket", admin.DefaultSocketPath, "the agent's admin socket")
 	output := fs.String("o", "table", "output: table or json")
 	pod := fs.String("pod", "", "show one pod (NAME or NAMESPACE/NAME) with the live rules of its network namespace")
-	timeout := fs.Duration("timeout", 5*time.Second, "give up after this long (env AMBIENTD_STATUS_TIMEOUT)")
+	timeout := fs.Duration("timeout", 5*time.Second, "give up after this long")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: ambientd status [flags]\n\nAsks the running agent on this node (as root) about its pods.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
+	switch err := parseFlags(fs, args, getenv, statusEnvOf); {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case isParseError(err):
 		return 2
-	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for name, env := range map[string]string{"admin-socket": "AMBIENTD_ADMIN_SOCKET", "timeout": "AMBIENTD_STATUS_TIMEOUT"} {
-		if v := getenv(env); v != "" && !given[name] {
-			if err := fs.Set(name, v); err != nil {
-				fmt.Fprintf(stderr, "ambientd status: %s: %v\n", env, err)
-				return 2
-			}
-		}
+	case err != nil:
+		fmt.Fprintf(stderr, "ambientd status: %v\n", err)
+		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "ambientd status: unexpected argument %q\n", fs.Arg(0))

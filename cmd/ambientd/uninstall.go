@@ -27,7 +27,7 @@ func uninstallCmd(args []string) int {
 }
 
 // uninstallEnvOf are the uninstall's own flags' variables (shared with run).
-var uninstallEnvOf = map[string]string{
+var uninstallEnvOf = flagEnv{
 	"iptables":  "AMBIENTD_IPTABLES",
 	"ipv6":      "AMBIENTD_IPV6",
 	"log-level": "AMBIENTD_LOG_LEVEL",
@@ -43,18 +43,12 @@ func runUninstall(ctx context.Context, args []string, getenv func(string) string
 	ipv6 := fs.Bool("ipv6", iptables.DefaultIPv6, "also remove the IPv6 host rules and probe set (the agent's default; a node without ip6tables has none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	timeout := fs.Duration("timeout", time.Minute, "bound on the whole uninstall")
-	for name, env := range uninstallEnvOf {
-		fs.Lookup(name).Usage += " (env " + env + ")"
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
+	err := parseFlags(fs, args, getenv, installEnvOf, uninstallEnvOf)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case isParseError(err):
 		return 2
-	}
-	err := applyEnv(fs, installEnvOf, getenv)
-	if err == nil {
-		err = applyEnv(fs, uninstallEnvOf, getenv)
 	}
 	if err == nil && fs.NArg() > 0 {
 		err = fmt.Errorf("unexpected arguments: %q", fs.Args())

@@ -69,7 +69,7 @@ func run() error {
 		srv := &http.Server{Handler: emu.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("status server", "err", err)
+				log.Error("status server", "error", err)
 			}
 		}()
 		defer srv.Close()

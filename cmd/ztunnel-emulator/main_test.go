@@ -58,10 +58,10 @@ func TestCommandAgainstServer(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	sock := filepath.Join(dir, "ztunnel.sock")
-	srv := ztunnel.NewServer(ztunnel.Config{SocketPath: sock}, nil, slog.New(slog.DiscardHandler))
+	srv := ztunnel.NewServer(ztunnel.Config{SocketPath: sock}, slog.New(slog.DiscardHandler))
 	srvCtx, stopSrv := context.WithCancel(ctx)
 	srvDone := make(chan error, 1)
-	go func() { srvDone <- srv.Run(srvCtx) }()
+	go func() { srvDone <- srv.Run(srvCtx, noSnapshot{}) }()
 	defer func() { stopSrv(); <-srvDone }()
 
 	cmd := command(ctx, "--socket", sock, "--netns-mode", "--status-addr", "127.0.0.1:0", "--nack", "ns/denied=go away")
@@ -185,3 +185,10 @@ func httpDo(t *testing.T, method, u string, want int) []byte {
 	}
 	return b
 }
+
+// noSnapshot is a snapshot source with no pods.
+type noSnapshot struct{}
+
+func (noSnapshot) Snapshot() []ztunnel.SnapshotEntry { return nil }
+func (noSnapshot) SnapshotRefused(string, error)     {}
+func (noSnapshot) HandOver(string, func(error))      {}

@@ -121,7 +121,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, bg *sync.WaitGroup, 
 	case primary:
 		uid, err := findKubeletUID(cfg.HostProc)
 		if err != nil {
-			log.Warn("kubelet process not found; nftables probe SNAT keyed on uid 0 (set the kubelet uid explicitly if it runs as another user)", "err", err)
+			log.Warn("kubelet process not found; nftables probe SNAT keyed on uid 0 (set the kubelet uid explicitly if it runs as another user)", "error", err)
 		}
 		b.kubeletUID = uid
 	}

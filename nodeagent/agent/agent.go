@@ -26,8 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/listers"
 	"k8s.io/client-go/tools/cache"
@@ -62,7 +60,11 @@ type Rules interface {
 	AddProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
 	RemoveProbeIPs(ctx context.Context, uid string, ips []netip.Addr) error
 	PruneProbeIPs(ctx context.Context, live map[string][]netip.Addr) (iptables.ProbeChanges, error)
-	EnsureHostRules(ctx context.Context) error
+	// RepairHostRules verifies the node's host rules (probe SNAT and its
+	// jump) and repairs them, reporting what it repaired.
+	RepairHostRules(ctx context.Context) (iptables.Drift, error)
+	// DumpPod reads the live rules of a pod's netns, changing nothing.
+	DumpPod(ctx context.Context, podNS ns.NetNS) (string, error)
 }
 
 // Config configures an Agent. DefaultConfig holds the defaults; New takes a
@@ -117,7 +119,7 @@ type Config struct {
 }
 
 // DefaultPodConditionType is the pod condition a readiness gate names.
-const DefaultPodConditionType = "ambient.istio.io/enrolled"
+const DefaultPodConditionType = podmeta.ConditionEnrolled
 
 // DefaultConfig returns the defaults (the flags of `ambientd run` show them).
 func DefaultConfig() Config {
@@ -180,15 +182,13 @@ type Agent struct {
 	status  *podstatus.Patcher
 	metrics *metrics
 
-	events   record.EventBroadcaster // pod Events, sent while Run runs
-	recorder record.EventRecorder
+	recorder record.EventRecorder // pod Events
 
-	podFactory, nsFactory *kube.InformerFactory
-	podInformer           cache.SharedIndexInformer
-	nsInformer            cache.SharedIndexInformer
-	nsLister              listers.ResourceIndexer[*corev1.Namespace]
-	queue                 workqueue.TypedRateLimitingInterface[string] // pod uids
-	podSeen               broadcast                                    // fires on every pod event
+	podInformer cache.SharedIndexInformer
+	nsInformer  cache.SharedIndexInformer
+	nsLister    listers.ResourceIndexer[*corev1.Namespace]
+	queue       workqueue.TypedRateLimitingInterface[string] // pod uids
+	podSeen     broadcast                                    // fires on every pod event
 
 	locks keyedMutex
 	// sidecar, when set, captures sidecar pods at CNI ADD (sidecar.go);
@@ -218,25 +218,47 @@ type Agent struct {
 
 const uidIndex = "uid"
 
-// New builds an agent. reg is the registry the ztunnel server takes its
-// snapshots from (through the agent's Snapshot); the agent owns it.
-func New(cfg Config, client kube.Interface, zt Ztunnel, rules Rules, reg *registry.Registry, log *slog.Logger) (*Agent, error) {
+// Deps are what an Agent works with. The daemon builds them once and
+// shares them with the process's other parts; all are required.
+type Deps struct {
+	Client kube.Interface
+	// Informers: the agent watches this node's pods and every namespace
+	// through them. It adds its transforms, indexers and handlers in New;
+	// the owner starts them afterwards and stops them after Run returned.
+	Informers *kube.Informers
+	// Recorder records the pods' Events (kube.Events).
+	Recorder record.EventRecorder
+	Ztunnel  Ztunnel
+	Rules    Rules
+	// Registry is the pod registry; the agent owns it (Run closes it).
+	Registry *registry.Registry
+	Log      *slog.Logger // nil discards
+}
+
+// New builds an agent from d. The agent is the ztunnel server's snapshot
+// source (Snapshot, SnapshotRefused, HandOver).
+func New(cfg Config, d Deps) (*Agent, error) {
 	cfg = cfg.withDefaults()
 	if cfg.NodeName == "" {
 		return nil, errors.New("agent: node name is required")
 	}
+	if d.Client == nil || d.Informers == nil || d.Recorder == nil || d.Ztunnel == nil || d.Rules == nil || d.Registry == nil {
+		return nil, errors.New("agent: Client, Informers, Recorder, Ztunnel, Rules and Registry are all required")
+	}
+	log, client, reg := d.Log, d.Client, d.Registry
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		cfg:    cfg,
-		client: client,
-		log:    log.With("component", "agent"),
-		zt:     zt,
-		rules:  rules,
-		reg:    reg,
-		finder: podnetns.New(cfg.HostProc),
-		adds:   make(chan struct{}, cfg.MaxParallelAdds),
+		cfg:      cfg,
+		client:   client,
+		log:      log.With("component", "agent"),
+		zt:       d.Ztunnel,
+		rules:    d.Rules,
+		reg:      reg,
+		recorder: d.Recorder,
+		finder:   podnetns.New(cfg.HostProc),
+		adds:     make(chan struct{}, cfg.MaxParallelAdds),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
@@ -244,7 +266,6 @@ func New(cfg Config, client kube.Interface, zt Ztunnel, rules Rules, reg *regist
 	if errs := validation.IsQualifiedName(cfg.PodConditionType); len(errs) > 0 {
 		return nil, fmt.Errorf("agent: pod condition type %q: %s", cfg.PodConditionType, strings.Join(errs, "; "))
 	}
-	a.events, a.recorder = newEventRecorder(cfg.NodeName)
 	if cfg.RunDir != "" {
 		st, err := podnetns.OpenState(filepath.Join(cfg.RunDir, "pods.json"))
 		if err != nil {
@@ -261,13 +282,8 @@ func New(cfg Config, client kube.Interface, zt Ztunnel, rules Rules, reg *regist
 		},
 	})
 
-	// Pods of this node only: the field selector keeps the cache small on
-	// big clusters. Namespaces: all (their labels enroll pods).
-	a.podFactory = kube.NewInformerFactory(client, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	})
-	a.nsFactory = kube.NewInformerFactory(client, nil)
-	a.podInformer = a.podFactory.Pods()
+	// Pods of this node only; namespaces: all (their labels enroll pods).
+	a.podInformer = d.Informers.Pods
 	// The agent never reads managed fields; dropping them from the cache
 	// saves memory at hundreds of pods (docs/scale.md).
 	if err := a.podInformer.SetTransform(dropManagedFields); err != nil {
@@ -285,7 +301,7 @@ func New(cfg Config, client kube.Interface, zt Ztunnel, rules Rules, reg *regist
 		Name: "ambientd_informer_pods",
 		Help: "Pods of this node in the agent's informer cache.",
 	}, func() float64 { return float64(len(a.podInformer.GetStore().ListKeys())) }))
-	a.nsInformer = a.nsFactory.Namespaces()
+	a.nsInformer = d.Informers.Namespaces
 	if err := a.nsInformer.SetTransform(dropManagedFields); err != nil {
 		return nil, fmt.Errorf("agent: namespace informer transform: %w", err)
 	}
@@ -346,30 +362,20 @@ func (a *Agent) enqueueNamespace(obj any) {
 	}
 }
 
-// Run starts the informers, waits for their caches, rebuilds the registry
-// from the API and /proc (so a restarted agent's first ztunnel snapshot holds
-// every live pod), then calls ready — the daemon starts the ztunnel and CNI
-// servers only then — and runs the workers until ctx ends. It returns nil
-// when ctx ends. The registry is closed when Run returns.
+// Run waits for the informer caches (the owner started the informers),
+// rebuilds the registry from the API and /proc (so a restarted agent's first
+// ztunnel snapshot holds every live pod), then calls ready — the daemon
+// starts the ztunnel and CNI servers only then — and runs the workers until
+// ctx ends. It returns nil when ctx ends. The registry is closed when Run
+// returns.
 func (a *Agent) Run(ctx context.Context, ready func()) error {
 	defer a.reg.Close()
-	defer a.handOver()          // after the workers, before the registry closes
-	stopEvents := a.runEvents() // stopped after the workers
-	defer stopEvents()
+	defer a.handOver() // after the workers, before the registry closes
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	a.podFactory.Start(ctx.Done())
-	a.nsFactory.Start(ctx.Done())
-	// Shutdown waits for the informers, which stop only once ctx is
-	// cancelled: cancel first, whichever way Run returns.
-	defer func() {
-		cancel()
-		a.podFactory.Shutdown()
-		a.nsFactory.Shutdown()
-	}()
 	a.log.Info("waiting for informer caches", "node", a.cfg.NodeName)
 	if !cache.WaitForCacheSync(ctx.Done(), a.podInformer.HasSynced, a.nsInformer.HasSynced) {
 		return nil // ctx ended before the caches synced: a clean stop
@@ -447,85 +453,5 @@ func (a *Agent) worker(ctx context.Context) {
 			a.queue.AddRateLimited(uid)
 		}
 		a.queue.Done(uid)
-	}
-}
-
-// keyedMutex serialises work on one pod (CNI ADD/DEL, sync, snapshot
-// refusals) without blocking other pods. Entries are dropped when unused.
-// The map's mutex is held only to find an entry, never while waiting for one
-// or across I/O.
-type keyedMutex struct {
-	mu sync.Mutex
-	m  map[string]*keyedEntry
-}
-
-type keyedEntry struct {
-	held chan struct{} // capacity 1: full while locked
-	refs int
-}
-
-// lock waits for key's lock as long as it takes (background work).
-func (k *keyedMutex) lock(key string) func() {
-	unlock, _ := k.lockCtx(context.Background(), key)
-	return unlock
-}
-
-// lockCtx waits for key's lock until ctx ends: a CNI ADD or DEL stuck
-// behind a slow sync of the same pod gives up within its own deadline
-// instead of past it.
-func (k *keyedMutex) lockCtx(ctx context.Context, key string) (func(), error) {
-	k.mu.Lock()
-	if k.m == nil {
-		k.m = make(map[string]*keyedEntry)
-	}
-	e := k.m[key]
-	if e == nil {
-		e = &keyedEntry{held: make(chan struct{}, 1)}
-		k.m[key] = e
-	}
-	e.refs++
-	k.mu.Unlock()
-	drop := func() {
-		k.mu.Lock()
-		e.refs--
-		if e.refs == 0 {
-			delete(k.m, key)
-		}
-		k.mu.Unlock()
-	}
-	select {
-	case e.held <- struct{}{}:
-	case <-ctx.Done():
-		drop()
-		return func() {}, fmt.Errorf("waiting for the lock of pod %s: %w", key, ctx.Err())
-	}
-	return func() {
-		<-e.held
-		drop()
-	}, nil
-}
-
-// broadcast wakes every waiter once per fire (a closed channel, replaced).
-type broadcast struct {
-	mu sync.Mutex
-	ch chan struct{}
-}
-
-// wait returns a channel closed at the next fire.
-func (b *broadcast) wait() <-chan struct{} {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ch == nil {
-		b.ch = make(chan struct{})
-	}
-	return b.ch
-}
-
-func (b *broadcast) fire() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ch != nil {
-		close(b.ch)
-		b.ch = nil
 	}
 }

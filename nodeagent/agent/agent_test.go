@@ -31,6 +31,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/kube"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/policy"
@@ -269,12 +271,32 @@ func (r *fakeRules) PruneProbeIPs(_ context.Context, live map[string][]netip.Add
 	return ch, nil
 }
 
-func (r *fakeRules) EnsureHostRules(context.Context) error { return nil }
+func (r *fakeRules) RepairHostRules(context.Context) (iptables.Drift, error) {
+	return iptables.Drift{}, nil
+}
+
+func (r *fakeRules) DumpPod(_ context.Context, n ns.NetNS) (string, error) {
+	return fmt.Sprintf("# rules of netns fd %d\n", n.Fd()), nil
+}
 
 func (r *fakeRules) counts() (applied, deleted, probes int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.applied, r.deleted, len(r.probes)
+}
+
+// sharedDeps are the parts of Deps the daemon shares between the agent and
+// the process's other parts, as it builds them: the informers of node
+// (started by the caller) and the Event broadcaster, sending to client
+// until the test ends.
+func sharedDeps(t testing.TB, client kube.Interface) Deps {
+	t.Helper()
+	events := kube.NewEvents(client, node)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { events.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return Deps{Client: client, Informers: kube.NewInformers(client, node), Recorder: events.Recorder()}
 }
 
 type harness struct {
@@ -333,7 +355,10 @@ func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...
 	if mut != nil {
 		mut(&cfg)
 	}
-	a, err := New(cfg, kubetest.Wrap(client), h.zt, h.rules, h.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	deps := sharedDeps(t, kubetest.Wrap(client))
+	deps.Ztunnel, deps.Rules, deps.Registry = h.zt, h.rules, h.reg
+	deps.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +366,9 @@ func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...
 	h.zt.source = a.Snapshot
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	// As the daemon does: the ztunnel server starts once the agent is ready.
+	// As the daemon does: the informers start once the agent added its
+	// handlers, and the ztunnel server once the agent is ready.
+	deps.Informers.Start(ctx.Done())
 	go a.RunStatusWriter(ctx)
 	go func() { done <- a.Run(ctx, func() { go h.zt.Run(ctx) }) }()
 	var once sync.Once
@@ -356,6 +383,7 @@ func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...
 			case <-time.After(30 * time.Second):
 				t.Error("Run did not return after cancel")
 			}
+			deps.Informers.Shutdown()
 		})
 	}
 	t.Cleanup(h.stop)
@@ -873,11 +901,27 @@ func TestHealth(t *testing.T) {
 	if err := h.agent.Live(); err != nil {
 		t.Errorf("Live: %v", err)
 	}
-	if err := h.agent.Ready(); err == nil {
+	// Readiness (nodeready.Compute) with the agent's inputs, as the daemon
+	// computes it.
+	ready := func() error {
+		return nodeready.Compute(nodeready.Inputs{
+			PluginInstalled: func() error { return nil },
+			AgentStarted:    h.agent.Started,
+			Ztunnel: func() nodeready.ZtunnelState {
+				st := h.zt.Status()
+				return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
+			},
+			CNIServing: func() bool { return true },
+		}).Err()
+	}
+	if !h.agent.Started() {
+		t.Error("Started after Run's rebuild: false")
+	}
+	if err := ready(); err == nil {
 		t.Error("Ready with no ztunnel: nil")
 	}
 	h.zt.connect()
-	if err := h.agent.Ready(); err != nil {
+	if err := ready(); err != nil {
 		t.Errorf("Ready: %v", err)
 	}
 	// Workers that stop while the agent is meant to run make it not live

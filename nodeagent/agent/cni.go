@@ -110,7 +110,7 @@ func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
 		uids = a.uidsWithNetns(uids, ev.NetnsPath)
 		if len(uids) == 0 {
 			a.log.Warn("CNI DEL without pod uid matches several pods and none by netns; left to the informer",
-				"namespace", ev.Namespace, "name", ev.Name, "netns", ev.NetnsPath)
+				"namespace", ev.Namespace, "pod", ev.Name, "netns", ev.NetnsPath)
 		}
 	}
 	var errs []error

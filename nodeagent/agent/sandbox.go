@@ -4,16 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
-	"sort"
-	"strings"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
@@ -94,18 +91,9 @@ func (a *Agent) leaveSandbox(ctx context.Context, log *slog.Logger, s *podSync, 
 	a.forgetNetns(e.UID)
 	a.metrics.repairs.WithLabelValues("sandbox").Inc()
 	a.podEvent(e.UID, corev1.EventTypeWarning, EventSandboxChanged, "The pod's sandbox changed ("+why+"): the agent re-enrolls it in its new sandbox; until then it is not captured")
-	log.Warn("pod sandbox changed; re-enrolling", "why", why, "held", held)
+	log.Warn("pod sandbox changed; re-enrolling", "reason", why, "held", held)
 	a.publishNow(s, e)
 	return e, nil
-}
-
-// publishNow writes the status of e's phase at once, in the middle of a sync
-// (which publishes again at its end if the phase moves on).
-func (a *Agent) publishNow(s *podSync, e registry.Entry) {
-	if s == nil || s.pod == nil || !a.takeMoved(e.UID) {
-		return
-	}
-	a.publish(*s, e, true, nil)
 }
 
 // ensureNetns returns e with a netns handle, finding the pod's current
@@ -147,135 +135,53 @@ func (a *Agent) openNetns(path string) (*podnetns.Handle, error) {
 	return h, nil
 }
 
-// The rule calls go through these, which refuse the node's own netns: pod
-// rules are never written, read as a pod's or deleted there (with the
-// nftables backend, deleting "a pod's" tables in the node's netns would
-// delete the host's probe SNAT of every pod).
-func (a *Agent) hostGuard(h *podnetns.Handle, what string) error {
-	if h == nil {
-		return fmt.Errorf("%s: no netns", what)
-	}
-	if a.finder.IsHost(h) {
-		a.metrics.failure("host_netns")
-		return fmt.Errorf("%s in netns %s: %w", what, h, podnetns.ErrHostNetns)
-	}
-	return nil
-}
-
-func (a *Agent) deleteRules(ctx context.Context, h *podnetns.Handle) error {
-	if err := a.hostGuard(h, "delete pod rules"); err != nil {
-		return err
-	}
-	return a.rules.DeletePod(ctx, h)
-}
-
-func (a *Agent) verifyRules(ctx context.Context, h *podnetns.Handle, opts iptables.PodOptions) (iptables.Drift, error) {
-	if err := a.hostGuard(h, "verify pod rules"); err != nil {
-		return iptables.Drift{}, err
-	}
-	return a.rules.VerifyPod(ctx, h, opts)
-}
-
-// handoverSet holds the pods a closed ztunnel connection held, to be Added
-// to the newest one by their next sync, with the server's report callbacks.
-type handoverSet struct {
-	mu sync.Mutex
-	m  map[string][]func(error)
-}
-
-// HandOver implements ztunnel.HandoverSink: the pod's next sync (queued
-// here, run under the pod's lock) sends the Add, so an Add can never land
-// after a release's Del. report, if not nil, is told the Add's result.
-func (a *Agent) HandOver(uid string, report func(error)) {
-	a.handovers.mu.Lock()
-	if a.handovers.m == nil {
-		a.handovers.m = map[string][]func(error){}
-	}
-	a.handovers.m[uid] = append(a.handovers.m[uid], report)
-	a.handovers.mu.Unlock()
-	a.queue.Add(uid)
-}
-
-// take reports whether uid is waiting to be handed over (its reports stay
-// until done).
-func (h *handoverSet) take(uid string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	_, ok := h.m[uid]
-	return ok
-}
-
-// drop forgets uid's handover without reporting (the pod was released).
-func (h *handoverSet) drop(uid string) {
-	h.mu.Lock()
-	delete(h.m, uid)
-	h.mu.Unlock()
-}
-
-// done returns the function that reports an Add of uid to whoever asked
-// for a handover, and forgets them.
-func (h *handoverSet) done(uid string) func(error) {
-	h.mu.Lock()
-	reports := h.m[uid]
-	delete(h.m, uid)
-	h.mu.Unlock()
-	return func(err error) {
-		for _, r := range reports {
-			if r != nil {
-				r(err)
+// findNetns looks the targets' namespaces up: the state file first (the
+// namespace its CNI ADD recorded, if still there and still holding one of
+// the pod's IPs — inode numbers are reused — and not the node's), then one
+// /proc scan for the rest. viaState marks those the state file gave. The
+// caller owns the handles.
+func (a *Agent) findNetns(ctx context.Context, targets []podnetns.Target) (found map[string]*podnetns.Handle, viaState map[string]bool, err error) {
+	found, viaState = map[string]*podnetns.Handle{}, map[string]bool{}
+	var rest []podnetns.Target
+	for _, t := range targets {
+		if a.state != nil {
+			if h, ok := a.state.Open(t.UID); ok {
+				if aerr := a.finder.Accept(h, t.IPs); aerr == nil {
+					found[t.UID], viaState[t.UID] = h, true
+					continue
+				} else {
+					a.log.Info("state file netns not accepted; scanning /proc", "uid", t.UID, "error", aerr)
+				}
+				h.Close()
 			}
 		}
+		rest = append(rest, t)
 	}
+	if len(rest) == 0 {
+		return found, viaState, nil
+	}
+	scanned, err := a.finder.Find(ctx, rest)
+	maps.Copy(found, scanned)
+	return found, viaState, err
 }
 
-// invalidSeen remembers, per pod, the invalid annotation values an Event
-// was recorded for, so a pod synced again and again is told once.
-type invalidSeen struct {
-	mu sync.Mutex
-	m  map[string]string
-}
-
-func (s *invalidSeen) changed(uid, key string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = map[string]string{}
-	}
-	if s.m[uid] == key {
-		return false
-	}
-	if key == "" {
-		delete(s.m, uid)
-	} else {
-		s.m[uid] = key
-	}
-	return true
-}
-
-func (s *invalidSeen) forget(uid string) { s.changed(uid, "") }
-
-// noteInvalid records a Warning Event for the pod's invalid annotation
-// values (once per distinct set), saying what the agent does instead.
-func (a *Agent) noteInvalid(pod *corev1.Pod, enrolled bool, invalid []*podmeta.InvalidAnnotationError) {
-	var keys []string
-	for _, e := range invalid {
-		keys = append(keys, e.Annotation+"="+e.Value)
-	}
-	sort.Strings(keys)
-	if !a.invalid.changed(string(pod.UID), strings.Join(keys, "\x00")) || len(invalid) == 0 {
+// recordNetns notes pod uid's namespace and capture options in the state
+// file (best effort: the /proc scan remains).
+func (a *Agent) recordNetns(uid string, h *podnetns.Handle, opts iptables.PodOptions) {
+	if a.state == nil || h == nil {
 		return
 	}
-	for _, e := range invalid {
-		a.metrics.failure("bad_annotation")
-		var does string
-		switch {
-		case enrolled:
-			does = "ignored: the pod keeps the value it was enrolled with, and is verified against it"
-		case e.OnInvalid == podmeta.RefuseNew:
-			does = "the pod is not enrolled (its CNI ADD fails) until the value is fixed"
-		default:
-			does = "ignored (as Istio does): the node's default applies"
-		}
-		a.recorder.Event(refOf(pod.Namespace, pod.Name, string(pod.UID)), corev1.EventTypeWarning, EventInvalidAnnotation, e.Error()+"; "+does)
+	if err := a.state.Put(uid, h, opts); err != nil {
+		a.log.Warn("recording pod netns in the state file", "uid", uid, "error", err)
+	}
+}
+
+// forgetNetns drops pod uid from the state file.
+func (a *Agent) forgetNetns(uid string) {
+	if a.state == nil {
+		return
+	}
+	if err := a.state.Delete(uid); err != nil {
+		a.log.Warn("removing pod netns from the state file", "uid", uid, "error", err)
 	}
 }

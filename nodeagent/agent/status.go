@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,25 +9,6 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/podstatus"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
-
-// update is the agent's one way to change a pod in the registry (callers hold
-// the pod's lock). It remembers that the pod's phase moved, so the sync that
-// made the move publishes the derived status once, at its end.
-func (a *Agent) update(uid string, fn func(*registry.Entry)) (registry.Entry, error) {
-	before, _ := a.reg.Get(uid)
-	e, err := a.reg.Update(uid, fn)
-	if err == nil && e.Phase != before.Phase {
-		a.moved.add(uid)
-		if e.Phase == registry.Enabled {
-			a.metrics.enrollments.Inc()
-		}
-	}
-	return e, err
-}
-
-// takeMoved reports whether uid's phase moved since the last call, and
-// forgets it.
-func (a *Agent) takeMoved(uid string) bool { return a.moved.take(uid) }
 
 // Pod condition reasons (docs/readiness.md). The condition is True only
 // when ztunnel carries the pod (Enrolled) or the agent took the pod out of
@@ -173,41 +153,23 @@ func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) 
 	a.status.Set(pod.Namespace, pod.Name, string(pod.UID), want)
 }
 
-// SnapshotRefused implements ztunnel.SnapshotRefusalObserver: a pod that a
-// (new) ztunnel refused in its snapshot is not carried by it, whatever the
-// agent believed. The pod's sync takes it (under the pod's lock) back to
-// pending and sends it again. This must not block: the ztunnel server calls
-// it mid-snapshot, while a sync holding the pod's lock may be waiting for
-// that very connection to take its Add.
-func (a *Agent) SnapshotRefused(uid string, _ error) {
-	a.refused.add(uid)
-	a.queue.Add(uid)
-}
-
-// takeRefusal reports whether uid was refused in a snapshot since the last
-// call, and forgets it.
-func (a *Agent) takeRefusal(uid string) bool { return a.refused.take(uid) }
-
-// uidSet is a set of pod uids safe for concurrent use.
-type uidSet struct {
-	mu sync.Mutex
-	m  map[string]bool
-}
-
-func (s *uidSet) add(uid string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = map[string]bool{}
+// publishNow writes the status of e's phase at once, in the middle of a sync
+// (which publishes again at its end if the phase moves on).
+func (a *Agent) publishNow(s *podSync, e registry.Entry) {
+	if s == nil || s.pod == nil || !a.takeMoved(e.UID) {
+		return
 	}
-	s.m[uid] = true
+	a.publish(*s, e, true, nil)
 }
 
-// take reports whether uid is in the set and removes it.
-func (s *uidSet) take(uid string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	in := s.m[uid]
-	delete(s.m, uid)
-	return in
+// publishMoved publishes pod uid's status now if its phase moved (outside a
+// sync: the drift pass, a restart's verification).
+func (a *Agent) publishMoved(uid string) {
+	pod := a.podByUID(uid)
+	if pod == nil {
+		return
+	}
+	e, _ := a.reg.Get(uid)
+	s := podSync{pod: pod, inMesh: true}
+	a.publishNow(&s, e)
 }

@@ -1,84 +1,16 @@
 package agent
 
 import (
-	corev1 "k8s.io/api/core/v1"
-
 	"context"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
-	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
-
-// HostRepairer is implemented by a rule manager that can verify and repair
-// the node's host rules and report what it repaired. Without it the drift
-// pass re-asserts them with EnsureHostRules (idempotent, but uncounted).
-type HostRepairer interface {
-	RepairHostRules(ctx context.Context) (iptables.Drift, error)
-}
-
-// writeRules programs the pod's rules in h: every write the agent makes.
-func (a *Agent) writeRules(ctx context.Context, h *podnetns.Handle, opts iptables.PodOptions) error {
-	if err := a.hostGuard(h, "apply pod rules"); err != nil {
-		return err
-	}
-	a.metrics.ruleWrites.Inc()
-	start := time.Now()
-	err := a.rules.ApplyPod(ctx, h, opts)
-	a.metrics.step("rules", start)
-	return err
-}
-
-// checkRules reads the pod's rules back and compares them with what it
-// should have; only when they differ are they rewritten (an intact pod sees
-// no write, so no rule churn and no traffic blip). It reports whether it
-// wrote; an error wraps ErrNotCaptured (the pod's capture is not known to be
-// in place). A pod being enrolled in a new sandbox (its old one changed)
-// has no rules there yet: that is not drift, and neither counted nor
-// reported as a repair.
-func (a *Agent) checkRules(ctx context.Context, log *slog.Logger, e registry.Entry, opts iptables.PodOptions) (bool, error) {
-	d, err := a.verifyRules(ctx, e.Netns, opts)
-	if err != nil {
-		a.metrics.failure("rules")
-		return false, fmt.Errorf("%w: verify in-pod rules of %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
-	}
-	if d.Empty() {
-		return false, nil
-	}
-	newSandbox := e.Phase == registry.Uncaptured && e.Reason == ReasonSandboxChanged
-	if !newSandbox {
-		log.Warn("in-pod rules drifted; repairing", "missing", len(d.Missing), "unexpected", len(d.Unexpected), "drift", d.String())
-	}
-	if err := a.writeRules(ctx, e.Netns, opts); err != nil {
-		a.metrics.failure("rules")
-		return false, fmt.Errorf("%w: program in-pod rules of %s/%s: %w", ErrNotCaptured, e.Namespace, e.Name, err)
-	}
-	if newSandbox {
-		log.Info("in-pod rules written in the pod's new sandbox", "netns", e.Netns.String())
-		return true, nil
-	}
-	a.metrics.repairs.WithLabelValues("pod_rules").Inc()
-	a.podEvent(e.UID, corev1.EventTypeWarning, EventRulesRepaired, "in-pod traffic redirection rules had drifted and were repaired: "+driftSummary(d))
-	log.Info("in-pod rules repaired")
-	return true, nil
-}
-
-// driftSummary is a short, bounded description of d for an event.
-func driftSummary(d iptables.Drift) string {
-	s := fmt.Sprintf("%d missing, %d unexpected", len(d.Missing), len(d.Unexpected))
-	if len(d.Missing) > 0 {
-		s += "; first missing: " + strings.TrimSpace(d.Missing[0])
-	}
-	return s
-}
 
 // unrepaired takes a pod whose rules could not be verified or repaired out
 // of Enabled or Pending, in one step with its probe entry (kubelet's probes
@@ -106,18 +38,6 @@ func (a *Agent) unrepaired(log *slog.Logger, uid string, err error) {
 	log.Warn("pod rules cannot be repaired; pod not captured, retried", "error", err)
 	a.publishMoved(uid)
 	a.queue.AddRateLimited(uid)
-}
-
-// publishMoved publishes pod uid's status now if its phase moved (outside a
-// sync: the drift pass, a restart's verification).
-func (a *Agent) publishMoved(uid string) {
-	pod := a.podByUID(uid)
-	if pod == nil {
-		return
-	}
-	e, _ := a.reg.Get(uid)
-	s := podSync{pod: pod, inMesh: true}
-	a.publishNow(&s, e)
 }
 
 // verifyPod checks one registered pod under its lock: its held netns must
@@ -227,17 +147,7 @@ func (a *Agent) verifyEnrolled(ctx context.Context) {
 
 // repairHost re-asserts the node's host rules (probe SNAT and its jump).
 func (a *Agent) repairHost(ctx context.Context) {
-	hr, ok := a.rules.(HostRepairer)
-	if !ok {
-		// TODO(coordinator): the nft branch's Manager implements
-		// HostRepairer (VerifyHostRules/RepairHostRules, jump at position
-		// 1); until it is merged, re-assert without knowing what changed.
-		if err := a.rules.EnsureHostRules(ctx); err != nil {
-			a.log.Warn("re-asserting host rules failed", "error", err)
-		}
-		return
-	}
-	d, err := hr.RepairHostRules(ctx)
+	d, err := a.rules.RepairHostRules(ctx)
 	if err != nil {
 		a.log.Warn("repairing host rules failed", "error", err)
 		return

@@ -35,7 +35,9 @@ func BenchmarkVerifyPass100(b *testing.B) {
 	reg := registry.New()
 	cfg := DefaultConfig()
 	cfg.NodeName = "node-1"
-	a, err := New(cfg, kubetest.Wrap(fake.NewClientset()), nil, m, reg, slog.New(slog.DiscardHandler))
+	deps := sharedDeps(b, kubetest.Wrap(fake.NewClientset()))
+	deps.Ztunnel, deps.Rules, deps.Registry = &fakeZtunnel{}, m, reg
+	a, err := New(cfg, deps)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
@@ -84,24 +83,14 @@ func fillFromEntry(v *PodView, e registry.Entry) {
 // namespace of.
 var ErrNoNetns = errors.New("agent holds no network namespace for the pod")
 
-// RuleDumper reads the live rules of a pod's network namespace (the
-// iptables manager implements it).
-type RuleDumper interface {
-	DumpPod(ctx context.Context, podNS ns.NetNS) (string, error)
-}
-
 // PodRules returns the live rules in the netns of the registered pod uid.
 // It takes no lock (a status query never waits behind a sync): a handle
 // closed meanwhile makes the read fail with podnetns.ErrClosed, never read
 // another namespace.
 func (a *Agent) PodRules(ctx context.Context, uid string) (string, error) {
-	d, ok := a.rules.(RuleDumper)
-	if !ok {
-		return "", errors.New("the rule backend cannot list live rules")
-	}
 	e, ok := a.reg.Get(uid)
 	if !ok || e.Netns == nil {
 		return "", fmt.Errorf("pod %s: %w", uid, ErrNoNetns)
 	}
-	return d.DumpPod(ctx, e.Netns)
+	return a.rules.DumpPod(ctx, e.Netns)
 }

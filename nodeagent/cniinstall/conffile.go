@@ -166,6 +166,42 @@ func runtimeChoice(dir string, confs []confFile, skip ...string) (confFile, erro
 	return confFile{}, fmt.Errorf("%w (%s)", ErrNoConfig, dir)
 }
 
+// RuntimeConf is the CNI config a container runtime uses.
+type RuntimeConf struct {
+	Path  string   // in the conf dir (may be a symlink)
+	Data  []byte   // its text
+	Types []string // its plugins' types, in chain order
+}
+
+// RuntimeConfig says which CNI config the container runtime uses in dir:
+// the first valid .conf, .conflist or .json file in lexical order, as
+// containerd and CRI-O choose (runtimeChoice). It is the one answer to that
+// question: the installer edits and checks that file, and without
+// --install-cni the node condition's "plugin installed" reads it.
+func RuntimeConfig(dir string) (RuntimeConf, error) {
+	confs, err := listConfs(dir)
+	if err != nil {
+		return RuntimeConf{}, err
+	}
+	c, err := runtimeChoice(dir, confs)
+	if err != nil {
+		return RuntimeConf{}, err
+	}
+	rc := RuntimeConf{Path: c.path, Data: c.data}
+	if !c.list {
+		rc.Types = []string{pluginType(c.data)} // a single plugin: no chain
+		return rc, nil
+	}
+	l, err := parseList(c.data)
+	if err != nil {
+		return RuntimeConf{}, fmt.Errorf("%s: %w", c.path, err)
+	}
+	for _, e := range l.elems {
+		rc.Types = append(rc.Types, pluginType(c.data[e.start:e.end]))
+	}
+	return rc, nil
+}
+
 func contains(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {

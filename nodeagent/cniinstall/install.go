@@ -26,11 +26,14 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ambientd/ambientd/cniapi"
 )
 
 // Defaults of Config.
 const (
-	DefaultPluginType   = "ambientd-cni"
+	// DefaultPluginType is the plugin's type (cniapi's).
+	DefaultPluginType   = cniapi.PluginType
 	DefaultOwnedName    = "00-ambientd.conflist"
 	DefaultRepairWindow = time.Minute
 	DefaultRepairLimit  = 5
@@ -42,14 +45,11 @@ const (
 // CNI has not written one); Run waits for one.
 var ErrNoConfig = errors.New("no valid CNI config in the conf dir yet")
 
-// Entry is our plugin's entry in the conflist (see cniplugin.Config).
+// Entry is our plugin's entry in the conflist: its type and its own keys
+// (cniapi.PluginSettings, the schema the plugin reads).
 type Entry struct {
-	Type              string   `json:"type"`
-	AgentSocket       string   `json:"agentSocket,omitempty"`
-	Timeout           string   `json:"timeout,omitempty"`
-	ExcludeNamespaces []string `json:"excludeNamespaces,omitempty"`
-	LogLevel          string   `json:"logLevel,omitempty"`
-	LogFile           string   `json:"logFile,omitempty"`
+	Type string `json:"type"`
+	cniapi.PluginSettings
 }
 
 // Config says where to install what. The zero value of every mode field is
@@ -309,7 +309,7 @@ func (i *Installer) ensureConfig() (bool, error) {
 	wrote, err := editFile(target.real, target.snap, i.entryOnly)
 	if wrote {
 		i.step()
-		i.log.Info("inserted CNI plugin into config", "path", target.path, "file", target.real)
+		i.log.Info("inserted CNI plugin into config", "path", target.path, "real_path", target.real)
 	}
 	if err != nil {
 		return wrote, fmt.Errorf("inserting into %s: %w", target.path, err)
@@ -559,14 +559,6 @@ func (i *Installer) Check() error {
 	return nil
 }
 
-// Ready is Check as a readiness answer for /readyz and the node condition.
-func (i *Installer) Ready() (bool, string) {
-	if err := i.Check(); err != nil {
-		return false, "CNI plugin not installed: " + err.Error()
-	}
-	return true, "CNI plugin installed"
-}
-
 // Uninstall removes what the installer put on the node: our entry from every
 // config (restoring a converted .conf byte for byte), our owned config, then
 // the binary (last, so a runtime never calls a missing plugin). Other
@@ -635,7 +627,7 @@ func (i *Installer) uninstallFrom(c confFile, all []confFile) error {
 	}); err != nil {
 		return fmt.Errorf("removing our plugin from %s: %w", c.path, err)
 	}
-	i.log.Info("removed our plugin from CNI config", "path", c.path, "file", c.real)
+	i.log.Info("removed our plugin from CNI config", "path", c.path, "real_path", c.real)
 	return nil
 }
 

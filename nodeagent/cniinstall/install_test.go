@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -40,7 +41,7 @@ func newHostTree(t *testing.T) hostTree {
 func (h hostTree) config() Config {
 	return Config{
 		BinSource: h.src, BinDir: h.bin, ConfDir: h.conf,
-		Entry: Entry{Type: "ambientd-cni", AgentSocket: "/var/run/ambientd/cni.sock", Timeout: "30s"},
+		Entry: Entry{Type: "ambientd-cni", PluginSettings: cniapi.PluginSettings{AgentSocket: "/var/run/ambientd/cni.sock", Timeout: "30s"}},
 	}
 }
 
@@ -333,9 +334,6 @@ func TestConfName(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "10-flannel.conflist") || !strings.Contains(err.Error(), "sorts before --cni-conf-name 99-mine.conflist") {
 		t.Fatalf("Check with the runtime on 10-flannel.conflist = %v, want not installed, naming the file the runtime uses", err)
 	}
-	if ok, reason := i.Ready(); ok {
-		t.Fatalf("Ready = true (%s) while the runtime uses 10-flannel.conflist, without our plugin", reason)
-	}
 
 	// Owned mode: the copy of 99-mine sorts first; the runtime calls us.
 	o := h.installer(t, func(c *Config) { c.ConfName = "99-mine.conflist" })
@@ -402,8 +400,8 @@ func TestRunWaitsForConfig(t *testing.T) {
 	i := h.installer(t)
 	runInstaller(t, i)
 	testutil.Eventually(t, "binary installed", 10*time.Second, func() bool { return exists(filepath.Join(h.bin, "ambientd-cni")) })
-	if ok, reason := i.Ready(); ok || !strings.Contains(reason, "no valid CNI config") {
-		t.Fatalf("Ready before any config = %v %q", ok, reason)
+	if err := i.Check(); err == nil || !strings.Contains(err.Error(), "no valid CNI config") {
+		t.Fatalf("Check before any config = %v", err)
 	}
 	// The primary CNI writes its config later, through a temp file.
 	writeFile(t, h.path(".tmp"), flannelConflist, 0o644)
@@ -411,8 +409,8 @@ func TestRunWaitsForConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitInstalled(t, i, "plugin inserted into the config that appeared")
-	if ok, _ := i.Ready(); !ok {
-		t.Fatal("not ready after install")
+	if err := i.Check(); err != nil {
+		t.Fatalf("not installed after install: %v", err)
 	}
 }
 

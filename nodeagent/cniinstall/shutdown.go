@@ -78,7 +78,7 @@ func (r *ShutdownRule) Watch(ctx context.Context, log *slog.Logger) {
 		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("cannot read the agent's DaemonSet; until it can, stopping the agent never uninstalls (docs/install.md)", "error", err, "retry", backoff)
+		log.Warn("cannot read the agent's DaemonSet; until it can, stopping the agent never uninstalls (docs/install.md)", "error", err, "retry_in", backoff)
 		select {
 		case <-ctx.Done():
 			return

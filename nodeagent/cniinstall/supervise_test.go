@@ -53,8 +53,8 @@ func TestRunFailureMakesUnreadyAndRecovers(t *testing.T) {
 		return err != nil && strings.Contains(reason, "CNI installer failing") && strings.Contains(reason, "not a directory")
 	})
 	t.Logf("while the conf dir is a file: %s", reason)
-	if ok, r := i.Ready(); ok || !strings.Contains(r, "not a directory") {
-		t.Fatalf("Ready = %v %q", ok, r)
+	if err := i.Check(); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("Check = %v", err)
 	}
 	if w := i.Watching(); !strings.HasPrefix(w, "polling") {
 		t.Errorf("watching %q while the conf dir cannot be watched, want polling", w)

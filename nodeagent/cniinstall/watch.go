@@ -242,7 +242,7 @@ func (r *runner) pass(first bool) {
 		r.passBackoff.reset()
 	case errors.Is(err, ErrNoConfig):
 		i.setHealth(nil) // not a failure: Check says there is no config
-		i.log.Info("waiting for the node's primary CNI config", "dir", i.cfg.ConfDir, "reason", err)
+		i.log.Info("waiting for the node's primary CNI config", "dir", i.cfg.ConfDir, "error", err)
 	case errors.Is(err, errConflict):
 		// Another writer kept changing the files under us: look again
 		// once it settled; not a failure of ours.
@@ -257,7 +257,7 @@ func (r *runner) pass(first bool) {
 	if changed && !first {
 		if n, fighting := r.guard.repaired(time.Now()); fighting {
 			i.log.Warn("another component keeps rewriting the CNI config or plugin; re-inserting with backoff",
-				"repairs", n, "window", i.cfg.RepairWindow, "next_delay", r.guard.delay())
+				"repairs", n, "window", i.cfg.RepairWindow, "retry_in", r.guard.delay())
 		} else {
 			i.log.Info("re-installed the CNI plugin after an external change", "repairs_in_window", n)
 		}

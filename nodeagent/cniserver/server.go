@@ -177,10 +177,10 @@ func (s *Server) AddPod(ctx context.Context, req *cniapi.AddPodRequest) (*cniapi
 	defer cancel()
 	start := time.Now()
 	out, err := s.h.HandleAdd(ctx, ev)
-	log := s.log.With("pod", ev.Namespace+"/"+ev.Name, "uid", ev.UID, "took", time.Since(start))
+	log := s.log.With("namespace", ev.Namespace, "pod", ev.Name, "uid", ev.UID, "took", time.Since(start))
 	if err != nil {
 		st := toStatus(err)
-		log.Warn("CNI ADD failed", "code", st.Code(), "err", st.Message())
+		log.Warn("CNI ADD failed", "code", st.Code(), "error", st.Message())
 		return nil, st.Err()
 	}
 	if outcomeProto(out) == cniapi.Outcome_OUTCOME_UNSPECIFIED {
@@ -201,10 +201,10 @@ func (s *Server) DelPod(ctx context.Context, req *cniapi.DelPodRequest) (*cniapi
 	defer cancel()
 	if err := s.h.HandleDel(ctx, ev); err != nil {
 		st := toStatus(err)
-		s.log.Warn("CNI DEL failed", "pod", ev.Namespace+"/"+ev.Name, "uid", ev.UID, "code", st.Code(), "err", st.Message())
+		s.log.Warn("CNI DEL failed", "namespace", ev.Namespace, "pod", ev.Name, "uid", ev.UID, "code", st.Code(), "error", st.Message())
 		return nil, st.Err()
 	}
-	s.log.Debug("CNI DEL handled", "pod", ev.Namespace+"/"+ev.Name, "uid", ev.UID)
+	s.log.Debug("CNI DEL handled", "namespace", ev.Namespace, "pod", ev.Name, "uid", ev.UID)
 	return &cniapi.DelPodResponse{}, nil
 }
 

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -43,8 +42,8 @@ type Config struct {
 	// PluginInstalled is the node condition's "CNI plugin installed" check
 	// (nil: PluginInConfDir of CNIConfDir for cniapi.PluginType).
 	PluginInstalled func() error
-	// CNIConfDir is the container runtime's CNI config dir
-	// (DefaultCNIConfDir when empty).
+	// CNIConfDir is the container runtime's CNI config dir, as mounted
+	// (required without PluginInstalled).
 	CNIConfDir string
 	// AdminSocket serves `ambientd status` (admin.DefaultSocketPath when
 	// empty). StatusProviders add what other parts know to its answers.
@@ -59,77 +58,79 @@ type Config struct {
 }
 
 // Node is the whole node agent process: the agent core, its two socket
-// servers, the status writer and the HTTP listeners.
+// servers, the node readiness controller, the status writer and the HTTP
+// listeners, over one set of shared informers and one Event broadcaster.
 type Node struct {
-	cfg   Config
-	log   *slog.Logger
-	agent *agent.Agent
-	zt    *ztunnel.Server
-	cni   *cniserver.Server
-	ready *nodeready.Controller
+	cfg       Config
+	log       *slog.Logger
+	informers *kube.Informers
+	events    *kube.Events
+	agent     *agent.Agent
+	zt        *ztunnel.Server
+	cni       *cniserver.Server
+	ready     *nodeready.Controller
 	// sidecar are sidecar mode's parts (run after the agent starts).
 	sidecar []Component
 	// pluginInstalled is shared by the node condition and /readyz.
 	pluginInstalled func() error
+	// inputs are readiness's (the node condition's, /readyz's).
+	inputs nodeready.Inputs
 }
 
-// snapshotSource forwards the ztunnel server's snapshot calls to the agent,
-// which is created after the server (the agent needs the server).
-type snapshotSource struct{ a *agent.Agent }
-
-func (s *snapshotSource) Snapshot() []ztunnel.SnapshotEntry       { return s.a.Snapshot() }
-func (s *snapshotSource) SnapshotRefused(uid string, err error)   { s.a.SnapshotRefused(uid, err) }
-func (s *snapshotSource) HandOver(uid string, report func(error)) { s.a.HandOver(uid, report) }
-
-var (
-	_ ztunnel.SnapshotRefusalObserver = (*snapshotSource)(nil)
-	_ ztunnel.HandoverSink            = (*snapshotSource)(nil)
-)
-
-// New builds the node agent: both socket servers are wired the same way,
-// with the agent behind them.
+// New builds the node agent. What several parts share is built once, here:
+// the informers, the Event broadcaster, and the ztunnel server the agent
+// talks to — the agent is the server's snapshot source, handed to its Run,
+// so neither waits for the other to exist.
 func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger) (*Node, error) {
-	src := &snapshotSource{}
-	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, src, log)
-	a, err := agent.New(cfg.Agent, client, zs, rules, registry.New(), log)
+	informers := kube.NewInformers(client, cfg.Agent.NodeName)
+	events := kube.NewEvents(client, cfg.Agent.NodeName)
+	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, log)
+	a, err := agent.New(cfg.Agent, agent.Deps{
+		Client: client, Informers: informers, Recorder: events.Recorder(),
+		Ztunnel: zs, Rules: rules, Registry: registry.New(), Log: log,
+	})
 	if err != nil {
 		return nil, err
 	}
-	src.a = a
 	if err := a.Metrics().Register(zs.Metrics()); err != nil {
 		return nil, fmt.Errorf("register ztunnel metrics: %w", err)
 	}
 	if cfg.PluginInstalled == nil {
-		dir := cfg.CNIConfDir
-		if dir == "" {
-			dir = DefaultCNIConfDir
+		if cfg.CNIConfDir == "" {
+			return nil, errors.New("daemon: a CNI config dir (or a plugin check) is required")
 		}
-		cfg.PluginInstalled = func() error { return PluginInConfDir(dir, cniapi.PluginType) }
+		cfg.PluginInstalled = func() error { return PluginInConfDir(cfg.CNIConfDir, cniapi.PluginType) }
 	}
 	if err := registerPluginCheck(&cfg, a.Metrics()); err != nil {
 		return nil, err
 	}
-	sc, err := sidecarParts(cfg, client, rules, a, log)
+	sc, err := sidecarParts(cfg, client, rules, a, informers, events, log)
 	if err != nil {
 		return nil, err
 	}
 	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
-	n := &Node{cfg: cfg, log: log, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled}
+	n := &Node{cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled}
 	nrCfg := cfg.NodeReady
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
 	}
-	n.ready, err = nodeready.New(nrCfg, nodeready.Deps{
-		Client: client,
-		Log:    log,
-		Inputs: nodeready.Inputs{
-			PluginInstalled: n.pluginInstalled,
-			CachesSynced:    a.CachesSynced,
-			Ztunnel: func() nodeready.ZtunnelState {
-				st := zs.Status()
-				return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
-			},
+	// The inputs of readiness: one definition (nodeready.Compute) for the
+	// node condition, /readyz and `ambientd status`.
+	n.inputs = nodeready.Inputs{
+		PluginInstalled: n.pluginInstalled,
+		AgentStarted:    a.Started,
+		Ztunnel: func() nodeready.ZtunnelState {
+			st := zs.Status()
+			return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
 		},
+		CNIServing: cs.Serving,
+	}
+	n.ready, err = nodeready.New(nrCfg, nodeready.Deps{
+		Client:   client,
+		Node:     informers.Node,
+		Recorder: events.Recorder(),
+		Log:      log,
+		Inputs:   n.inputs,
 	})
 	if err != nil {
 		return nil, err
@@ -177,10 +178,13 @@ func (n *Node) runNodeReady(ctx context.Context) error {
 }
 
 // components lists the parts of the process in start order (see Run):
-// cfg.Components, the listeners (a bad address fails the start), the status writer, the
-// agent (ready once its registry is rebuilt), then the servers that feed it.
+// cfg.Components, the Event broadcaster, the listeners (a bad address fails
+// the start), the status writer, the informers (started once every part
+// added its handlers), the agent (ready once its registry is rebuilt), then
+// the servers that feed it.
 func (n *Node) components() []Component {
 	cs := slices.Clone(n.cfg.Components)
+	cs = append(cs, Func("event broadcaster", n.events.Run))
 	if n.cfg.HealthAddr != "" {
 		cs = append(cs, HTTP("--health-addr server", n.cfg.HealthAddr, n.healthHandler()))
 	}
@@ -191,12 +195,18 @@ func (n *Node) components() []Component {
 	return append(cs,
 		n.adminServer(),
 		Func("status writer", n.agent.RunStatusWriter),
+		Func("informers", func(ctx context.Context) error {
+			n.informers.Start(ctx.Done())
+			<-ctx.Done()
+			n.informers.Shutdown()
+			return nil
+		}),
 		Func("node readiness", n.runNodeReady),
 		Staged("agent", func(ctx context.Context, ready func()) error {
 			return n.agent.Run(ctx, func() { ready(); n.ready.Notify() }) // caches synced
 		}),
 		Func("drift repair", n.agent.RunDrift),
-		Func("ztunnel server", n.zt.Run),
+		Func("ztunnel server", func(ctx context.Context) error { return n.zt.Run(ctx, n.agent) }),
 		Func("CNI server", n.cni.Run),
 	)
 }
@@ -206,25 +216,12 @@ func (n *Node) Run(ctx context.Context) error {
 	return Run(ctx, n.log.With("component", "daemon"), n.components()...)
 }
 
-// Ready is /readyz: the node condition's inputs (the agent's checks:
-// caches, ztunnel connected, snapshot acked; the CNI plugin installed) and
-// the CNI socket.
-func (n *Node) Ready() error {
-	var failed []string
-	if err := n.agent.Ready(); err != nil {
-		failed = append(failed, err.Error())
-	}
-	if err := n.pluginInstalled(); err != nil {
-		failed = append(failed, "CNI plugin not installed: "+err.Error())
-	}
-	if !n.cni.Serving() {
-		failed = append(failed, "CNI socket not serving")
-	}
-	if len(failed) > 0 {
-		return errors.New(strings.Join(failed, "; "))
-	}
-	return nil
-}
+// Ready is /readyz: the node's readiness for the mesh as the node
+// condition computes it (nodeready.Compute: our plugin in the runtime's CNI
+// config, caches synced and registry rebuilt, a ztunnel connected that
+// acked its snapshot, the CNI socket serving), now rather than as last
+// written. The error lists every failed check.
+func (n *Node) Ready() error { return nodeready.Compute(n.inputs).Err() }
 
 func (n *Node) healthHandler() http.Handler {
 	mux := http.NewServeMux()

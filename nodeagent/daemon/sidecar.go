@@ -1,12 +1,8 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/kube"
@@ -26,8 +22,9 @@ type SidecarConfig struct {
 
 // sidecarParts wires sidecar mode into the agent and returns its
 // components: the tracker (restart verification, drift pass) and the
-// repair controller, each recording Events while it runs.
-func sidecarParts(cfg Config, client kube.Interface, rules agent.Rules, a *agent.Agent, log *slog.Logger) ([]Component, error) {
+// repair controller, on the process's shared pod informer and Event
+// broadcaster.
+func sidecarParts(cfg Config, client kube.Interface, rules agent.Rules, a *agent.Agent, informers *kube.Informers, events *kube.Events, log *slog.Logger) ([]Component, error) {
 	if cfg.Sidecar.Disabled {
 		return nil, nil
 	}
@@ -36,37 +33,21 @@ func sidecarParts(cfg Config, client kube.Interface, rules agent.Rules, a *agent
 		return nil, fmt.Errorf("sidecar mode: the rule manager %T cannot program sidecar rules", rules)
 	}
 	node := cfg.Agent.NodeName
-	events, recorder := broadcaster(node, "ambientd")
 	tr, err := sidecar.New(sidecar.Config{
 		NodeName: node, Policy: cfg.Agent.Policy, HostProc: cfg.Agent.HostProc, VerifyInterval: cfg.Agent.VerifyInterval,
-	}, sr, a.PodInformer(), recorder, a.Metrics(), log)
+	}, sr, informers.Pods, events.Recorder(), a.Metrics(), log)
 	if err != nil {
 		return nil, err
 	}
 	a.SetSidecar(tr, sidecar.ErrInvalidAnnotation)
 	rc := cfg.Sidecar.Repair
 	rc.NodeName = node
-	repairEvents, repairRecorder := broadcaster(node, repair.EventComponent)
-	ctl, err := repair.New(rc, client, a.PodInformer(), tr, repairRecorder, a.Metrics(), log)
+	ctl, err := repair.New(rc, client, informers.Pods, tr, events.RecorderAs(repair.EventComponent), a.Metrics(), log)
 	if err != nil {
 		return nil, err
 	}
 	return []Component{
-		Func("sidecar mode", withEvents(client, events, tr.Run)),
-		Func("repair controller", withEvents(client, repairEvents, ctl.Run)),
+		Func("sidecar mode", tr.Run),
+		Func("repair controller", ctl.Run),
 	}, nil
-}
-
-func broadcaster(node, component string) (record.EventBroadcaster, record.EventRecorder) {
-	b := record.NewBroadcaster()
-	return b, b.NewRecorder(kube.NewScheme(), corev1.EventSource{Component: component, Host: node})
-}
-
-// withEvents sends b's Events to the API while run runs.
-func withEvents(client kube.Interface, b record.EventBroadcaster, run func(context.Context) error) func(context.Context) error {
-	return func(ctx context.Context) error {
-		b.StartRecordingToSink(kube.EventSink{Client: client.CoreV1()})
-		defer b.Shutdown()
-		return run(ctx)
-	}
 }

@@ -36,3 +36,46 @@ func (s EventSink) Update(event *corev1.Event) (*corev1.Event, error) {
 func (s EventSink) Patch(event *corev1.Event, data []byte) (*corev1.Event, error) {
 	return s.Client.Events(event.Namespace).Patch(context.Background(), event.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
 }
+
+// EventSource is the source of every Event the agent records (on pods and
+// on its node).
+const EventSource = "ambientd"
+
+// Events is the process's one Event broadcaster: every part records through
+// Recorder, and Run sends what they record to the API. client-go's
+// correlator aggregates similar Events and rate-limits them per object (a
+// spam filter), so a pod failing in a loop cannot flood the API.
+type Events struct {
+	client Interface
+	host   string
+	b      record.EventBroadcaster
+	rec    record.EventRecorder
+}
+
+// NewEvents returns the broadcaster of the agent on host; nothing is sent
+// until Run.
+func NewEvents(client Interface, host string) *Events {
+	b := record.NewBroadcaster()
+	return &Events{client: client, host: host, b: b, rec: b.NewRecorder(NewScheme(), corev1.EventSource{Component: EventSource, Host: host})}
+}
+
+// Recorder records Events; they reach the API while Run runs (Events
+// recorded before or after are dropped: they describe nothing the API would
+// not hear about again).
+func (e *Events) Recorder() record.EventRecorder { return e.rec }
+
+// RecorderAs records Events whose source is component (on host) through
+// the same broadcaster: for a part whose Events keep another project's
+// source name (the repair controller's, Istio's cni-repair).
+func (e *Events) RecorderAs(component string) record.EventRecorder {
+	return e.b.NewRecorder(NewScheme(), corev1.EventSource{Component: component, Host: e.host})
+}
+
+// Run sends recorded Events to the API until ctx ends, then shuts the
+// broadcaster down (what is queued is still sent). Call it once.
+func (e *Events) Run(ctx context.Context) error {
+	e.b.StartRecordingToSink(EventSink{Client: e.client.CoreV1()})
+	<-ctx.Done()
+	e.b.Shutdown()
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
@@ -116,4 +117,44 @@ func newInformer[L runtime.Object](client any, lw ListWatcher[L], tweak func(*me
 		example,
 		cache.SharedIndexInformerOptions{Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}},
 	)
+}
+
+// Informers are the agent process's shared informers, made once (by
+// nodeagent/daemon) and handed to every part that watches: this node's
+// pods (the field selector keeps the cache small on big clusters), every
+// namespace (their labels enroll pods) and this node (its condition and
+// taint). The parts add their handlers, transforms and indexers before
+// Start; the owner starts them once and shuts them down after the last
+// part stopped.
+type Informers struct {
+	Pods, Namespaces, Node cache.SharedIndexInformer
+	factories              []*InformerFactory
+}
+
+// NewInformers makes the informers of nodeName's agent; nothing runs yet.
+func NewInformers(client Interface, nodeName string) *Informers {
+	pods := NewInformerFactory(client, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
+	})
+	all := NewInformerFactory(client, nil)
+	node := NewInformerFactory(client, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+	})
+	return &Informers{Pods: pods.Pods(), Namespaces: all.Namespaces(), Node: node.Nodes(),
+		factories: []*InformerFactory{pods, all, node}}
+}
+
+// Start runs every informer until stop is closed.
+func (i *Informers) Start(stop <-chan struct{}) {
+	for _, f := range i.factories {
+		f.Start(stop)
+	}
+}
+
+// Shutdown waits until every started informer has returned: close the
+// stop channel of Start first.
+func (i *Informers) Shutdown() {
+	for _, f := range i.factories {
+		f.Shutdown()
+	}
 }

@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/listers"
@@ -110,10 +109,12 @@ func (c Config) Validate() error {
 // Deps are the controller's collaborators.
 type Deps struct {
 	Client kube.Interface // required
-	Inputs Inputs         // required, all three funcs
-	// Recorder records the Node's Events. Nil: Run starts its own
-	// broadcaster (rate-limited and aggregated by client-go's correlator)
-	// writing core/v1 Events, and shuts it down when Run returns.
+	Inputs Inputs         // required, every func
+	// Node is the informer of this one Node (kube.Informers.Node): changes
+	// made by others (a taint put back, the condition edited) are seen
+	// without polling. Required; its owner starts it.
+	Node cache.SharedIndexInformer
+	// Recorder records the Node's Events (kube.Events). Required.
 	Recorder record.EventRecorder
 	Log      *slog.Logger     // nil discards
 	Now      func() time.Time // nil: time.Now
@@ -155,6 +156,7 @@ type Controller struct {
 	log    *slog.Logger
 	now    func() time.Time
 	rec    record.EventRecorder
+	inf    cache.SharedIndexInformer
 
 	trigger chan struct{}
 	// wroteTransition is when this process last wrote a status change of
@@ -173,8 +175,11 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 	if deps.Client == nil {
 		return nil, errors.New("nodeready: a Kubernetes client is required")
 	}
-	if deps.Inputs.PluginInstalled == nil || deps.Inputs.CachesSynced == nil || deps.Inputs.Ztunnel == nil {
-		return nil, errors.New("nodeready: inputs PluginInstalled, CachesSynced and Ztunnel are all required")
+	if !deps.Inputs.complete() {
+		return nil, errors.New("nodeready: inputs PluginInstalled, AgentStarted, Ztunnel and CNIServing are all required")
+	}
+	if deps.Node == nil || deps.Recorder == nil {
+		return nil, errors.New("nodeready: the Node informer and an Event recorder are required")
 	}
 	c := &Controller{
 		cfg:     cfg.withDefaults(),
@@ -183,6 +188,7 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 		log:     deps.Log,
 		now:     deps.Now,
 		rec:     deps.Recorder,
+		inf:     deps.Node,
 		trigger: make(chan struct{}, 1),
 		status:  Status{Condition: corev1.ConditionUnknown},
 	}
@@ -217,28 +223,17 @@ func (c *Controller) Status() Status {
 // nil then and writes nothing on the way out: stopping the agent (an
 // upgrade) never changes the condition or the taint. Call it once.
 func (c *Controller) Run(ctx context.Context) error {
-	if c.rec == nil {
-		b := record.NewBroadcaster(record.WithContext(ctx))
-		b.StartRecordingToSink(kube.EventSink{Client: c.client.CoreV1()})
-		defer b.Shutdown()
-		c.rec = b.NewRecorder(kube.NewScheme(), corev1.EventSource{Component: "ambientd", Host: c.cfg.NodeName})
-	}
-	// A watch of this one Node: changes made by others (a taint put back,
-	// the condition edited) are seen without polling.
-	factory := kube.NewInformerFactory(c.client, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.cfg.NodeName).String()
-	})
-	inf := factory.Nodes()
+	inf := c.inf
 	lister := listers.New[*corev1.Node](inf.GetIndexer(), corev1.Resource("node"))
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.Notify() },
 		UpdateFunc: func(_, _ any) { c.Notify() },
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("nodeready: node event handler: %w", err)
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	defer inf.RemoveEventHandler(reg)
+	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return nil // ctx ended
 	}
 
@@ -266,7 +261,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			c.log.Warn("node readiness reconcile failed", "error", err, "retry", backoff)
+			c.log.Warn("node readiness reconcile failed", "error", err, "retry_in", backoff)
 			after = backoff
 			backoff = min(backoff*2, c.cfg.ResyncPeriod)
 		} else {
@@ -345,9 +340,9 @@ func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Dur
 			c.event(n, r)
 		}
 		if transition || cur.Reason != want.Reason || cur.Message != want.Message {
-			c.log.Info("node condition written", "type", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
+			c.log.Info("node condition written", "condition", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
 		} else {
-			c.log.Debug("node condition heartbeat", "type", want.Type, "status", want.Status)
+			c.log.Debug("node condition heartbeat", "condition", want.Type, "status", want.Status)
 		}
 		c.mu.Lock()
 		c.status.Written = true

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/test/infra/kubetest"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
@@ -33,8 +34,9 @@ func (f *flipInputs) set(synced bool, zt ZtunnelState) {
 func (f *flipInputs) inputs() Inputs {
 	return Inputs{
 		PluginInstalled: func() error { f.mu.Lock(); defer f.mu.Unlock(); return f.plugin },
-		CachesSynced:    func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.synced },
+		AgentStarted:    func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.synced },
 		Ztunnel:         func() ZtunnelState { f.mu.Lock(); defer f.mu.Unlock(); return f.zt },
+		CNIServing:      func() bool { return true },
 	}
 }
 
@@ -52,6 +54,9 @@ type harness struct {
 	in     *flipInputs
 	clock  *fakeClock
 	rec    *record.FakeRecorder
+	// informers are the controller's node informer's, which Run's caller
+	// starts (as the daemon does).
+	informers *kube.Informers
 }
 
 func newHarness(t *testing.T, cfg Config, taints ...corev1.Taint) *harness {
@@ -66,7 +71,9 @@ func newHarness(t *testing.T, cfg Config, taints ...corev1.Taint) *harness {
 		clock: newFakeClock(),
 		rec:   record.NewFakeRecorder(100),
 	}
-	c, err := New(cfg, Deps{Client: kubetest.Wrap(h.client), Inputs: h.in.inputs(), Recorder: h.rec, Now: h.clock.now})
+	client := kubetest.Wrap(h.client)
+	h.informers = kube.NewInformers(client, cfg.NodeName)
+	c, err := New(cfg, Deps{Client: client, Inputs: h.in.inputs(), Node: h.informers.Node, Recorder: h.rec, Now: h.clock.now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,20 +285,23 @@ func TestReconcileHeartbeat(t *testing.T) {
 func TestNewValidates(t *testing.T) {
 	in := fakeInputs(nil, true, ztReady)
 	client := kubetest.Wrap(fake.NewClientset())
+	node, rec := kube.NewInformers(client, "n").Node, record.NewFakeRecorder(1)
 	tests := []struct {
 		name string
 		cfg  Config
 		deps Deps
 		want string
 	}{
-		{"no node", Config{}, Deps{Client: client, Inputs: in}, "node name is required"},
-		{"bad node", Config{NodeName: "Bad_Node"}, Deps{Client: client, Inputs: in}, "node name"},
-		{"bad condition type", Config{NodeName: "n", ConditionType: "a/b/c"}, Deps{Client: client, Inputs: in}, "condition type"},
-		{"bad taint key", Config{NodeName: "n", TaintKey: "-x"}, Deps{Client: client, Inputs: in}, "taint key"},
-		{"negative grace", Config{NodeName: "n", TaintGracePeriod: -time.Second}, Deps{Client: client, Inputs: in}, "grace"},
-		{"tiny resync", Config{NodeName: "n", ResyncPeriod: time.Millisecond}, Deps{Client: client, Inputs: in}, "resync"},
-		{"no client", Config{NodeName: "n"}, Deps{Inputs: in}, "client"},
-		{"missing input", Config{NodeName: "n"}, Deps{Client: client, Inputs: Inputs{CachesSynced: in.CachesSynced}}, "inputs"},
+		{"no node", Config{}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "node name is required"},
+		{"bad node", Config{NodeName: "Bad_Node"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "node name"},
+		{"bad condition type", Config{NodeName: "n", ConditionType: "a/b/c"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "condition type"},
+		{"bad taint key", Config{NodeName: "n", TaintKey: "-x"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "taint key"},
+		{"negative grace", Config{NodeName: "n", TaintGracePeriod: -time.Second}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "grace"},
+		{"tiny resync", Config{NodeName: "n", ResyncPeriod: time.Millisecond}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "resync"},
+		{"no client", Config{NodeName: "n"}, Deps{Inputs: in, Node: node, Recorder: rec}, "client"},
+		{"no node informer", Config{NodeName: "n"}, Deps{Client: client, Inputs: in, Recorder: rec}, "informer"},
+		{"no recorder", Config{NodeName: "n"}, Deps{Client: client, Inputs: in, Node: node}, "recorder"},
+		{"missing input", Config{NodeName: "n"}, Deps{Client: client, Inputs: Inputs{AgentStarted: in.AgentStarted}, Node: node, Recorder: rec}, "inputs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -301,7 +311,7 @@ func TestNewValidates(t *testing.T) {
 			}
 		})
 	}
-	c, err := New(Config{NodeName: "n"}, Deps{Client: client, Inputs: in})
+	c, err := New(Config{NodeName: "n"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,6 +329,8 @@ func TestNewValidates(t *testing.T) {
 func TestRunNotifyAndStop(t *testing.T) {
 	h := newHarness(t, Config{Untaint: true, ResyncPeriod: time.Hour}, taintOf(DefaultTaintKey, corev1.TaintEffectNoSchedule))
 	ctx, cancel := context.WithCancel(context.Background())
+	h.informers.Start(ctx.Done())
+	defer h.informers.Shutdown()
 	done := make(chan error, 1)
 	go func() { done <- h.c.Run(ctx) }()
 	waitStatus := func(what string, ok func(Status) bool) {

@@ -5,6 +5,7 @@
 package nodeready
 
 import (
+	"errors"
 	"strings"
 	"time"
 
@@ -37,6 +38,7 @@ const (
 	ReasonCachesNotSynced     = "CachesNotSynced"
 	ReasonZtunnelNotConnected = "ZtunnelNotConnected"
 	ReasonSnapshotNotAcked    = "SnapshotNotAcked"
+	ReasonCNISocketNotServing = "CNISocketNotServing"
 )
 
 // Event reasons recorded on the Node.
@@ -53,18 +55,25 @@ type ZtunnelState struct {
 	SnapshotAcked bool // that ztunnel acked the snapshot of the node's pods
 }
 
-// Inputs are the facts the condition is computed from. They are read on
-// every evaluation (on Notify and every resync), so they must be cheap and
-// safe for concurrent use. All are required.
+// Inputs are the facts readiness is computed from. They are read on every
+// evaluation (on Notify and every resync, and on every /readyz), so they
+// must be cheap and safe for concurrent use. All are required.
 type Inputs struct {
 	// PluginInstalled returns nil when our plugin entry is in the CNI
 	// config the container runtime uses, else an error saying why not (it
 	// becomes part of the condition's message).
 	PluginInstalled func() error
-	// CachesSynced reports whether the agent's informer caches are synced.
-	CachesSynced func() bool
+	// AgentStarted reports whether the agent's informer caches are synced
+	// and its registry rebuilt from them.
+	AgentStarted func() bool
 	// Ztunnel reports the ztunnel connection.
 	Ztunnel func() ZtunnelState
+	// CNIServing reports whether the CNI socket serves the plugin.
+	CNIServing func() bool
+}
+
+func (in Inputs) complete() bool {
+	return in.PluginInstalled != nil && in.AgentStarted != nil && in.Ztunnel != nil && in.CNIServing != nil
 }
 
 // Readiness is a computed condition value.
@@ -72,6 +81,15 @@ type Readiness struct {
 	Ready   bool
 	Reason  string
 	Message string
+}
+
+// Err is nil when r is ready, else an error with r's message (every
+// failed check): /readyz's answer.
+func (r Readiness) Err() error {
+	if r.Ready {
+		return nil
+	}
+	return errors.New(r.Message)
 }
 
 // Status returns the condition status for r.
@@ -82,7 +100,10 @@ func (r Readiness) Status() corev1.ConditionStatus {
 	return corev1.ConditionFalse
 }
 
-// Compute evaluates the inputs. It is pure apart from calling them.
+// Compute evaluates the inputs. It is pure apart from calling them. It is
+// the one definition of the node's readiness for the mesh: the node
+// condition, the agent's /readyz and `ambientd status` all show what it
+// computes.
 func Compute(in Inputs) Readiness {
 	var reasons, msgs []string
 	fail := func(reason, msg string) {
@@ -92,8 +113,8 @@ func Compute(in Inputs) Readiness {
 	if err := in.PluginInstalled(); err != nil {
 		fail(ReasonPluginNotInstalled, "CNI plugin not installed: "+err.Error())
 	}
-	if !in.CachesSynced() {
-		fail(ReasonCachesNotSynced, "agent caches not synced")
+	if !in.AgentStarted() {
+		fail(ReasonCachesNotSynced, "agent caches not synced or registry not rebuilt yet")
 	}
 	switch zt := in.Ztunnel(); {
 	case !zt.Connected:
@@ -101,8 +122,11 @@ func Compute(in Inputs) Readiness {
 	case !zt.SnapshotAcked:
 		fail(ReasonSnapshotNotAcked, "ztunnel has not acked the node's snapshot")
 	}
+	if !in.CNIServing() {
+		fail(ReasonCNISocketNotServing, "CNI socket not serving")
+	}
 	if len(reasons) == 0 {
-		return Readiness{Ready: true, Reason: ReasonReady, Message: "CNI plugin installed, caches synced, ztunnel connected and snapshot acked"}
+		return Readiness{Ready: true, Reason: ReasonReady, Message: "CNI plugin installed, caches synced, ztunnel connected and snapshot acked, CNI socket serving"}
 	}
 	return Readiness{Reason: reasons[0], Message: strings.Join(msgs, "; ")}
 }

@@ -11,13 +11,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// fakeInputs builds Inputs from fixed values.
+// fakeInputs builds Inputs from fixed values, the CNI socket serving.
 func fakeInputs(plugin error, synced bool, zt ZtunnelState) Inputs {
 	return Inputs{
 		PluginInstalled: func() error { return plugin },
-		CachesSynced:    func() bool { return synced },
+		AgentStarted:    func() bool { return synced },
 		Ztunnel:         func() ZtunnelState { return zt },
+		CNIServing:      func() bool { return true },
 	}
+}
+
+// notServing is in with the CNI socket not serving.
+func notServing(in Inputs) Inputs {
+	in.CNIServing = func() bool { return false }
+	return in
 }
 
 var ztReady = ZtunnelState{Connected: true, SnapshotAcked: true}
@@ -36,8 +43,9 @@ func TestCompute(t *testing.T) {
 		{"caches not synced", fakeInputs(nil, false, ztReady), false, ReasonCachesNotSynced, nil},
 		{"no ztunnel", fakeInputs(nil, true, ZtunnelState{}), false, ReasonZtunnelNotConnected, nil},
 		{"not acked", fakeInputs(nil, true, ZtunnelState{Connected: true}), false, ReasonSnapshotNotAcked, nil},
-		{"everything wrong: first reason, all messages", fakeInputs(noPlugin, false, ZtunnelState{}), false, ReasonPluginNotInstalled,
-			[]string{"CNI plugin not installed", "caches not synced", "no ztunnel connected"}},
+		{"CNI socket not serving", notServing(fakeInputs(nil, true, ztReady)), false, ReasonCNISocketNotServing, []string{"CNI socket not serving"}},
+		{"everything wrong: first reason, all messages", notServing(fakeInputs(noPlugin, false, ZtunnelState{})), false, ReasonPluginNotInstalled,
+			[]string{"CNI plugin not installed", "caches not synced", "no ztunnel connected", "CNI socket not serving"}},
 		{"ztunnel and caches", fakeInputs(nil, false, ZtunnelState{Connected: true}), false, ReasonCachesNotSynced,
 			[]string{"caches not synced", "not acked"}},
 	}

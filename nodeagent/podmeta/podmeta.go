@@ -31,6 +31,9 @@ const (
 	AnnotationRedirection = "ambient.istio.io/redirection"
 	RedirectionEnabled    = "enabled"
 	RedirectionPending    = "pending"
+	// ConditionEnrolled is the pod condition the agent maintains by
+	// default (--pod-condition-type), which a readiness gate names.
+	ConditionEnrolled = "ambient.istio.io/enrolled"
 	// AnnotationBypassInbound drops inbound capture when true.
 	AnnotationBypassInbound = "ambient.istio.io/bypass-inbound-capture"
 	// AnnotationDNSCapture overrides the node's DNS capture default.

@@ -190,7 +190,7 @@ func (p *Patcher) next(ctx context.Context) bool {
 		// Gone, or a different pod now has this name (the uid precondition
 		// failed): the write is moot.
 		res = ResultDropped
-		p.log.Info("annotation write dropped", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "status", w.status, "reason", err)
+		p.log.Info("annotation write dropped", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "status", w.status, "error", err)
 	default:
 		res = ResultRetry
 	}

@@ -218,7 +218,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		case err == nil || ctx.Err() != nil:
 			c.queue.Forget(key)
 		case c.queue.NumRequeues(key)+1 >= c.cfg.MaxAttempts:
-			c.log.Warn("giving up on broken pod", "pod", key.String(), "attempts", c.cfg.MaxAttempts, "error", err)
+			c.log.Warn("giving up on broken pod", "namespace", key.Namespace, "pod", key.Name, "attempts", c.cfg.MaxAttempts, "error", err)
 			c.queue.Forget(key)
 		default:
 			c.queue.AddRateLimited(key)
@@ -317,7 +317,7 @@ func (c *Controller) repair(ctx context.Context, key types.NamespacedName, pod *
 	c.mu.Unlock()
 	if done {
 		if uid != pod.UID {
-			c.log.Warn("skipping pod repaired before under another uid", "pod", key.String(), "uid", pod.UID, "repaired_uid", uid)
+			c.log.Warn("skipping pod repaired before under another uid", "namespace", key.Namespace, "pod", key.Name, "uid", pod.UID, "repaired_uid", uid)
 		}
 		return nil
 	}
@@ -326,7 +326,7 @@ func (c *Controller) repair(ctx context.Context, key types.NamespacedName, pod *
 	err := c.repairer.Repair(ctx, pod)
 	if s, ok := c.repairer.(skipper); ok && err != nil && errors.Is(err, s.Skip()) {
 		c.repaired.WithLabelValues("repair", "skip").Inc()
-		log.Info("not repairing pod", "reason", err)
+		log.Info("not repairing pod", "error", err)
 		c.mu.Lock()
 		c.done[key] = pod.UID
 		c.mu.Unlock()

@@ -94,7 +94,7 @@ func (s *Socket) RemoveIfOurs(log *slog.Logger) {
 		return
 	}
 	if err := os.Remove(s.Path); err != nil {
-		log.Warn("remove socket", "socket", s.Path, "err", err)
+		log.Warn("remove socket", "socket", s.Path, "error", err)
 	}
 }
 

@@ -56,6 +56,7 @@ type readResult struct {
 type zconn struct {
 	id            uint64
 	s             *Server
+	src           SnapshotSource
 	c             *zp.Conn
 	reqs          chan *request   // unbuffered: a request is either taken by the owner or not at all
 	in            chan readResult // from the reader
@@ -99,7 +100,7 @@ func (c *zconn) do(ctx context.Context, r *request) error {
 }
 
 // serveConn runs one connection from accept to close.
-func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
+func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn, src SnapshotSource) {
 	c := zp.NewConn(uc)
 	defer c.Close()
 	// Shutdown must not wait out a hello or ack timeout.
@@ -108,12 +109,13 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 	log := s.log.With(peerAttrs(uc)...)
 	hello, err := c.ReadHello(time.Now().Add(s.cfg.HelloTimeout))
 	if err != nil {
-		log.Warn("dropping ztunnel connection: no valid hello", "err", err)
+		log.Warn("dropping ztunnel connection: no valid hello", "error", err)
 		return
 	}
 
 	zc := &zconn{
 		s:    s,
+		src:  src,
 		c:    c,
 		reqs: make(chan *request),
 		in:   make(chan readResult),
@@ -138,7 +140,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		c.Close() // unblocks the reader
 		<-readerDone
 		log.Info("ztunnel connection closed", "held", len(zc.held))
-		s.handOver(ctx, log, zc.held)
+		s.handOver(ctx, log, zc.src, zc.held)
 	}()
 
 	if !zc.sendSnapshot(ctx, log) {
@@ -156,14 +158,14 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 			}
 			r.res <- err
 			if fatal {
-				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "err", err)
+				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "error", err)
 				return
 			}
 		case res := <-zc.in:
 			if errors.Is(res.err, io.EOF) {
 				log.Info("ztunnel hung up")
 			} else {
-				log.Warn("dropping ztunnel connection: unsolicited packet while idle", "err", res.err, "ack_error", res.ack.GetError())
+				log.Warn("dropping ztunnel connection: unsolicited packet while idle", "error", res.err, "ack_error", res.ack.GetError())
 			}
 			return
 		case <-ctx.Done():
@@ -174,14 +176,9 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 
 // sendSnapshot sends Add or Keep for every known pod, then SnapshotSent,
 // one at a time. It reports whether the connection is still usable. Entries
-// that fail without breaking the connection are reported to the source if it
-// is a SnapshotRefusalObserver.
+// that fail without breaking the connection are reported to the source.
 func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
-	var entries []SnapshotEntry
-	if c.s.src != nil {
-		entries = c.s.src.Snapshot()
-	}
-	obs, _ := c.s.src.(SnapshotRefusalObserver)
+	entries := c.src.Snapshot()
 	adds, keeps := 0, 0
 	for _, e := range entries {
 		r := keepReq(e.Workload.UID)
@@ -190,17 +187,15 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 		}
 		err, fatal := c.roundTrip(ctx, r)
 		if fatal {
-			log.Warn("dropping ztunnel connection during snapshot", "op", r.op, "uid", r.uid, "err", err)
+			log.Warn("dropping ztunnel connection during snapshot", "op", r.op, "uid", r.uid, "error", err)
 			return false
 		}
 		if err != nil {
 			// Refused (nack) or not sendable (netns closed); the
 			// connection is fine. The source hears of it before the
 			// snapshot is acked, so it can retry the pod then.
-			log.Warn("snapshot entry failed", "op", r.op, "uid", r.uid, "err", err)
-			if obs != nil {
-				obs.SnapshotRefused(r.uid, err)
-			}
+			log.Warn("snapshot entry failed", "op", r.op, "uid", r.uid, "error", err)
+			c.src.SnapshotRefused(r.uid, err)
 			continue
 		}
 		c.track(r)
@@ -212,7 +207,7 @@ func (c *zconn) sendSnapshot(ctx context.Context, log *slog.Logger) bool {
 	}
 	r := snapshotSentReq()
 	if err, _ := c.roundTrip(ctx, r); err != nil {
-		log.Warn("dropping ztunnel connection: snapshot not acked", "err", err)
+		log.Warn("dropping ztunnel connection: snapshot not acked", "error", err)
 		return false
 	}
 	log.Info("ztunnel acked snapshot", "adds", adds, "keeps", keeps)

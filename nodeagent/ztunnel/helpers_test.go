@@ -53,6 +53,11 @@ func (s *source) Snapshot() []SnapshotEntry {
 	return append([]SnapshotEntry(nil), s.entries...)
 }
 
+// SnapshotRefused and HandOver do nothing (refusalSource and
+// handoverSource record or act on them).
+func (s *source) SnapshotRefused(string, error) {}
+func (s *source) HandOver(string, func(error))  {}
+
 func (s *source) set(e ...SnapshotEntry) {
 	s.mu.Lock()
 	s.entries = e
@@ -65,10 +70,10 @@ func runServer(t testing.TB, cfg Config, src SnapshotSource) (*Server, func()) {
 	if cfg.SocketPath == "" {
 		cfg.SocketPath = socketPath(t)
 	}
-	s := NewServer(cfg, src, testLogger(t))
+	s := NewServer(cfg, testLogger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	go func() { done <- s.Run(ctx, src) }()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {

@@ -130,12 +130,12 @@ type running struct {
 }
 
 // startRun runs s in the background until the test ends or r.cancel.
-func startRun(t *testing.T, s *Server) *running {
+func startRun(t *testing.T, s *Server, src SnapshotSource) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{cancel: cancel, done: make(chan struct{})}
 	go func() {
-		r.err = s.Run(ctx)
+		r.err = s.Run(ctx, src)
 		close(r.done)
 	}()
 	t.Cleanup(func() {
@@ -154,8 +154,8 @@ func startRun(t *testing.T, s *Server) *running {
 func TestAcceptRetriesWhenOutOfDescriptors(t *testing.T) {
 	log, logged := newRecorder(t)
 	path := socketPath(t)
-	s := NewServer(Config{SocketPath: path}, &source{}, log)
-	run := startRun(t, s)
+	s := NewServer(Config{SocketPath: path}, log)
+	run := startRun(t, s, &source{})
 	waitUntil(t, "server socket", func() bool { _, err := os.Stat(path); return err == nil })
 
 	// The client's descriptor, made while there are still some to spare.
@@ -296,8 +296,8 @@ func listenerFD(t *testing.T, path string) int {
 // and Run returns the error instead of waiting for them to end on their own.
 func TestFatalAcceptErrorClosesConnections(t *testing.T) {
 	path := socketPath(t)
-	s := NewServer(Config{SocketPath: path}, &source{}, testLogger(t))
-	run := startRun(t, s)
+	s := NewServer(Config{SocketPath: path}, testLogger(t))
+	run := startRun(t, s, &source{})
 	waitUntil(t, "server socket", func() bool { _, err := os.Stat(path); return err == nil })
 	live := rawPeer(t, path)
 	sendHello(t, live)
@@ -345,8 +345,8 @@ func TestShutdownLeavesAnotherServersSocket(t *testing.T) {
 	_, stopOld := runServer(t, Config{SocketPath: path}, &source{})
 	oldID := statID(t, path)
 
-	nu := NewServer(Config{SocketPath: path}, &source{}, testLogger(t))
-	run := startRun(t, nu)
+	nu := NewServer(Config{SocketPath: path}, testLogger(t))
+	run := startRun(t, nu, &source{})
 	waitUntil(t, "new server's socket", func() bool {
 		fi, err := os.Lstat(path)
 		return err == nil && unixsock.IDOf(fi) != oldID
@@ -396,7 +396,7 @@ func TestAckTimeoutIncludesSend(t *testing.T) {
 	src := &source{}
 	src.set(SnapshotEntry{Workload: wl("k2")})
 	path := socketPath(t)
-	s := NewServer(Config{SocketPath: path, AckTimeout: timeout}, src, testLogger(t))
+	s := NewServer(Config{SocketPath: path, AckTimeout: timeout}, testLogger(t))
 	s.now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	// k2's send "takes" the whole AckTimeout.
 	s.afterSend = func(op, uid string) {
@@ -404,7 +404,7 @@ func TestAckTimeoutIncludesSend(t *testing.T) {
 			offset.Add(int64(timeout))
 		}
 	}
-	startRun(t, s)
+	startRun(t, s, src)
 	waitUntil(t, "server socket", func() bool { _, err := os.Stat(path); return err == nil })
 
 	c := rawPeer(t, path)
@@ -436,7 +436,7 @@ func TestAckTimeoutIncludesSend(t *testing.T) {
 // An ack that is already waiting when the deadline passes is the answer, not
 // a timeout.
 func TestAckReadyAtDeadlineCounts(t *testing.T) {
-	s := NewServer(Config{AckTimeout: time.Second}, nil, testLogger(t))
+	s := NewServer(Config{AckTimeout: time.Second}, testLogger(t))
 	for i := range 200 {
 		// The ack is already there (the buffered channel stands for a
 		// reader blocked on its send) and the deadline has passed, so both
@@ -454,7 +454,7 @@ func TestAckReadyAtDeadlineCounts(t *testing.T) {
 // The connections gauge matches the live connections after concurrent
 // registers and unregisters.
 func TestConnectionsGaugeConsistent(t *testing.T) {
-	s := NewServer(Config{}, nil, nil)
+	s := NewServer(Config{}, nil)
 	gauge := func() float64 {
 		var d dto.Metric
 		if err := s.metrics.connections.Write(&d); err != nil {
@@ -509,7 +509,7 @@ func (r *refusalSource) got() map[string]error {
 }
 
 // Entries ztunnel refuses during the snapshot, or that cannot be sent, are
-// reported to a SnapshotRefusalObserver source before the snapshot-acked
+// reported to the source (SnapshotRefused) before the snapshot-acked
 // signal.
 func TestSnapshotRefusalsReported(t *testing.T) {
 	n := newNetns(t)

@@ -56,18 +56,25 @@ type SnapshotEntry struct {
 	Netns    *podnetns.Handle
 }
 
-// SnapshotSource lists the pods to send to a newly connected ztunnel.
+// SnapshotSource is what the server needs of the agent (*agent.Agent
+// implements it): the pods to send a newly connected ztunnel, and where to
+// report what a ztunnel refused or left behind. None of its methods may
+// block: the server calls them mid-snapshot and as a connection closes,
+// while the agent's own syncs may be waiting on that connection.
 type SnapshotSource interface {
+	// Snapshot lists the pods to send a newly connected ztunnel.
 	Snapshot() []SnapshotEntry
-}
-
-// SnapshotRefusalObserver is implemented by a SnapshotSource that wants to
-// know which entries a ztunnel refused during its snapshot.
-type SnapshotRefusalObserver interface {
 	// SnapshotRefused is called for each entry ztunnel refused, before the
 	// snapshot is acked (before subscribers of SubscribeSnapshotAcked are
-	// signalled for that connection). It must not block.
+	// signalled for that connection).
 	SnapshotRefused(uid string, err error)
+	// HandOver asks the source to re-add a pod a closed connection held to
+	// the newest one itself, through its own serialized path (the agent's
+	// per-pod sync, under the pod's lock), so that one writer decides what
+	// ztunnel should carry and a handover Add can never land after a Del
+	// of the same pod. report, if the source calls it, is told the result
+	// of the Add it sent for the handover.
+	HandOver(uid string, report func(error))
 }
 
 // Config tunes the server; zero fields take the defaults in brackets.
@@ -125,7 +132,6 @@ type Status struct {
 // with Run; AddWorkload and friends may be called before, during and after.
 type Server struct {
 	cfg     Config
-	src     SnapshotSource
 	log     *slog.Logger
 	metrics *Metrics
 
@@ -144,14 +150,13 @@ type Server struct {
 	subID      int
 }
 
-// NewServer returns a server that takes snapshots from src.
-func NewServer(cfg Config, src SnapshotSource, log *slog.Logger) *Server {
+// NewServer returns a server; Run serves it with the snapshots of a source.
+func NewServer(cfg Config, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Server{
 		cfg:        cfg.withDefaults(),
-		src:        src,
 		log:        log.With("component", "ztunnel-server"),
 		metrics:    newMetrics(),
 		subs:       map[int]chan struct{}{},
@@ -163,7 +168,8 @@ func NewServer(cfg Config, src SnapshotSource, log *slog.Logger) *Server {
 // Metrics returns the server's Prometheus collectors for the agent to register.
 func (s *Server) Metrics() *Metrics { return s.metrics }
 
-// Run listens on the socket and serves ztunnel connections until ctx is done;
+// Run listens on the socket and serves ztunnel connections, each greeted
+// with a snapshot from src, until ctx is done;
 // then it closes every connection, removes the socket and returns nil. It
 // creates the socket's directory and replaces a stale socket file. On
 // shutdown it removes the socket file only if it is still the one it created,
@@ -173,7 +179,10 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // retried with a backoff of 5ms doubling to 1s. Any other accept error stops
 // the server: it closes every connection, removes the socket and returns the
 // error.
-func (s *Server) Run(ctx context.Context) error {
+func (s *Server) Run(ctx context.Context, src SnapshotSource) error {
+	if src == nil {
+		return errors.New("ztunnel server: no snapshot source")
+	}
 	l, sock, err := unixsock.Listen(s.cfg.SocketPath, "unixpacket", s.cfg.SocketMode)
 	if err != nil {
 		return fmt.Errorf("ztunnel socket: %w", err)
@@ -201,7 +210,7 @@ func (s *Server) Run(ctx context.Context) error {
 			if temporaryAcceptError(err) {
 				s.metrics.retries.Inc()
 				backoff = min(max(2*backoff, minAcceptBackoff), maxAcceptBackoff)
-				s.log.Warn("accept on ztunnel socket failed; retrying", "socket", s.cfg.SocketPath, "err", err, "retry_in", backoff)
+				s.log.Warn("accept on ztunnel socket failed; retrying", "socket", s.cfg.SocketPath, "error", err, "retry_in", backoff)
 				if !sleepCtx(ctx, backoff) {
 					break
 				}
@@ -216,12 +225,12 @@ func (s *Server) Run(ctx context.Context) error {
 			uc.Close()
 			continue
 		}
-		wg.Go(func() { s.serveConn(connCtx, uc) })
+		wg.Go(func() { s.serveConn(connCtx, uc, src) })
 	}
 	l.Close()
 	sock.RemoveIfOurs(s.log)
 	if acceptErr != nil {
-		s.log.Error("ztunnel server stopping; closing every connection", "err", acceptErr)
+		s.log.Error("ztunnel server stopping; closing every connection", "error", acceptErr)
 		closeConns()
 	}
 	wg.Wait()
@@ -237,7 +246,7 @@ func (s *Server) allowedPeer(uc *net.UnixConn) bool {
 	cred, err := unixsock.PeerCred(uc)
 	if err != nil {
 		s.metrics.refused.Inc()
-		s.log.Warn("refused a connection to the ztunnel socket: cannot read its peer's credentials", "err", err)
+		s.log.Warn("refused a connection to the ztunnel socket: cannot read its peer's credentials", "error", err)
 		return false
 	}
 	if slices.Contains(s.cfg.AllowedUIDs, cred.Uid) {
@@ -434,39 +443,23 @@ func signal(m map[int]chan struct{}) {
 	}
 }
 
-// HandoverSink is implemented by a SnapshotSource that re-adds the pods of
-// a closed connection itself, each through its own serialized path (the
-// agent's per-pod sync, under the pod's lock), so that one writer decides
-// what ztunnel should carry and a handover Add can never land after a Del
-// of the same pod. HandOver must not block (the server calls it as the
-// connection closes); report, if the sink calls it, is told the result of
-// the Add it sent for the handover.
-type HandoverSink interface {
-	HandOver(uid string, report func(error))
-}
-
 // handOver asks the snapshot source to re-Add the pods a closed connection
 // held to the now-newest connection, so a pod whose ztunnel went away (the
 // newest one of a rolling update or a crash-looping one) is served by the
 // one that remains instead of staying captured with nobody behind its
-// redirect. The source sends the Adds (HandoverSink); the server counts
+// redirect. The source sends the Adds (SnapshotSource.HandOver); the server counts
 // their results (ambientd_ztunnel_handovers_total). Nothing happens when no
 // connection remains (a new ztunnel gets a snapshot) or the server is
 // stopping.
-func (s *Server) handOver(ctx context.Context, log *slog.Logger, held map[string]struct{}) {
-	if len(held) == 0 || ctx.Err() != nil || s.src == nil || s.newest() == nil {
-		return
-	}
-	sink, ok := s.src.(HandoverSink)
-	if !ok {
-		log.Warn("pods of the closed ztunnel not handed over: the snapshot source cannot re-add them", "held", len(held))
+func (s *Server) handOver(ctx context.Context, log *slog.Logger, src SnapshotSource, held map[string]struct{}) {
+	if len(held) == 0 || ctx.Err() != nil || s.newest() == nil {
 		return
 	}
 	for uid := range held {
-		sink.HandOver(uid, func(err error) {
+		src.HandOver(uid, func(err error) {
 			if err != nil {
 				s.metrics.handovers.WithLabelValues("failed").Inc()
-				log.Warn("handing pod over to the remaining ztunnel failed", "uid", uid, "err", err)
+				log.Warn("handing pod over to the remaining ztunnel failed", "uid", uid, "error", err)
 				return
 			}
 			s.metrics.handovers.WithLabelValues("ok").Inc()

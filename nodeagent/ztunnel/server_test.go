@@ -495,7 +495,7 @@ func TestSocketFileHandling(t *testing.T) {
 	if err := os.WriteFile(path, []byte("not a socket"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err = NewServer(Config{SocketPath: path}, nil, testLogger(t)).Run(ctxT(t))
+	err = NewServer(Config{SocketPath: path}, testLogger(t)).Run(ctxT(t), &source{})
 	if err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("Run over a regular file: %v", err)
 	}
@@ -505,7 +505,7 @@ func TestSocketFileHandling(t *testing.T) {
 }
 
 func TestSubscribeUnsubscribe(t *testing.T) {
-	s := NewServer(Config{}, nil, nil)
+	s := NewServer(Config{}, nil)
 	ch1, unsub1 := s.SubscribeSnapshotAcked()
 	ch2, unsub2 := s.SubscribeSnapshotAcked()
 	unsub1()

@@ -54,12 +54,13 @@ func (s *switches) setZtunnel(connected bool) {
 func (s *switches) inputs() nodeready.Inputs {
 	return nodeready.Inputs{
 		PluginInstalled: func() error { return nil },
-		CachesSynced:    func() bool { return true },
+		AgentStarted:    func() bool { return true },
 		Ztunnel: func() nodeready.ZtunnelState {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			return nodeready.ZtunnelState{Connected: s.ztConnected, SnapshotAcked: s.ztConnected}
 		},
+		CNIServing: func() bool { return true },
 	}
 }
 
@@ -74,7 +75,9 @@ func startNodeReady(t *testing.T, ctx context.Context, cfg nodeready.Config, sw 
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := nodeready.New(cfg, nodeready.Deps{Client: client, Inputs: sw.inputs(), Log: testutil.Logger(t, slog.LevelDebug)})
+	deps := nodeReadyDeps(t, ctx, client, cfg.NodeName)
+	deps.Inputs = sw.inputs()
+	c, err := nodeready.New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +91,25 @@ func startNodeReady(t *testing.T, ctx context.Context, cfg nodeready.Config, sw 
 		}
 	})
 	return c
+}
+
+// nodeReadyDeps are the controller's deps as the daemon builds them: the
+// node's informer, started, and the process's Event broadcaster, sending;
+// both stop when the test ends (after the controller).
+func nodeReadyDeps(t *testing.T, ctx context.Context, client kube.Interface, node string) nodeready.Deps {
+	t.Helper()
+	informers := kube.NewInformers(client, node)
+	events := kube.NewEvents(client, node)
+	ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	informers.Start(ictx.Done())
+	sent := make(chan struct{})
+	go func() { events.Run(ictx); close(sent) }()
+	t.Cleanup(func() {
+		cancel()
+		informers.Shutdown()
+		<-sent
+	})
+	return nodeready.Deps{Client: client, Node: informers.Node, Recorder: events.Recorder(), Log: testutil.Logger(t, slog.LevelDebug)}
 }
 
 // waitNode polls the node through the admin client until cond holds.
@@ -307,8 +329,9 @@ func TestNodeReadyStopNeverTaints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := nodeready.New(nodeready.Config{NodeName: mine, Untaint: true, TaintWhenUnready: true, TaintGracePeriod: time.Nanosecond},
-		nodeready.Deps{Client: client, Inputs: sw.inputs(), Log: testutil.Logger(t, slog.LevelDebug)})
+	deps := nodeReadyDeps(t, ctx, client, mine)
+	deps.Inputs = sw.inputs()
+	c, err := nodeready.New(nodeready.Config{NodeName: mine, Untaint: true, TaintWhenUnready: true, TaintGracePeriod: time.Nanosecond}, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/ambientd/ambientd/cniapi"
 )
 
 // CNIVersion is the spec version of the chain's configuration.
@@ -50,9 +52,9 @@ type ChainConfig struct {
 // agent on agentSocket, with a bounded timeout and its log in logFile.
 func AmbientPluginConf(agentSocket, logFile string) map[string]any {
 	return map[string]any{
-		"type":        "ambientd-cni",
+		"type":        cniapi.PluginType,
 		"agentSocket": agentSocket,
-		"timeout":     "30s",
+		"timeout":     cniapi.DefaultPluginTimeout.String(),
 		"logLevel":    "debug",
 		"logFile":     logFile,
 	}

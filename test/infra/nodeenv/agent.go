@@ -12,17 +12,17 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
 	cnins "github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/ambientd/ambientd/cniapi"
+	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 )
 
@@ -170,37 +170,23 @@ func (n *Node) ConflistText() (string, error) {
 	return string(b), err
 }
 
-// RuntimeConfig returns the name and text of the CNI config containerd uses:
-// the lexically first valid .conf, .conflist or .json of the conf dir (the
-// agent's own conflist when it writes one, else the primary's).
+// RuntimeConfig returns the name and text of the CNI config containerd uses
+// (cniinstall.RuntimeConfig: the lexically first valid .conf, .conflist or
+// .json of the conf dir; the agent's own conflist when it writes one, else
+// the primary's).
 func (n *Node) RuntimeConfig() (name, text string, err error) {
-	files, err := libcni.ConfFiles(n.CNIConfDir, []string{".conf", ".conflist", ".json"})
+	rc, err := cniinstall.RuntimeConfig(n.CNIConfDir)
 	if err != nil {
 		return "", "", err
 	}
-	sort.Strings(files)
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		if filepath.Ext(f) == ".conflist" {
-			_, err = libcni.ConfListFromBytes(b)
-		} else {
-			_, err = libcni.NetworkPluginConfFromBytes(b)
-		}
-		if err == nil {
-			return filepath.Base(f), string(b), nil
-		}
-	}
-	return "", "", fmt.Errorf("no valid CNI config in %s", n.CNIConfDir)
+	return filepath.Base(rc.Path), string(rc.Data), nil
 }
 
 // PluginInstalled reports whether the agent's plugin is in the CNI config
 // containerd uses.
 func (n *Node) PluginInstalled() (bool, error) {
-	_, s, err := n.RuntimeConfig()
-	return strings.Contains(s, `"ambientd-cni"`), err
+	rc, err := cniinstall.RuntimeConfig(n.CNIConfDir)
+	return slices.Contains(rc.Types, cniapi.PluginType), err
 }
 
 // AgentPod returns the agent DaemonSet's pod (nil if none yet).

@@ -7,9 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
 
-	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
 
@@ -38,22 +36,6 @@ const (
 	// (podmeta.Annotations).
 	EventInvalidAnnotation = "InvalidAnnotation"
 )
-
-// newEventRecorder returns the agent's pod event broadcaster and recorder.
-// client-go's correlator aggregates similar Events and rate-limits them
-// per pod (a spam filter), so a pod failing in a loop cannot flood the API.
-func newEventRecorder(nodeName string) (record.EventBroadcaster, record.EventRecorder) {
-	b := record.NewBroadcaster()
-	return b, b.NewRecorder(kube.NewScheme(), corev1.EventSource{Component: "ambientd", Host: nodeName})
-}
-
-// runEvents sends recorded Events to the API until stop is called (Run
-// defers it). Events recorded before or after are dropped: they describe no
-// pod the API would not hear about again.
-func (a *Agent) runEvents() (stop func()) {
-	a.events.StartRecordingToSink(kube.EventSink{Client: a.client.CoreV1()})
-	return a.events.Shutdown
-}
 
 // podEvent records an Event on pod uid, found in the informer cache or the
 // registry; a pod known to neither gets none.
