@@ -257,3 +257,36 @@ func TestRuleFloors(t *testing.T) {
 		})
 	}
 }
+
+// TestShippedCodeImportsNoTestInfra: no package outside test/ and hack/
+// (what the shipped programs are built from, and every library of ours)
+// imports anything under test/, directly or not — the test environments,
+// fakes and oracles stay out of what runs on a node. The programs
+// build.Programs marks as not shipped (the ztunnel emulator: a test
+// stand-in) are test infrastructure themselves.
+func TestShippedCodeImportsNoTestInfra(t *testing.T) {
+	testutil.RequireBinary(t, "go")
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], module+"/")
+		if strings.HasPrefix(pkg, "test/") || strings.HasPrefix(pkg, "hack/") || slices.ContainsFunc(build.Programs, func(p build.Program) bool {
+			return !p.Shipped && p.Package == "./"+pkg
+		}) {
+			continue
+		}
+		checked++
+		for _, dep := range f[1:] {
+			if strings.HasPrefix(dep, module+"/test/") {
+				t.Errorf("%s imports test infrastructure %s", pkg, dep)
+			}
+		}
+	}
+	if checked < 30 {
+		t.Fatalf("only %d shipped packages listed: the test lists the wrong tree", checked)
+	}
+}
