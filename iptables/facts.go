@@ -9,7 +9,7 @@ import (
 // The shared vocabulary (package rules) and the rule sets as data (packages
 // xtables and nftables), re-exported so callers need only this package.
 
-// Marks, ports, addresses and names of the in-pod rules (see DESIGN.md).
+// Marks, ports, addresses and names of the in-pod rules (docs/rules.md).
 const (
 	ProxyMark    = rules.ProxyMark
 	ConnMark     = rules.ConnMark

@@ -1,5 +1,5 @@
 // Package nodeagent_test holds the fitness tests of the node agent's
-// architecture: who may import whom (DESIGN.md, "Rooms"), and facts that two
+// architecture: who may import whom (docs/architecture.md), and facts that two
 // rooms must agree on.
 package nodeagent_test
 

@@ -3,7 +3,7 @@ package rules
 import "net/netip"
 
 // Marks, ports, addresses and names of the in-pod rules, Istio's (see
-// DESIGN.md), so pods and nodes its agent set up are recognised and adopted.
+// docs/rules.md), so pods and nodes its agent set up are recognised and adopted.
 const (
 	// ProxyMark is set by ztunnel on all its sockets.
 	ProxyMark = 0x539

@@ -33,6 +33,13 @@ func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, p
 		}
 		return a.recapture(ctx, log, s, pod, e, opts)
 	}
+	if len(e.LaggingAPIIPs) > 0 && len(ips) > 0 && subsetIPs(ips, e.IPs) {
+		// The API caught up with the sandbox the ADD enrolled.
+		var err error
+		if e, err = a.update(e.UID, func(x *registry.Entry) { x.LaggingAPIIPs = nil }); err != nil {
+			return OutcomeUnknown, err
+		}
+	}
 	if len(e.IPs) == 0 && len(ips) > 0 {
 		// The ADD carried no IPs; the API has them now (the netns holds
 		// them: checked above). Not a new sandbox: fill them in.
@@ -156,6 +163,11 @@ func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h
 		sa = "default"
 	}
 	e := registry.Entry{UID: uid, Name: pod.Name, Namespace: pod.Namespace, ServiceAccount: sa, IPs: ips, Netns: h, Phase: registry.Pending, Options: opts}
+	if api := podIPs(pod); len(api) > 0 && !subsetIPs(api, ips) {
+		// The API still shows the sandbox before this one (see
+		// registry.Entry.LaggingAPIIPs).
+		e.LaggingAPIIPs = api
+	}
 	if err := a.writeRules(ctx, h, opts); err != nil {
 		a.metrics.failure("rules")
 		// Apply is atomic per family, but one family may have landed.

@@ -26,13 +26,21 @@ import (
 // the pod's addresses as the API shows them now), or "" when it is: the
 // pod's addresses are among those it was enrolled with (an enrolled pod's
 // IPs change only with its sandbox; the runtime may have reported more than
-// kubelet shows, one per family), the runtime's path still names the held
-// namespace, and that namespace holds one of them. A namespace whose
+// kubelet shows, one per family; addresses the API still showed when a CNI
+// ADD enrolled the pod in a newer sandbox are the old sandbox's, not a sign
+// of another), the runtime's path still names the held namespace, and that
+// namespace holds one of them. A namespace whose
 // addresses cannot be read counts as current (logged): a netlink hiccup
 // must not flap every pod.
 func (a *Agent) notCurrent(e registry.Entry, ips []netip.Addr) string {
 	if e.Netns == nil {
 		return "no network namespace held"
+	}
+	if len(e.LaggingAPIIPs) > 0 && sameIPs(ips, e.LaggingAPIIPs) {
+		// The API has not caught up with the sandbox a CNI ADD enrolled
+		// the pod in: judge the held one by the addresses it was
+		// enrolled with.
+		ips = e.IPs
 	}
 	if len(e.IPs) > 0 && len(ips) > 0 && !subsetIPs(ips, e.IPs) {
 		return fmt.Sprintf("the pod's IPs changed from %v to %v: a new sandbox", e.IPs, ips)
@@ -79,7 +87,7 @@ func (a *Agent) leaveSandbox(ctx context.Context, log *slog.Logger, s *podSync, 
 		held = e.Netns.String()
 	}
 	e, err := a.update(e.UID, func(x *registry.Entry) {
-		x.Phase, x.Netns = registry.Uncaptured, nil
+		x.Phase, x.Netns, x.LaggingAPIIPs = registry.Uncaptured, nil, nil
 		if len(ips) > 0 {
 			x.IPs = ips
 		}

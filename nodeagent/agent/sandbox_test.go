@@ -354,3 +354,57 @@ func TestRuleCallsRefuseTheHost(t *testing.T) {
 		t.Error("HostNamespaces does not list this process's netns")
 	}
 }
+
+// kubelet reports a new sandbox's addresses only after its CNI ADD
+// returned: for a moment the API still shows the old sandbox's. A sync or
+// drift pass in that moment must not take the API's stale addresses for a
+// newer sandbox — the agent would leave the sandbox it just enrolled and,
+// the old one still alive (its DEL comes later), enroll the pod in the old
+// one (TestLateDelOfVanishedOldSandbox, e2e, caught it under load).
+func TestAddOfNewSandboxBeforeTheAPIShowsIt(t *testing.T) {
+	hostProc := t.TempDir()
+	oldNS := netnsWith(t, "10.1.0.5")
+	newNS := netnsWith(t, "10.1.0.6")
+	p := runningPod(pod("app", "a", "uid-a", nil), "10.1.0.5")
+	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
+	fakeSandbox(t, hostProc, 100, "uid-a", oldNS.NS.Path()) // the old sandbox lives on, findable
+	h.zt.connect()
+	ev := h.event(p)
+	ev.NetnsPath = oldNS.NS.Path()
+	if out, err := h.agent.HandleAdd(context.Background(), ev); err != nil || out != Enrolled {
+		t.Fatalf("ADD of the first sandbox: %v, %v", out, err)
+	}
+	h.waitFor("pod in the cache", func() bool { return h.agent.podByUID("uid-a") != nil })
+
+	// The new sandbox's ADD; the API still shows 10.1.0.5.
+	ev.NetnsPath, ev.IPs = newNS.NS.Path(), []netip.Prefix{netip.MustParsePrefix("10.1.0.6/24")}
+	if out, err := h.agent.HandleAdd(context.Background(), ev); err != nil || out != Enrolled {
+		t.Fatalf("ADD of the new sandbox: %v, %v", out, err)
+	}
+	inNew := func(when string) {
+		t.Helper()
+		e, _ := h.reg.Get("uid-a")
+		if e.Phase != registry.Enabled || e.Netns == nil || e.Netns.Inode() != newNS.Inode {
+			t.Fatalf("%s: %v in %v, want enabled in the new sandbox (inode %d; the old one is %d)", when, e.Phase, e.Netns, newNS.Inode, oldNS.Inode)
+		}
+	}
+	inNew("after the new sandbox's ADD")
+	h.agent.VerifyPass(context.Background())
+	inNew("after a drift pass while the API shows the old sandbox's address")
+	if n := h.repairs("sandbox"); n != 0 {
+		t.Errorf("repairs{sandbox} = %v while the API lagged, want 0", n)
+	}
+
+	// kubelet catches up: still the new sandbox, nothing left lagging.
+	cur, err := h.client.CoreV1().Pods("app").Get(context.Background(), "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runningPod(cur, "10.1.0.6")
+	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the API caught up", func() bool { e, _ := h.reg.Get("uid-a"); return e.LaggingAPIIPs == nil })
+	h.agent.VerifyPass(context.Background())
+	inNew("after the API caught up")
+}

@@ -30,8 +30,14 @@ type Entry struct {
 	Namespace      string
 	ServiceAccount string
 	IPs            []netip.Addr
-	Netns          *podnetns.Handle
-	Phase          Phase
+	// LaggingAPIIPs are the addresses the API still showed for the pod
+	// when a CNI ADD enrolled it in a new sandbox with others (IPs):
+	// kubelet reports a sandbox's addresses only after its ADD returned,
+	// so until the API shows anything else they are the old sandbox's,
+	// not a sign of a newer one. Nil once the API caught up.
+	LaggingAPIIPs []netip.Addr
+	Netns         *podnetns.Handle
+	Phase         Phase
 	// Options are the capture options the pod's rules were programmed
 	// (or last verified) with: an enrolled pod whose annotations turn
 	// invalid is verified against these.

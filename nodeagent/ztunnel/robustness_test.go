@@ -298,8 +298,7 @@ func TestFatalAcceptErrorClosesConnections(t *testing.T) {
 	path := socketPath(t)
 	s := NewServer(Config{SocketPath: path}, testLogger(t))
 	run := startRun(t, s, &source{})
-	waitUntil(t, "server socket", func() bool { _, err := os.Stat(path); return err == nil })
-	live := rawPeer(t, path)
+	live := dialPeer(t, path)
 	sendHello(t, live)
 	expectRequest(t, live, zp.OpSnapshotSent)
 	sendAck(t, live, "")
@@ -405,9 +404,7 @@ func TestAckTimeoutIncludesSend(t *testing.T) {
 		}
 	}
 	startRun(t, s, src)
-	waitUntil(t, "server socket", func() bool { _, err := os.Stat(path); return err == nil })
-
-	c := rawPeer(t, path)
+	c := dialPeer(t, path)
 	sendHello(t, c)
 	if req := expectRequest(t, c, zp.OpKeep); zp.RequestUID(req) != "k2" {
 		t.Fatalf("keep %q", zp.RequestUID(req))

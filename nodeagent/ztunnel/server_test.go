@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -181,6 +182,26 @@ func rawPeer(t *testing.T, path string) *peer {
 	c := zp.NewConn(uc)
 	t.Cleanup(func() { c.Close() })
 	return &peer{Conn: c, uc: uc}
+}
+
+// dialPeer connects to the server at path once it listens: the socket file
+// appears at bind, a moment before listen, so a connection refused or a
+// path not there yet is retried (within testTimeout).
+func dialPeer(t *testing.T, path string) *peer {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for {
+		uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+		if err == nil {
+			c := zp.NewConn(uc)
+			t.Cleanup(func() { c.Close() })
+			return &peer{Conn: c, uc: uc}
+		}
+		if !(errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)) || time.Now().After(deadline) {
+			t.Fatalf("connecting to the ztunnel server at %s: %v", path, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func sendHello(t *testing.T, c *peer) {
