@@ -83,6 +83,17 @@ func TestParseRunFlags(t *testing.T) {
 				t.Errorf("handover %q, want none", f.handover)
 			}
 		}},
+		{name: "gc percent default 50", args: []string{"--node-name=n"}, env: env(), check: func(t *testing.T, f runFlags) {
+			if f.gcPercent != 50 {
+				t.Errorf("gc percent %d, want 50", f.gcPercent)
+			}
+		}},
+		{name: "gc percent from env", args: []string{"--node-name=n"}, env: env("AMBIENTD_GC_PERCENT", "0"), check: func(t *testing.T, f runFlags) {
+			if f.gcPercent != 0 {
+				t.Errorf("gc percent %d, want 0 (the runtime's)", f.gcPercent)
+			}
+		}},
+		{name: "bad gc percent", args: []string{"--node-name=n", "--gc-percent=-5"}, env: env(), wantErr: "--gc-percent"},
 		{name: "bad handover", args: []string{"--node-name=n", "--install-cni", "--handover=linkerd"}, env: env(), wantErr: "--handover"},
 		{name: "handover needs install-cni", args: []string{"--node-name=n", "--handover=istio"}, env: env(), wantErr: "needs --install-cni"},
 		{name: "bad retry base", args: []string{"--node-name=n", "--retry-base-delay=0s"}, env: env(), wantErr: "--retry-base-delay"},
