@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
 )
@@ -95,11 +96,7 @@ func printSidecar(s sidecarArgs, ann annFlag, family string, nft, del bool, stdo
 		ips = append(ips, ip)
 	}
 	if len(ips) == 0 {
-		for _, pip := range pod.Status.PodIPs {
-			if ip, err := netip.ParseAddr(pip.IP); err == nil {
-				ips = append(ips, ip)
-			}
-		}
+		ips = podmeta.IPs(pod)
 	}
 	if len(ips) == 0 {
 		ips = []netip.Addr{netip.MustParseAddr("10.0.0.1")} // an IPv4 pod

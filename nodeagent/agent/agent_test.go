@@ -470,7 +470,7 @@ func (h *harness) event(p *corev1.Pod) PodEvent {
 		NetnsPath: h.podNS.NS.Path(),
 		IPs:       []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24")},
 	}
-	if ips := podIPs(p); len(ips) > 0 { // the runtime's and the API's agree
+	if ips := podmeta.IPs(p); len(ips) > 0 { // the runtime's and the API's agree
 		ev.IPs = nil
 		for _, ip := range ips {
 			ev.IPs = append(ev.IPs, netip.PrefixFrom(ip, ip.BitLen()))

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
 
@@ -152,7 +153,7 @@ func (a *Agent) delOne(ctx context.Context, uid string, ev PodEvent) error {
 		log.Warn("telling ztunnel to drop the pod's deleted sandbox", "error", err)
 	}
 	s := podSync{pod: pod, inMesh: true}
-	if _, err := a.leaveSandbox(ctx, log, &s, e, podIPs(pod), "sandbox gone (CNI DEL), waiting for re-enrollment"); err != nil {
+	if _, err := a.leaveSandbox(ctx, log, &s, e, podmeta.IPs(pod), "sandbox gone (CNI DEL), waiting for re-enrollment"); err != nil {
 		return err
 	}
 	a.queue.AddRateLimited(uid) // its next sandbox may come without an ADD to us
@@ -191,7 +192,7 @@ func (a *Agent) otherNetns(e registry.Entry, pod *corev1.Pod, path string) bool 
 	}
 	var ips []netip.Addr
 	if pod != nil {
-		ips = podIPs(pod)
+		ips = podmeta.IPs(pod)
 	}
 	return a.notCurrent(e, ips) == ""
 }

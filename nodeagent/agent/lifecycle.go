@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/registry"
@@ -25,7 +26,7 @@ import (
 // (a fresh Add under the pod's lock: the one writer of what ztunnel
 // carries).
 func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, e registry.Entry, opts iptables.PodOptions, handover bool) (Outcome, error) {
-	ips := podIPs(pod)
+	ips := podmeta.IPs(pod)
 	if why := a.notCurrent(e, ips); why != "" {
 		e, err := a.leaveSandbox(ctx, log, s, e, ips, why)
 		if err != nil {
@@ -66,7 +67,7 @@ func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, p
 // then ztunnel is told. The pod stays registered throughout, so a ztunnel
 // that may serve it is never told to drop it.
 func (a *Agent) recapture(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, e registry.Entry, opts iptables.PodOptions) (Outcome, error) {
-	ips := podIPs(pod)
+	ips := podmeta.IPs(pod)
 	if e.Netns != nil {
 		if why := a.notCurrent(e, ips); why != "" {
 			var err error
@@ -117,7 +118,7 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, s *podSync, pod
 	}
 	ips := in.ips
 	if len(ips) == 0 {
-		ips = podIPs(pod)
+		ips = podmeta.IPs(pod)
 	}
 	log.Info("enrolling new pod", "reason", reason, "netns", in.netnsPath, "ips", ips)
 	out, err := a.enroll(ctx, log, pod, h, ips, opts)
@@ -163,7 +164,7 @@ func (a *Agent) enroll(ctx context.Context, log *slog.Logger, pod *corev1.Pod, h
 		sa = "default"
 	}
 	e := registry.Entry{UID: uid, Name: pod.Name, Namespace: pod.Namespace, ServiceAccount: sa, IPs: ips, Netns: h, Phase: registry.Pending, Options: opts}
-	if api := podIPs(pod); len(api) > 0 && !subsetIPs(api, ips) {
+	if api := podmeta.IPs(pod); len(api) > 0 && !subsetIPs(api, ips) {
 		// The API still shows the sandbox before this one (see
 		// registry.Entry.LaggingAPIIPs).
 		e.LaggingAPIIPs = api
@@ -332,7 +333,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 func (a *Agent) removeFromMesh(ctx context.Context, log *slog.Logger, pod *corev1.Pod, e registry.Entry, reason string) error {
 	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
 		if e.Netns == nil {
-			e.IPs = podIPs(pod) // its current sandbox is the one to clean
+			e.IPs = podmeta.IPs(pod) // its current sandbox is the one to clean
 		}
 		withNS, err := a.ensureNetns(ctx, e)
 		if err == nil {

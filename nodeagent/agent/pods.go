@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,19 +59,4 @@ func (a *Agent) decide(ctx context.Context, pod *corev1.Pod) (policy.Decision, e
 		return policy.Decision{}, err
 	}
 	return a.cfg.Policy.Decide(pod, labels), nil
-}
-
-func podIPs(p *corev1.Pod) []netip.Addr {
-	var out []netip.Addr
-	for _, ip := range p.Status.PodIPs {
-		if a, err := netip.ParseAddr(ip.IP); err == nil {
-			out = append(out, a.Unmap())
-		}
-	}
-	if len(out) == 0 && p.Status.PodIP != "" {
-		if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
-			out = append(out, a.Unmap())
-		}
-	}
-	return out
 }

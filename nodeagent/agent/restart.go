@@ -73,7 +73,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 		case podmeta.RedirectionEnabled, podmeta.RedirectionPending:
 			annotated = true
 		}
-		if !annotated && len(podIPs(p)) == 0 {
+		if !annotated && len(podmeta.IPs(p)) == 0 {
 			continue // no sandbox network yet: its CNI ADD is still to come
 		}
 		d, err := a.decide(ctx, p)
@@ -99,7 +99,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 			continue // never enrollable as it is; the reconcile reports it
 		}
 		cands = append(cands, candidate{pod: p, annotated: annotated, inMesh: inMesh, opts: opts})
-		targets = append(targets, podnetns.Target{UID: string(p.UID), IPs: podIPs(p)})
+		targets = append(targets, podnetns.Target{UID: string(p.UID), IPs: podmeta.IPs(p)})
 	}
 	start := time.Now()
 	if a.state != nil {
@@ -154,7 +154,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 		if _, err := a.update(uid, func(e *registry.Entry) {
 			*e = registry.Entry{
 				UID: uid, Name: p.Name, Namespace: p.Namespace, ServiceAccount: sa,
-				IPs: podIPs(p), Netns: h, Phase: st, LastError: lastErr, Reason: reason, Options: c.opts,
+				IPs: podmeta.IPs(p), Netns: h, Phase: st, LastError: lastErr, Reason: reason, Options: c.opts,
 			}
 		}); err != nil {
 			log.Warn("restoring pod", "error", err)
@@ -217,7 +217,7 @@ func (a *Agent) cleanStale(ctx context.Context, p *corev1.Pod) error {
 		a.forgetNetns(uid) // its netns is gone, and our rules with it
 		return nil
 	}
-	if err := a.finder.Accept(h, podIPs(p)); err != nil {
+	if err := a.finder.Accept(h, podmeta.IPs(p)); err != nil {
 		h.Close()
 		log.Info("the recorded netns is no longer the pod's; record dropped", "error", err)
 		a.forgetNetns(uid)

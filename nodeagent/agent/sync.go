@@ -167,7 +167,7 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 
 	// A running pod that belongs in the mesh but was not enrolled through
 	// CNI (label added later, or enrolled before we knew): find its netns.
-	ips := podIPs(pod)
+	ips := podmeta.IPs(pod)
 	if len(ips) == 0 || pod.Status.Phase != corev1.PodRunning {
 		return OutcomeUnknown, nil // not started yet; its CNI ADD or a later update brings it
 	}

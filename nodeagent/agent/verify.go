@@ -58,9 +58,9 @@ func (a *Agent) verifyPod(ctx context.Context, uid string) {
 	if pod == nil {
 		return // its sync forgets it
 	}
-	if why := a.notCurrent(e, podIPs(pod)); why != "" {
+	if why := a.notCurrent(e, podmeta.IPs(pod)); why != "" {
 		s := podSync{pod: pod, inMesh: true}
-		if _, err := a.leaveSandbox(ctx, log, &s, e, podIPs(pod), why); err == nil {
+		if _, err := a.leaveSandbox(ctx, log, &s, e, podmeta.IPs(pod), why); err == nil {
 			a.queue.Add(uid)
 		}
 		return

@@ -42,7 +42,7 @@ func (a *Agent) Pods() []PodView {
 		seen[uid] = true
 		v := PodView{UID: uid, Namespace: p.Namespace, Name: p.Name, Phase: registry.Absent,
 			Annotation: p.Annotations[podmeta.AnnotationRedirection], Created: p.CreationTimestamp.Time}
-		for _, ip := range podIPs(p) {
+		for _, ip := range podmeta.IPs(p) {
 			v.IPs = append(v.IPs, ip.String())
 		}
 		if e, ok := a.reg.Get(uid); ok {

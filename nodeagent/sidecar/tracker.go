@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 )
@@ -174,7 +175,7 @@ func resultLabel(err error) string {
 
 func (t *Tracker) capture(ctx context.Context, pod *corev1.Pod, netnsPath string, ips []netip.Addr) error {
 	if len(ips) == 0 {
-		ips = podIPs(pod)
+		ips = podmeta.IPs(pod)
 	}
 	p, err := Parse(pod, ips)
 	if err != nil {
@@ -244,11 +245,11 @@ func (t *Tracker) Rebuild(ctx context.Context) {
 		if _, ok := t.Tracked(string(p.UID)); ok {
 			continue
 		}
-		if d := t.cfg.Policy.Decide(p, nil); !d.Sidecar || len(podIPs(p)) == 0 {
+		if d := t.cfg.Policy.Decide(p, nil); !d.Sidecar || len(podmeta.IPs(p)) == 0 {
 			continue
 		}
 		pods[string(p.UID)] = p
-		targets = append(targets, podnetns.Target{UID: string(p.UID), IPs: podIPs(p)})
+		targets = append(targets, podnetns.Target{UID: string(p.UID), IPs: podmeta.IPs(p)})
 	}
 	if len(targets) == 0 {
 		return
@@ -261,7 +262,7 @@ func (t *Tracker) Rebuild(ctx context.Context) {
 	verified := 0
 	for uid, h := range found {
 		p := pods[uid]
-		parsed, err := Parse(p, podIPs(p))
+		parsed, err := Parse(p, podmeta.IPs(p))
 		if err != nil {
 			h.Close()
 			t.log.Warn("restored sidecar pod has invalid annotations; not verified", "namespace", p.Namespace, "pod", p.Name, "error", err)
@@ -337,21 +338,6 @@ func summary(d iptables.Drift) string {
 	return s
 }
 
-func podIPs(p *corev1.Pod) []netip.Addr {
-	var out []netip.Addr
-	for _, ip := range p.Status.PodIPs {
-		if a, err := netip.ParseAddr(ip.IP); err == nil {
-			out = append(out, a.Unmap())
-		}
-	}
-	if len(out) == 0 && p.Status.PodIP != "" {
-		if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
-			out = append(out, a.Unmap())
-		}
-	}
-	return out
-}
-
 // ErrNotSidecar: the repair controller asked to program a pod that Istio's
 // skip order leaves alone (istio-init, no istio-proxy, a gateway,
 // inject=false, DISABLE_ENVOY, no status annotation).
@@ -368,7 +354,7 @@ func (t *Tracker) Repair(ctx context.Context, pod *corev1.Pod) error {
 	if capture, skip := policy.SidecarDecision(pod); !capture {
 		return fmt.Errorf("pod %s/%s: %w: %s", pod.Namespace, pod.Name, ErrNotSidecar, skip)
 	}
-	ips := podIPs(pod)
+	ips := podmeta.IPs(pod)
 	if len(ips) == 0 {
 		return fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
 	}
