@@ -2,24 +2,19 @@ package ztunnelemu
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"strconv"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
-)
 
-// soOriginalDst is SO_ORIGINAL_DST (IPv4, SOL_IP) and IP6T_SO_ORIGINAL_DST
-// (IPv6, SOL_IPV6): both 80.
-const soOriginalDst = 80
+	"github.com/ambientd/ambientd/internal/validation"
+)
 
 // listener is one TCP listener inside a workload's netns.
 type listener struct {
@@ -117,7 +112,7 @@ func (e *Emulator) acceptLoop(uid string, l *listener) {
 			return
 		}
 		rec := AcceptRecord{UID: uid, Port: l.port, Remote: c.RemoteAddr().String(), Local: c.LocalAddr().String(), At: time.Now()}
-		if dst, err := originalDst(c.(*net.TCPConn), l.v6); err != nil {
+		if dst, err := validation.OriginalDst(c.(*net.TCPConn), l.v6); err != nil {
 			rec.OrigDstError = err.Error()
 		} else {
 			rec.OrigDst = dst.String()
@@ -127,49 +122,4 @@ func (e *Emulator) acceptLoop(uid string, l *listener) {
 		fmt.Fprintf(c, "ztunnel-emulator uid=%s listener=%d orig_dst=%s\n", uid, l.port, rec.OrigDst)
 		c.Close()
 	}
-}
-
-// originalDst asks conntrack for the destination before REDIRECT.
-func originalDst(c *net.TCPConn, v6 bool) (netip.AddrPort, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	var out netip.AddrPort
-	var serr error
-	err = rc.Control(func(fd uintptr) {
-		if v6 {
-			var sa unix.RawSockaddrInet6
-			if serr = getsockopt(fd, unix.SOL_IPV6, soOriginalDst, unsafe.Pointer(&sa), unsafe.Sizeof(sa)); serr == nil {
-				out = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), port(sa.Port))
-			}
-			return
-		}
-		var sa unix.RawSockaddrInet4
-		if serr = getsockopt(fd, unix.SOL_IP, soOriginalDst, unsafe.Pointer(&sa), unsafe.Sizeof(sa)); serr == nil {
-			out = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port(sa.Port))
-		}
-	})
-	if err == nil {
-		err = serr
-	}
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", err)
-	}
-	return out, nil
-}
-
-// port converts a sockaddr port, stored in network byte order.
-func port(p uint16) uint16 {
-	b := (*[2]byte)(unsafe.Pointer(&p))
-	return binary.BigEndian.Uint16(b[:])
-}
-
-func getsockopt(fd uintptr, level, opt int, p unsafe.Pointer, size uintptr) error {
-	l := uint32(size)
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt), uintptr(p), uintptr(unsafe.Pointer(&l)), 0)
-	if errno != 0 {
-		return errno
-	}
-	return nil
 }
