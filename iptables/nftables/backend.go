@@ -236,27 +236,39 @@ func (b *Backend) verify(ctx context.Context, rs RuleSet) (rules.Drift, error) {
 
 // DeletePod deletes those of our tables that exist, in one transaction.
 func (b *Backend) DeletePod(ctx context.Context, v rules.View) error {
+	return b.deleteTables(ctx, v, PodTables())
+}
+
+// HoldsPod reports whether any of our pod tables exists.
+func (b *Backend) HoldsPod(_ context.Context, v rules.View) (bool, error) {
+	return b.holdsTables(v, PodTables())
+}
+
+// deleteTables deletes those of names (inet tables) that exist in the
+// namespace v reads, in one transaction; none there: no transaction.
+func (b *Backend) deleteTables(ctx context.Context, v rules.View, names []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	nv := view(v)
-	if nv != nil && len(nv.tables(PodTables())) == 0 {
-		return nil // nothing of ours: no transaction
+	if nv != nil && len(nv.tables(names)) == 0 {
+		return nil
 	}
 	c, done, err := b.open(nv)
 	if err != nil {
 		return err
 	}
 	defer done()
-	return b.remove(c, nv, PodTables())
+	return b.remove(c, nv, names)
 }
 
-// HoldsPod reports whether any of our pod tables exists.
-func (b *Backend) HoldsPod(_ context.Context, v rules.View) (bool, error) {
+// holdsTables reports whether any of names (inet tables) exists, from v
+// when the caller read the namespace already.
+func (b *Backend) holdsTables(v rules.View, names []string) (bool, error) {
 	if nv := view(v); nv != nil {
-		return nv.has(unix.NFPROTO_INET, PodTables(), nil), nil
+		return nv.has(unix.NFPROTO_INET, names, nil), nil
 	}
-	return b.holdsAny(PodTables()...)
+	return b.holdsAny(names...)
 }
 
 // --- host ---------------------------------------------------------------

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ambientd/ambientd/iptables/rules"
 )
 
@@ -121,25 +119,10 @@ func (b *Backend) VerifySidecar(ctx context.Context, o rules.SidecarOptions, v r
 // DeleteSidecar deletes the istio-proxy-* tables that exist, in one
 // transaction.
 func (b *Backend) DeleteSidecar(ctx context.Context, _ *rules.SidecarOptions, v rules.View) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	nv := view(v)
-	if nv != nil && len(nv.tables(SidecarTables())) == 0 {
-		return nil
-	}
-	c, done, err := b.open(nv)
-	if err != nil {
-		return err
-	}
-	defer done()
-	return b.remove(c, nv, SidecarTables())
+	return b.deleteTables(ctx, v, SidecarTables())
 }
 
 // HoldsSidecar reports whether an istio-proxy-* table exists.
 func (b *Backend) HoldsSidecar(_ context.Context, v rules.View) (bool, error) {
-	if nv := view(v); nv != nil {
-		return nv.has(unix.NFPROTO_INET, SidecarTables(), nil), nil
-	}
-	return b.holdsAny(SidecarTables()...)
+	return b.holdsTables(v, SidecarTables())
 }
