@@ -12,9 +12,10 @@ import (
 
 // The sidecar rules' netlink state inside the pod, as Istio sets it up:
 // with IPv6 captured, ::6 on lo (Envoy's inbound passthrough binds it);
-// under TPROXY with inbound capture, a policy route per family — packets
-// marked 1337 look up table 133, whose only route delivers everything
-// locally — so TPROXY'd connections reach Envoy's transparent listener.
+// under TPROXY with inbound capture, a policy route per family
+// (tproxyPolicy: packets marked 1337 look up table 133, whose only route
+// delivers everything locally) so TPROXY'd connections reach Envoy's
+// transparent listener.
 // These act on the calling thread's namespace (callers run them in inNS).
 
 func sidecarFams(o SidecarOptions) []int {
@@ -26,23 +27,6 @@ func sidecarFams(o SidecarOptions) []int {
 }
 
 func tproxyRoutes(o SidecarOptions) bool { return o.TProxy() && o.InboundCaptured() }
-
-func isTProxyRule(r netlink.Rule) bool {
-	return r.Table == SidecarTProxyTable && r.Mark == SidecarTProxyMark && !r.Invert &&
-		(r.Mask == nil || *r.Mask == 0xffffffff)
-}
-
-func tproxyRuleText(fam int) string {
-	return fmt.Sprintf("ip %srule fwmark %#x/0xffffffff lookup %d", famName(fam), SidecarTProxyMark, SidecarTProxyTable)
-}
-
-func tproxyRouteText(fam int) string {
-	dst := "0.0.0.0/0"
-	if fam == netlink.FAMILY_V6 {
-		dst = "::/0"
-	}
-	return fmt.Sprintf("ip %sroute local %s dev lo table %d", famName(fam), dst, SidecarTProxyTable)
-}
 
 const passthroughV6Text = "ip -6 addr add ::6/128 dev lo"
 
@@ -81,56 +65,6 @@ func (s *sidecarNet) hasPassthrough() (bool, error) {
 	return false, nil
 }
 
-func (s *sidecarNet) hasTProxyRule(fam int) (bool, error) {
-	rs, err := s.h.RuleList(fam)
-	if err != nil {
-		return false, fmt.Errorf("listing ip rules: %w", err)
-	}
-	for _, r := range rs {
-		if isTProxyRule(r) {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-func (s *sidecarNet) tproxyRoutes(fam int) ([]netlink.Route, error) {
-	rs, err := s.h.RouteListFiltered(fam, &netlink.Route{Table: SidecarTProxyTable}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("listing routes of table %d: %w", SidecarTProxyTable, err)
-	}
-	var out []netlink.Route
-	for _, r := range rs {
-		ones := 0
-		if r.Dst != nil {
-			ones, _ = r.Dst.Mask.Size()
-		}
-		if r.Type == unix.RTN_LOCAL && r.LinkIndex == s.lo.Attrs().Index && ones == 0 {
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
-
-func tproxyRule(fam int) *netlink.Rule {
-	r := netlink.NewRule()
-	r.Family = fam
-	r.Mark = SidecarTProxyMark
-	mask := uint32(0xffffffff)
-	r.Mask = &mask
-	r.Table = SidecarTProxyTable
-	return r
-}
-
-func tproxyRoute(fam int, lo netlink.Link) *netlink.Route {
-	dst := &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
-	scope := netlink.SCOPE_HOST
-	if fam == netlink.FAMILY_V6 {
-		dst, scope = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, netlink.SCOPE_UNIVERSE
-	}
-	return &netlink.Route{Family: fam, LinkIndex: lo.Attrs().Index, Dst: dst, Table: SidecarTProxyTable, Type: unix.RTN_LOCAL, Scope: scope}
-}
-
 // ensureSidecarNet adds what o needs and is missing.
 func ensureSidecarNet(o SidecarOptions) error {
 	s, err := openSidecarNet()
@@ -150,21 +84,7 @@ func ensureSidecarNet(o SidecarOptions) error {
 	if !tproxyRoutes(o) {
 		return nil
 	}
-	for _, fam := range sidecarFams(o) {
-		ok, err := s.hasTProxyRule(fam)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			if err := s.h.RuleAdd(tproxyRule(fam)); err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("%s: %w", tproxyRuleText(fam), err)
-			}
-		}
-		if err := s.h.RouteReplace(tproxyRoute(fam, s.lo)); err != nil {
-			return fmt.Errorf("%s: %w", tproxyRouteText(fam), err)
-		}
-	}
-	return nil
+	return tproxyPolicy.ensure(s.h, s.lo, sidecarFams(o))
 }
 
 // verifySidecarNet reports what o needs and is missing.
@@ -185,19 +105,8 @@ func verifySidecarNet(o SidecarOptions) (Drift, error) {
 	if !tproxyRoutes(o) {
 		return d, nil
 	}
-	for _, fam := range sidecarFams(o) {
-		if ok, err := s.hasTProxyRule(fam); err != nil {
-			return d, err
-		} else if !ok {
-			d.Missing = append(d.Missing, tproxyRuleText(fam))
-		}
-		if rs, err := s.tproxyRoutes(fam); err != nil {
-			return d, err
-		} else if len(rs) == 0 {
-			d.Missing = append(d.Missing, tproxyRouteText(fam))
-		}
-	}
-	return d, nil
+	err = tproxyPolicy.missing(s.h, s.lo, sidecarFams(o), &d)
+	return d, err
 }
 
 // deleteSidecarNet removes the TPROXY policy route of both families
@@ -208,30 +117,5 @@ func deleteSidecarNet() error {
 		return err
 	}
 	defer s.h.Close()
-	var errs []error
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := s.h.RuleList(fam)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, r := range rs {
-			if isTProxyRule(r) {
-				if err := s.h.RuleDel(&r); err != nil && !errors.Is(err, unix.ENOENT) {
-					errs = append(errs, fmt.Errorf("deleting %s: %w", tproxyRuleText(fam), err))
-				}
-			}
-		}
-		routes, err := s.tproxyRoutes(fam)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, r := range routes {
-			if err := s.h.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("deleting %s: %w", tproxyRouteText(fam), err))
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return tproxyPolicy.delete(s.h, s.lo)
 }
