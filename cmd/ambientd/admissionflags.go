@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/ambientd/ambientd/nodeagent/kube"
 	"io"
 	"os"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ambientd/ambientd/admission"
+	"github.com/ambientd/ambientd/nodeagent/kube"
 )
 
 // settingsFlags are the agent settings `inject` and `check` decide with

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 
 	"github.com/ambientd/ambientd/test/infra/kubetest"
@@ -65,7 +66,11 @@ func testHandOver(t *testing.T, upgrade bool) {
 			t.Fatal(err)
 		}
 	}
-	var ci *cniInstall
+	var (
+		ci       *daemon.Installer
+		inst     *cniinstall.Installer
+		shutdown *cniinstall.ShutdownRule
+	)
 	var ours *iptables.Manager
 	inNS(t, node, func() error {
 		var err error
@@ -79,19 +84,19 @@ func testHandOver(t *testing.T, upgrade bool) {
 		if err := ours.EnsureHostRules(ctx); err != nil {
 			return err
 		}
-		ci, err = newCNIInstall(installFlags{namespace: "istio-system", daemonSet: "ambientd"},
-			cniinstall.Config{BinSource: src, BinDir: bin, ConfDir: conf, Entry: cniinstall.Entry{Type: "ambientd-cni"}},
-			"n1", kubetest.Wrap(client), ours, iptables.SuccessorIstio, log)
+		inst, err = cniinstall.New(cniinstall.Config{BinSource: src, BinDir: bin, ConfDir: conf, Entry: cniinstall.Entry{Type: "ambientd-cni"}}, log)
 		if err != nil {
 			return err
 		}
-		_, err = ci.inst.Install()
+		shutdown = cniinstall.NewShutdownRule(kubetest.Wrap(client), "istio-system", "ambientd", "n1")
+		ci = daemon.NewInstaller(inst, shutdown, ours, iptables.SuccessorIstio, log)
+		_, err = inst.Install()
 		return err
 	})
 	if err := ours.ApplyPod(ctx, pod, iptables.PodOptions{DNSCapture: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ci.shutdown.Probe(ctx); err != nil {
+	if err := shutdown.Probe(ctx); err != nil {
 		t.Fatal(err)
 	}
 

@@ -25,6 +25,7 @@ import (
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
@@ -372,10 +373,12 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	if f.installCNI {
 		cfg, _ := f.install.config(f.cniSocket, f.excluded()) // validated
 		successor, _ := iptables.ParseSuccessor(f.handover)   // validated
-		ci, err := newCNIInstall(f.install, cfg, f.nodeName, client, rules, successor, log.With("component", "cni-install"))
+		ilog := log.With("component", "cni-install")
+		inst, err := cniinstall.New(cfg, ilog)
 		if err != nil {
 			return err
 		}
+		ci := daemon.NewInstaller(inst, cniinstall.NewShutdownRule(client, f.install.namespace, f.install.daemonSet, f.nodeName), rules, successor, ilog)
 		defer ci.Finish()
 		ac.HandOver = ci.HandOver
 		pluginInstalled = ci.Check

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/nodeagent/daemon"
 )
 
 // uninstallCmd removes ambientd from this node: the plugin's config entry
@@ -90,7 +91,7 @@ func runUninstall(ctx context.Context, args []string, getenv func(string) string
 			rules, err = iptables.NewManager(ctx, iptables.Config{IPv6: false, Mode: m}, log.With("component", "iptables"))
 		}
 		if err == nil {
-			err = uninstallNode(ctx, installer, rules)
+			err = daemon.UninstallNode(ctx, installer, rules)
 		}
 	}
 	if err != nil {
