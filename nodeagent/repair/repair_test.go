@@ -201,8 +201,9 @@ func TestRepairMode(t *testing.T) {
 	cfg.MaxAttempts = 3
 	c2, _, _ := newController(t, cfg, failing, pod("broken"))
 	run(t, c2)
-	waitFor(t, "three attempts", func() bool { return failing.count() == 3 })
-	time.Sleep(1500 * time.Millisecond)
+	// Given up: the third failure forgot the key (no retry is queued).
+	broken := types.NamespacedName{Namespace: "demo", Name: "broken"}
+	waitFor(t, "three attempts, then given up", func() bool { return failing.count() == 3 && c2.queue.NumRequeues(broken) == 0 })
 	if n := failing.count(); n != 3 {
 		t.Errorf("%d attempts, want 3 (MaxAttempts)", n)
 	}
@@ -293,8 +294,11 @@ func TestRepairModeSkipsPodsNotToCapture(t *testing.T) {
 	r := &skippingRepairer{fakeRepairer{err: fmt.Errorf("pod demo/broken: %w", errNotSidecar)}}
 	c, _, _ := newController(t, cfg, r, pod("broken"))
 	run(t, c)
-	waitFor(t, "the skip", func() bool { return testutil.ToFloat64(c.repaired.WithLabelValues("repair", "skip")) == 1 })
-	time.Sleep(1500 * time.Millisecond)
+	// Skipped: the key is forgotten (no retry is queued).
+	broken := types.NamespacedName{Namespace: "demo", Name: "broken"}
+	waitFor(t, "the skip", func() bool {
+		return testutil.ToFloat64(c.repaired.WithLabelValues("repair", "skip")) == 1 && c.queue.NumRequeues(broken) == 0
+	})
 	if n := r.count(); n != 1 {
 		t.Errorf("asked %d times, want once (no retry)", n)
 	}
