@@ -314,6 +314,13 @@ type harness struct {
 
 const node = "node-1"
 
+// reactor, among a harness's objects, is prepended to the fake client's
+// reactors before anything runs.
+type reactor struct {
+	verb, resource string
+	fn             k8stesting.ReactionFunc
+}
+
 func newHarness(t testing.TB, objs ...any) *harness {
 	t.Helper()
 	return newHarnessWith(t, nil, objs...)
@@ -336,6 +343,10 @@ func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...
 			_, err = client.CoreV1().Namespaces().Create(context.Background(), o, metav1.CreateOptions{})
 		case *corev1.Pod:
 			_, err = client.CoreV1().Pods(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{})
+		case reactor:
+			// Before the informers start: the fake's reactor chain is
+			// not safe to change while they list and watch.
+			client.PrependReactor(o.verb, o.resource, o.fn)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -1163,13 +1174,13 @@ func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 // falls back to direct GETs whose backoff doubles up to a cap — not a GET
 // every few milliseconds.
 func TestLookupIsGentle(t *testing.T) {
-	h := newHarnessWith(t, func(c *Config) { c.PodLookupTimeout, c.CacheWait = 2*time.Second, time.Second },
-		namespace("app", true))
 	var gets atomic.Int32
-	h.client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+	countGets := reactor{"get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 		gets.Add(1)
 		return false, nil, nil
-	})
+	}}
+	h := newHarnessWith(t, func(c *Config) { c.PodLookupTimeout, c.CacheWait = 2*time.Second, time.Second },
+		namespace("app", true), countGets)
 	h.zt.connect()
 
 	// Appears in the informer while the ADD waits for it: no GET.
