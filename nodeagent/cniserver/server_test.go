@@ -94,7 +94,7 @@ func startServer(t *testing.T, h Handler, cfg Config) (*Server, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	waitFor(t, "server serving", func() bool { return s.Serving() })
+	testutil.WaitFor(t, "server serving", func() bool { return s.Serving() })
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -119,11 +119,6 @@ func startServer(t *testing.T, h Handler, cfg Config) (*Server, func()) {
 	}
 	t.Cleanup(stop)
 	return s, stop
-}
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	testutil.Eventually(t, what, 30*time.Second, cond)
 }
 
 func dial(t *testing.T, sock string) *grpc.ClientConn {
@@ -235,7 +230,7 @@ func TestDeadlinePropagatesAndNothingLeaks(t *testing.T) {
 		ln.Close()
 	}
 	before := runtime.NumGoroutine()
-	fdsBefore := countFDs(t)
+	fdsBefore := testutil.CountFDs(t)
 	rec := &recorder{block: true}
 	s, stop := startServer(t, rec, Config{})
 	conn := dial(t, s.cfg.SocketPath)
@@ -247,16 +242,8 @@ func TestDeadlinePropagatesAndNothingLeaks(t *testing.T) {
 	}
 	conn.Close()
 	stop()
-	waitFor(t, "goroutines to return to baseline", func() bool { return runtime.NumGoroutine() <= before })
-	waitFor(t, "fds to return to baseline", func() bool { return countFDs(t) <= fdsBefore })
-}
-
-func countFDs(t testing.TB) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatalf("read /proc/self/fd: %v", err)
-	}
-	return len(ents)
+	testutil.WaitFor(t, "goroutines to return to baseline", func() bool { return runtime.NumGoroutine() <= before })
+	testutil.WaitFor(t, "fds to return to baseline", func() bool { return testutil.CountFDs(t) <= fdsBefore })
 }
 
 func TestSocketLifecycle(t *testing.T) {

@@ -24,11 +24,7 @@ func testLogger(t testing.TB) *slog.Logger {
 	return testutil.Logger(t, slog.LevelInfo)
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return testutil.Context(t, testTimeout) }
 
 // socketPath returns a short path (sun_path is 108 bytes) in a dir that does
 // not exist yet: Run must create it.
@@ -90,7 +86,7 @@ func runServer(t testing.TB, cfg Config, src SnapshotSource) (*Server, func()) {
 	}
 	t.Cleanup(stop)
 	// Serving once the socket exists.
-	waitUntil(t, "server socket", func() bool { _, err := os.Stat(cfg.SocketPath); return err == nil })
+	testutil.WaitFor(t, "server socket", func() bool { _, err := os.Stat(cfg.SocketPath); return err == nil })
 	return s, stop
 }
 
@@ -134,12 +130,6 @@ func waitState(t testing.TB, e *ztunnelemu.Emulator, what string, cond func(ztun
 		t.Fatalf("waiting for %s: %v", what, err)
 	}
 	return e.State()
-}
-
-// waitUntil polls cond with a deadline; for state outside the emulator.
-func waitUntil(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	testutil.Eventually(t, what, testTimeout, cond)
 }
 
 // testNetns is a throwaway network namespace and a Handle on it, as the
