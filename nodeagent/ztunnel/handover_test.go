@@ -67,7 +67,7 @@ func TestHandoverToRemainingConnection(t *testing.T) {
 		SnapshotEntry{Workload: wl("elsewhere"), Netns: other.File})
 	stopNew()
 
-	st := waitState(t, old, "held pod handed over", func(s ztunnelemu.State) bool { _, ok := s.Workload("held"); return ok })
+	st := ztunnelemu.Await(t, old, "held pod handed over", func(s ztunnelemu.State) bool { _, ok := s.Workload("held"); return ok })
 	if w, _ := st.Workload("held"); w.NetnsInode != held.Inode {
 		t.Errorf("handover Add carried inode %d, want %d", w.NetnsInode, held.Inode)
 	}

@@ -118,18 +118,10 @@ func runEmu(t testing.TB, cfg ztunnelemu.Config) (*ztunnelemu.Emulator, func()) 
 // waitEmu waits until the emulator's current connection has its snapshot.
 func waitSnapshot(t testing.TB, e *ztunnelemu.Emulator, connID int) ztunnelemu.State {
 	t.Helper()
-	return waitState(t, e, "snapshot on conn", func(s ztunnelemu.State) bool {
+	return ztunnelemu.Await(t, e, "snapshot on conn", func(s ztunnelemu.State) bool {
 		c, ok := s.Conn(connID)
 		return ok && c.SnapshotSent && s.CurrentConn == connID
 	})
-}
-
-func waitState(t testing.TB, e *ztunnelemu.Emulator, what string, cond func(ztunnelemu.State) bool) ztunnelemu.State {
-	t.Helper()
-	if err := e.WaitFor(ctxT(t), cond); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
-	return e.State()
 }
 
 // testNetns is a throwaway network namespace and a Handle on it, as the

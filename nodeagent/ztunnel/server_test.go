@@ -512,7 +512,7 @@ func TestSocketFileHandling(t *testing.T) {
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket left behind: %v", err)
 	}
-	waitState(t, e, "emulator sees the hangup", func(st ztunnelemu.State) bool { return !st.Connected })
+	ztunnelemu.Await(t, e, "emulator sees the hangup", func(st ztunnelemu.State) bool { return !st.Connected })
 
 	if err := os.WriteFile(path, []byte("not a socket"), 0o644); err != nil {
 		t.Fatal(err)
