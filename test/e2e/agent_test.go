@@ -330,16 +330,7 @@ func TestAgentRestartBeforeAnnotationLands(t *testing.T) {
 	}
 	testutil.Until(t, ctx, "agent cache has the new pods", func() bool { return informerPods(t, ctx, a) >= cachedBefore+n })
 
-	if err := testEnv.CP.APIServer.Stop(10 * time.Second); err != nil {
-		t.Fatalf("stop kube-apiserver: %v", err)
-	}
-	apiUp := false
-	t.Cleanup(func() {
-		if !apiUp {
-			_ = testEnv.CP.APIServer.Start()
-			_ = testEnv.CP.WaitReady(context.Background())
-		}
-	})
+	restartAPIServer := stopAPIServer(t, ctx)
 
 	// The runtime's part with the API down: sandbox + CNI chain. The agent
 	// programs the rules and ztunnel acks; the annotation patches queue.
@@ -378,13 +369,7 @@ func TestAgentRestartBeforeAnnotationLands(t *testing.T) {
 	if err := a.Kill(); err != nil {
 		t.Fatalf("SIGKILL agent: %v", err)
 	}
-	if err := testEnv.CP.APIServer.Start(); err != nil {
-		t.Fatalf("restart kube-apiserver: %v", err)
-	}
-	if err := testEnv.CP.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	apiUp = true
+	restartAPIServer()
 	// The kubelet's status update, once it reaches the API again: Running
 	// with the IPs, except the last pod, still running its init containers
 	// (phase Pending with its IPs). For the Running pods the restarted agent's
@@ -482,36 +467,12 @@ func TestAgentNackKeepsPodPending(t *testing.T) {
 func TestAgentAPIServerDown(t *testing.T) {
 	s := newScenario(t, "apidown", within(6*time.Minute))
 	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
-	if err := testEnv.EnsureServiceAccount(ctx, nsName, "default"); err != nil {
-		t.Fatal(err)
-	}
 	cachedBefore := informerPods(t, ctx, a)
-	obj, err := testEnv.CP.Admin.CoreV1().Pods(nsName).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "offline", Namespace: nsName},
-		Spec: corev1.PodSpec{NodeName: testEnv.NodeName, ServiceAccountName: "default",
-			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/e2e/app:1"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = testEnv.CP.Admin.CoreV1().Pods(nsName).Delete(cctx, "offline", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-	})
+	obj := createObjectOnly(t, ctx, nsName, "offline")
 	// The agent's cache must know the pod before the API goes away.
 	testutil.Until(t, ctx, "agent cache has the new pod", func() bool { return informerPods(t, ctx, a) > cachedBefore })
 
-	if err := testEnv.CP.APIServer.Stop(10 * time.Second); err != nil {
-		t.Fatalf("stop kube-apiserver: %v", err)
-	}
-	apiUp := false
-	t.Cleanup(func() {
-		if !apiUp {
-			_ = testEnv.CP.APIServer.Start()
-			_ = testEnv.CP.WaitReady(context.Background())
-		}
-	})
+	restartAPIServer := stopAPIServer(t, ctx)
 
 	netns, err := e2eenv.NewNetns(filepath.Join(testEnv.Dir, "netns"), nsName+"_offline")
 	if err != nil {
@@ -533,13 +494,7 @@ func TestAgentAPIServerDown(t *testing.T) {
 		t.Errorf("no rules in the pod programmed while the API was down:\n%s", rules)
 	}
 
-	if err := testEnv.CP.APIServer.Start(); err != nil {
-		t.Fatalf("restart kube-apiserver: %v", err)
-	}
-	if err := testEnv.CP.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	apiUp = true
+	restartAPIServer()
 	waitAnnotation(t, ctx, pod, "enabled")
 }
 

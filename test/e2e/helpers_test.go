@@ -487,3 +487,29 @@ func startAgentEnv(t *testing.T, ctx context.Context, env ...string) *e2eenv.Age
 	t.Helper()
 	return startAgentWith(t, ctx, e2eenv.AgentConfig{Env: env})
 }
+
+// stopAPIServer stops the kube-apiserver and returns what starts it again
+// and waits until it serves; if the test ends first, a cleanup starts it.
+func stopAPIServer(t *testing.T, ctx context.Context) (restart func()) {
+	t.Helper()
+	if err := testEnv.CP.APIServer.Stop(10 * time.Second); err != nil {
+		t.Fatalf("stop kube-apiserver: %v", err)
+	}
+	up := false
+	t.Cleanup(func() {
+		if !up {
+			_ = testEnv.CP.APIServer.Start()
+			_ = testEnv.CP.WaitReady(context.Background())
+		}
+	})
+	return func() {
+		t.Helper()
+		if err := testEnv.CP.APIServer.Start(); err != nil {
+			t.Fatalf("restart kube-apiserver: %v", err)
+		}
+		if err := testEnv.CP.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		up = true
+	}
+}
