@@ -38,7 +38,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
 
 # Enrollment benchmark on the real control plane and CNI chain (root):
-# BENCH_PODS=300 make bench-e2e; results go in bench/results-<date>.md.
+# BENCH_PODS=300 make bench-e2e; results go in docs/bench/.
 bench-e2e:
 	hack/bench-e2e.sh
 
