@@ -8,7 +8,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/ambientd/ambientd/test/infra/testutil"
 	tu "github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -19,7 +18,7 @@ import (
 //
 //	go test -run '^$' -bench SidecarCapture -benchtime 40x ./nodeagent/sidecar/
 func BenchmarkSidecarCapture(b *testing.B) {
-	testutil.RequireIptables(b, "nft")
+	tu.RequireIptables(b, "nft")
 	for _, mode := range allModes {
 		for _, golden := range []string{"dualstack", "dns-capture"} {
 			b.Run(string(mode)+"/"+golden, func(b *testing.B) {
