@@ -150,7 +150,7 @@ func checkLink(f, target string, anchors map[string][]string) string {
 }
 
 // checkPath checks a code span that names a repository path: its first
-// word, without a line number, a trailing "..." or slash, or a Go symbol
+// word, without a line number, a trailing "..." ("…") or slash, or a Go symbol
 // after a package path. Spans with placeholders or globs are skipped.
 func checkPath(span string, tops []string) string {
 	word := strings.Fields(span + " ")[0]
@@ -159,7 +159,7 @@ func checkPath(span string, tops []string) string {
 		return ""
 	}
 	p := lineSuffix.ReplaceAllString(word, "")
-	p = strings.TrimSuffix(strings.TrimSuffix(p, "..."), "/")
+	p = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(p, "..."), "…"), "/")
 	if exists(p) {
 		return ""
 	}
