@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -151,27 +150,16 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 	}
 	h.agent = a
 	h.zt.source = a.Snapshot
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	// As the daemon does: the informers start once the agent added its
 	// handlers, and the ztunnel server once the agent is ready.
-	deps.Informers.Start(ctx.Done())
-	go a.RunStatusWriter(ctx)
-	go func() { done <- a.Run(ctx, func() { go h.zt.Run(ctx) }) }()
-	var once sync.Once
+	stopAgent := testutil.Run(t, func(ctx context.Context) error {
+		deps.Informers.Start(ctx.Done())
+		go a.RunStatusWriter(ctx)
+		return a.Run(ctx, func() { go h.zt.Run(ctx) })
+	})
 	h.stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Error("Run did not return after cancel")
-			}
-			deps.Informers.Shutdown()
-		})
+		stopAgent()
+		deps.Informers.Shutdown()
 	}
 	t.Cleanup(h.stop)
 	h.waitFor("agent running", func() bool { return a.running.Load() })

@@ -91,32 +91,17 @@ func startServer(t *testing.T, h Handler, cfg Config) (*Server, func()) {
 		cfg.SocketPath = filepath.Join(t.TempDir(), "run", "cni.sock")
 	}
 	s := New(cfg, h, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	stopRun := testutil.Run(t, s.Run)
 	testutil.WaitFor(t, "server serving", func() bool { return s.Serving() })
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return after cancel")
-		}
+	stop := sync.OnceFunc(func() {
+		stopRun()
 		if s.Serving() {
 			t.Error("Serving() still true after Run returned")
 		}
 		if _, err := os.Lstat(cfg.SocketPath); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("socket left behind after Run returned: %v", err)
 		}
-	}
+	})
 	t.Cleanup(stop)
 	return s, stop
 }

@@ -1015,8 +1015,15 @@ func watchReady(t *testing.T, ctx context.Context, ns string, check func(p *core
 			check(p)
 		}
 	}
-	// An informer, not a bare watch: it lists and watches again if the
-	// apiserver ends a watch.
+	observePods(t, ctx, ns, observe)
+	return rw
+}
+
+// observePods calls observe with every version of ns's pods, added or
+// updated, until the test ends. An informer, not a bare watch: it lists and
+// watches again if the apiserver ends a watch.
+func observePods(t *testing.T, ctx context.Context, ns string, observe func(obj any)) {
+	t.Helper()
 	f := informers.NewSharedInformerFactoryWithOptions(node.Env.CP.Admin, 0, informers.WithNamespace(ns))
 	inf := f.Core().V1().Pods().Informer()
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -1031,7 +1038,6 @@ func watchReady(t *testing.T, ctx context.Context, ns string, check func(p *core
 	if !cache.WaitForCacheSync(wctx.Done(), inf.HasSynced) {
 		t.Fatal("pod informer did not sync")
 	}
-	return rw
 }
 
 func (rw *readyWatch) ready(name string) time.Time {

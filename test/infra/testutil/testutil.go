@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -110,4 +111,28 @@ type logWriter struct{ t testing.TB }
 func (w logWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p[:len(p)-1]))
 	return len(p), nil
+}
+
+// Run runs run in a goroutine with a context of its own and returns stop,
+// which cancels that context and waits up to Timeout for run to return,
+// failing the test with run's error or when it does not return. stop does
+// its work once; the test's cleanup calls it too.
+func Run(t testing.TB, run func(ctx context.Context) error) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
+		case <-time.After(Timeout):
+			t.Errorf("run did not return within %v of its context's end", Timeout)
+		}
+	})
+	t.Cleanup(stop)
+	return stop
 }
