@@ -42,10 +42,7 @@ func annotation(t *testing.T, c *fake.Clientset, name string) (string, bool) {
 }
 
 func start(t *testing.T, p *Patcher) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { p.Run(ctx, 2) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	testutil.Run(t, func(ctx context.Context) error { p.Run(ctx, 2); return nil })
 }
 
 func TestSetRetriesUntilLanded(t *testing.T) {

@@ -157,12 +157,7 @@ func newController(t *testing.T, cfg Config, r Repairer, pods ...*corev1.Pod) (*
 	return c, client, rec
 }
 
-func run(t *testing.T, c *Controller) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = c.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-}
+func run(t *testing.T, c *Controller) { testutil.Run(t, c.Run) }
 
 func event(t *testing.T, rec *record.FakeRecorder, want string) {
 	t.Helper()

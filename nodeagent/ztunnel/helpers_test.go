@@ -67,24 +67,7 @@ func runServer(t testing.TB, cfg Config, src SnapshotSource) (*Server, func()) {
 		cfg.SocketPath = socketPath(t)
 	}
 	s := NewServer(cfg, testLogger(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, src) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("server Run: %v", err)
-				}
-			case <-time.After(testTimeout):
-				t.Error("server did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
+	stop := testutil.Run(t, func(ctx context.Context) error { return s.Run(ctx, src) })
 	// Serving once the socket exists.
 	testutil.WaitFor(t, "server socket", func() bool { _, err := os.Stat(cfg.SocketPath); return err == nil })
 	return s, stop
