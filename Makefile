@@ -38,7 +38,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
 
 # Enrollment benchmark on the real control plane and CNI chain (root):
-# BENCH_PODS=300 make bench-e2e; results go in bench/results-<date>.md.
+# BENCH_PODS=300 make bench-e2e; results go in docs/bench/.
 bench-e2e:
 	hack/bench-e2e.sh
 
@@ -103,8 +103,12 @@ generate:
 	@command -v protoc >/dev/null || hack/deps.sh
 	hack/generate.sh
 
+# Also the docs check (docs/links_test.go): every relative link in README.md
+# and docs/ leads to a file and heading that exist, and every repository path
+# the docs name exists.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) test -count=1 ./docs/
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./test/...
 	$(GO) vet -tags e2enode ./test/...

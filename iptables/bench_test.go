@@ -27,7 +27,7 @@ import (
 //
 //	go test -run '^$' -bench PodRules -benchtime 40x ./iptables/
 func BenchmarkPodRules(b *testing.B) {
-	requireTools(b)
+	testutil.RequireIptables(b)
 	b.Run("nftables/netlink", func(b *testing.B) { benchPod(b, ModeNFTables, false) })
 	for _, mode := range modes {
 		for _, way := range []string{"batch", "naive"} {

@@ -10,7 +10,7 @@ import (
 // TestDumpPod: the live-rules dump of a pod shows the rules ApplyPod put
 // there, in every backend, from inside the pod's netns only.
 func TestDumpPod(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	testutil.RequireBinary(t, "nft")
 	for _, tt := range []struct {
 		mode Mode

@@ -22,18 +22,7 @@ var modes = []Mode{ModeLegacy, ModeNFT}
 // allModes adds the native nftables backend to the iptables variants.
 var allModes = []Mode{ModeLegacy, ModeNFT, ModeNFTables}
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func requireTools(t testing.TB) {
-	t.Helper()
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "iptables-legacy-save", "iptables-legacy-restore", "iptables-nft-save", "iptables-nft-restore",
-		"ip6tables-legacy-save", "ip6tables-legacy-restore", "ip6tables-nft-save", "ip6tables-nft-restore")
-}
+func testCtx(t testing.TB) context.Context { return testutil.Context(t, 2*time.Minute) }
 
 // newNS makes a throwaway network namespace with lo up, removed at cleanup.
 func newNS(t testing.TB) ns.NetNS {

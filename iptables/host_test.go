@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // probeSets lists both probe sets of n as "ip=comment"; a set that does not
@@ -311,7 +312,7 @@ func verifyHostIn(t testing.TB, node ns.NetNS, m *Manager) (Drift, error) {
 // its IPv6 connections are not left redirected to a ztunnel that no longer
 // serves it. An IPv4-only pod costs no extra process.
 func TestDeletePodRemovesIPv6RulesWithIPv6Off(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx := testCtx(t)

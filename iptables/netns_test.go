@@ -35,7 +35,7 @@ func foreignPresent(save, tag string) bool {
 }
 
 func TestPodRulesInNetns(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	for _, mode := range modes {
 		for _, c := range goldenPodCases() {
 			if !strings.HasPrefix(c.name, "pod_v6") && !strings.HasSuffix(c.name, "reroute") {
@@ -143,7 +143,7 @@ func testPodRules(t *testing.T, mode Mode, c goldenCase) {
 // TestPolicyRouteInNetns checks the route and rule ApplyPod installs, as ip
 // prints them, for both families.
 func TestPolicyRouteInNetns(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	ctx := testCtx(t)
 	m := newTestManager(t, ModeNFT, Config{IPv6: true})
 	pod := newNS(t)
@@ -167,7 +167,7 @@ func TestPolicyRouteInNetns(t *testing.T) {
 
 // TestBadInput: errors are clear, nothing leaks.
 func TestBadInput(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	ctx := testCtx(t)
 	if _, err := NewManager(ctx, Config{Mode: "xtables"}, nil); err == nil || !strings.Contains(err.Error(), `"xtables"`) {
 		t.Errorf("NewManager with a bad mode: %v", err)
@@ -229,7 +229,7 @@ func TestBadInput(t *testing.T) {
 // per family to apply to a fresh pod and to delete, one save per family to
 // verify, save-only for a re-apply that finds nothing to change.
 func TestProcessBudget(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx := testCtx(t)
@@ -270,7 +270,7 @@ func TestProcessBudget(t *testing.T) {
 // follows the one that holds rules in the current namespace (the node's),
 // nft when neither or both hold the same count.
 func TestDetectMode(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	tests := []struct {
 		name   string
 		legacy int // rules put in with iptables-legacy

@@ -15,7 +15,7 @@ import (
 
 func requireNFT(t testing.TB) {
 	t.Helper()
-	requireTools(t)
+	testutil.RequireIptables(t)
 	testutil.RequireBinary(t, "nft")
 }
 

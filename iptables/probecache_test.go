@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestProbeCacheStale: the manager's copy of the probe sets goes stale
@@ -75,7 +77,7 @@ func testProbeCacheStale(t *testing.T, mode Mode) {
 //
 //	go test -run '^$' -bench AddProbeIPs -benchtime 200x ./iptables/
 func BenchmarkAddProbeIPs(b *testing.B) {
-	requireTools(b)
+	testutil.RequireIptables(b)
 	for _, mode := range allModes {
 		b.Run(string(mode), func(b *testing.B) { benchAddProbe(b, mode, false) })
 		b.Run(string(mode)+"/relist", func(b *testing.B) { benchAddProbe(b, mode, true) })

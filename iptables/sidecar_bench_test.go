@@ -26,7 +26,7 @@ var benchSidecarOptions = SidecarOptions{
 //
 //	go test -run '^$' -bench 'PodRules|SidecarRules' -benchtime 40x ./iptables/
 func BenchmarkSidecarRules(b *testing.B) {
-	requireTools(b)
+	testutil.RequireIptables(b)
 	for _, mode := range allModes {
 		b.Run(string(mode), func(b *testing.B) {
 			ctx := testCtx(b)

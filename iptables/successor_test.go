@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 func TestParseSuccessor(t *testing.T) {
@@ -52,7 +54,7 @@ func legacyTables(t *testing.T, node ns.NetNS, f Family) string {
 // created (as Istio's probe would) so both use legacy; in native nftables
 // mode nftables unless an iptables-mode probe ipset exists.
 func TestSuccessorMode(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	requireNFT(t)
 	type tc struct {
 		name  string

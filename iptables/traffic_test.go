@@ -18,6 +18,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // Addresses of the two-namespace traffic setup.
@@ -289,7 +291,7 @@ func ask(n ns.NetNS, network string, dst netip.AddrPort, o dialOpts) (string, er
 }
 
 func TestTrafficCapture(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	for _, mode := range allModes {
 		for _, mark := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/listener-mark=%v", mode, mark), func(t *testing.T) {
@@ -418,7 +420,7 @@ func normalizeOrigDst(s string) string {
 // its IPv6 goes direct, on every backend (nftables pins its family-agnostic
 // rules to IPv4, so DNS and marks behave as with the iptables backends).
 func TestTrafficIPv6Off(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t)
 	for _, mode := range allModes {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx := testCtx(t)

@@ -4,520 +4,37 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"maps"
-	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
-	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
-	"github.com/ambientd/ambientd/test/infra/kubetest"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
-// fakeZtunnel records requests; it is "connected" when connected is true and
-// nacks the uids in nack.
-type fakeZtunnel struct {
-	mu        sync.Mutex
-	connected bool
-	nack      map[string]string
-	adds      []ztunnel.Workload
-	attempts  map[string]int // AddWorkload calls per uid, failed ones too
-	dels      []string
-	delErr    error // when set, DelWorkload fails with it
-	subs      []chan struct{}
-	// source is the agent's snapshot source; Run records what it holds when
-	// the agent starts the ztunnel server (right after its restart rebuild),
-	// as the first snapshot a connecting ztunnel would get.
-	source    func() []ztunnel.SnapshotEntry
-	firstSnap []ztunnel.SnapshotEntry
-	snapTaken bool
-}
-
-func (z *fakeZtunnel) AddWorkload(_ context.Context, w ztunnel.Workload, netns *podnetns.Handle) error {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if z.attempts == nil {
-		z.attempts = map[string]int{}
-	}
-	z.attempts[w.UID]++
-	if netns == nil {
-		return errors.New("no netns")
-	}
-	if !z.connected {
-		return fmt.Errorf("add %s: %w", w.UID, ztunnel.ErrNoZtunnel)
-	}
-	if msg, ok := z.nack[w.UID]; ok {
-		return &ztunnel.NackError{Op: "add", UID: w.UID, Message: msg}
-	}
-	z.adds = append(z.adds, w)
-	return nil
-}
-
-func (z *fakeZtunnel) DelWorkload(_ context.Context, uid string) error {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	z.dels = append(z.dels, uid)
-	return z.delErr
-}
-
-func (z *fakeZtunnel) SubscribeSnapshotAcked() (<-chan struct{}, func()) {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	ch := make(chan struct{}, 1)
-	z.subs = append(z.subs, ch)
-	return ch, func() {}
-}
-
-func (z *fakeZtunnel) Status() ztunnel.Status {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if z.connected {
-		return ztunnel.Status{Connections: 1, SnapshotAcked: true}
-	}
-	return ztunnel.Status{}
-}
-
-func (z *fakeZtunnel) Run(ctx context.Context) error {
-	if z.source != nil {
-		snap := z.source()
-		z.mu.Lock()
-		z.firstSnap, z.snapTaken = snap, true
-		z.mu.Unlock()
-	}
-	<-ctx.Done()
-	return nil
-}
-
-// connect simulates a ztunnel connecting and acking its snapshot.
-func (z *fakeZtunnel) connect() {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	z.connected = true
-	for _, ch := range z.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
-
-func (z *fakeZtunnel) setNack(uid, msg string) {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if msg == "" {
-		delete(z.nack, uid)
-		return
-	}
-	z.nack[uid] = msg
-}
-
-func (z *fakeZtunnel) added(uid string) int {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	n := 0
-	for _, w := range z.adds {
-		if w.UID == uid {
-			n++
-		}
-	}
-	return n
-}
-
-func (z *fakeZtunnel) tried(uid string) int {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	return z.attempts[uid]
-}
-
-func (z *fakeZtunnel) deleted(uid string) bool {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	return slices.Contains(z.dels, uid)
-}
-
-// fakeRules records what the agent asked of the rule manager.
-type fakeRules struct {
-	mu       sync.Mutex
-	applyErr error
-	applied  int
-	deleted  int
-	verified int
-	drift    int // how many VerifyPod calls still report drift
-	probes   map[string][]netip.Addr
-	// deleteFails: how many DeletePod calls still fail.
-	deleteFails int
-	// touched lists the netns inodes every rule call was made for.
-	touched []uint64
-	// verifiedWith are the options of the last VerifyPod.
-	verifiedWith iptables.PodOptions
-}
-
-func (r *fakeRules) touch(n ns.NetNS) {
-	if h, ok := n.(*podnetns.Handle); ok {
-		r.touched = append(r.touched, h.Inode())
-	}
-}
-
-func (r *fakeRules) ApplyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if n.Fd() == 0 {
-		return errors.New("bad netns")
-	}
-	r.touch(n)
-	if r.applyErr != nil {
-		return r.applyErr
-	}
-	r.applied++
-	return nil
-}
-
-func (r *fakeRules) DeletePod(_ context.Context, n ns.NetNS) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.touch(n)
-	if r.deleteFails > 0 {
-		r.deleteFails--
-		return errors.New("iptables: resource busy")
-	}
-	r.deleted++
-	return nil
-}
-
-func (r *fakeRules) AddProbeIPs(_ context.Context, uid string, ips []netip.Addr) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.probes[uid] = ips
-	return nil
-}
-
-func (r *fakeRules) RemoveProbeIPs(_ context.Context, uid string, _ []netip.Addr) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.probes, uid)
-	return nil
-}
-
-// VerifyPod reports drift once per drifted() call, as wiped rules would.
-func (r *fakeRules) VerifyPod(_ context.Context, n ns.NetNS, opts iptables.PodOptions) (iptables.Drift, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.touch(n)
-	r.verified++
-	r.verifiedWith = opts
-	if r.drift > 0 {
-		r.drift--
-		return iptables.Drift{Missing: []string{"-A OUTPUT -j ISTIO_OUTPUT"}}, nil
-	}
-	return iptables.Drift{}, nil
-}
-
-func (r *fakeRules) PruneProbeIPs(_ context.Context, live map[string][]netip.Addr) (iptables.ProbeChanges, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	owner := func(m map[string][]netip.Addr) map[netip.Addr]string {
-		out := map[netip.Addr]string{}
-		for uid, ips := range m {
-			for _, ip := range ips {
-				out[ip] = uid
-			}
-		}
-		return out
-	}
-	have, want := owner(r.probes), owner(live)
-	var ch iptables.ProbeChanges
-	for ip := range have {
-		if _, ok := want[ip]; !ok {
-			ch.Removed++
-		}
-	}
-	for ip, uid := range want {
-		switch cur, ok := have[ip]; {
-		case !ok:
-			ch.Added++
-		case cur != uid:
-			ch.Relabelled++
-		}
-	}
-	r.probes = maps.Clone(live)
-	return ch, nil
-}
-
-func (r *fakeRules) RepairHostRules(context.Context) (iptables.Drift, error) {
-	return iptables.Drift{}, nil
-}
-
-func (r *fakeRules) DumpPod(_ context.Context, n ns.NetNS) (string, error) {
-	return fmt.Sprintf("# rules of netns fd %d\n", n.Fd()), nil
-}
-
-func (r *fakeRules) counts() (applied, deleted, probes int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.applied, r.deleted, len(r.probes)
-}
-
-// sharedDeps are the parts of Deps the daemon shares between the agent and
-// the process's other parts, as it builds them: the informers of node
-// (started by the caller) and the Event broadcaster, sending to client
-// until the test ends.
-func sharedDeps(t testing.TB, client kube.Interface) Deps {
-	t.Helper()
-	events := kube.NewEvents(client, node)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { events.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return Deps{Client: client, Informers: kube.NewInformers(client, node), Recorder: events.Recorder()}
-}
-
-type harness struct {
-	t      testing.TB
-	podNS  *testutil.NetNS // a pod netns whose lo holds 127.0.0.1
-	client *fake.Clientset
-	zt     *fakeZtunnel
-	rules  *fakeRules
-	agent  *Agent
-	reg    *registry.Registry
-	// stop stops the agent and waits for Run to return (at most once; the
-	// test's cleanup calls it too).
-	stop func()
-}
-
-const node = "node-1"
-
-// reactor, among a harness's objects, is prepended to the fake client's
-// reactors before anything runs.
-type reactor struct {
-	verb, resource string
-	fn             k8stesting.ReactionFunc
-}
-
-func newHarness(t testing.TB, objs ...any) *harness {
-	t.Helper()
-	return newHarnessWith(t, nil, objs...)
-}
-
-func newHarnessWith(t testing.TB, mut func(*Config), objs ...any) *harness {
-	t.Helper()
-	return newHarnessRules(t, &fakeRules{probes: map[string][]netip.Addr{}}, mut, objs...)
-}
-
-// newHarnessRules is newHarnessWith with the fake rules given (set up
-// before the agent's restart rebuild runs).
-func newHarnessRules(t testing.TB, rules *fakeRules, mut func(*Config), objs ...any) *harness {
-	t.Helper()
-	client := fake.NewClientset()
-	for _, o := range objs {
-		var err error
-		switch o := o.(type) {
-		case *corev1.Namespace:
-			_, err = client.CoreV1().Namespaces().Create(context.Background(), o, metav1.CreateOptions{})
-		case *corev1.Pod:
-			_, err = client.CoreV1().Pods(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{})
-		case reactor:
-			// Before the informers start: the fake's reactor chain is
-			// not safe to change while they list and watch.
-			client.PrependReactor(o.verb, o.resource, o.fn)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: rules, reg: registry.New(),
-		podNS: testutil.NewNetNS(t)}
-	cfg := Config{
-		NodeName:         node,
-		Policy:           policy.DefaultConfig(),
-		PodLookupTimeout: 500 * time.Millisecond,
-		CacheWait:        100 * time.Millisecond,
-		RetryBaseDelay:   20 * time.Millisecond,
-		RetryMaxDelay:    200 * time.Millisecond,
-		HostProc:         t.TempDir(), // empty: no running pod is ever found
-	}
-	if mut != nil {
-		mut(&cfg)
-	}
-	deps := sharedDeps(t, kubetest.Wrap(client))
-	deps.Ztunnel, deps.Rules, deps.Registry = h.zt, h.rules, h.reg
-	deps.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := New(cfg, deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.agent = a
-	h.zt.source = a.Snapshot
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	// As the daemon does: the informers start once the agent added its
-	// handlers, and the ztunnel server once the agent is ready.
-	deps.Informers.Start(ctx.Done())
-	go a.RunStatusWriter(ctx)
-	go func() { done <- a.Run(ctx, func() { go h.zt.Run(ctx) }) }()
-	var once sync.Once
-	h.stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Error("Run did not return after cancel")
-			}
-			deps.Informers.Shutdown()
-		})
-	}
-	t.Cleanup(h.stop)
-	h.waitFor("agent running", func() bool { return a.running.Load() })
-	return h
-}
-
-// setNamespace labels namespace name ambient or not (replacing its labels).
-func (h *harness) setNamespace(name string, ambient bool) {
-	h.t.Helper()
-	if _, err := h.client.CoreV1().Namespaces().Update(context.Background(), namespace(name, ambient), metav1.UpdateOptions{}); err != nil {
-		h.t.Fatal(err)
-	}
-}
-
-// enrollConnected connects ztunnel, enrolls p through a CNI ADD and waits
-// for its enabled annotation.
-func (h *harness) enrollConnected(p *corev1.Pod) {
-	h.t.Helper()
-	h.zt.connect()
-	if out, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil || out != Enrolled {
-		h.t.Fatalf("HandleAdd = %v, %v", out, err)
-	}
-	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation(p.Namespace, p.Name); return v == "enabled" })
-}
-
-// put registers e as it is, as a restart's rebuild does.
-func (h *harness) put(e registry.Entry) {
-	h.t.Helper()
-	if _, err := h.reg.Update(e.UID, func(cur *registry.Entry) { *cur = e }); err != nil {
-		h.t.Fatal(err)
-	}
-}
-
-func (h *harness) waitFor(what string, cond func() bool) {
-	h.t.Helper()
-	testutil.Eventually(h.t, what, 20*time.Second, cond)
-}
-
-func (h *harness) annotation(namespace, name string) (string, bool) {
-	p, err := h.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		return "<" + err.Error() + ">", false
-	}
-	v, ok := p.Annotations[podmeta.AnnotationRedirection]
-	return v, ok
-}
-
-func (h *harness) state(uid string) string {
-	e, ok := h.reg.Get(uid)
-	if !ok {
-		return "absent"
-	}
-	return e.Phase.String()
-}
-
-func namespace(name string, ambient bool) *corev1.Namespace {
-	n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if ambient {
-		n.Labels = map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}
-	}
-	return n
-}
-
-func pod(ns, name, uid string, ann map[string]string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid), Annotations: ann},
-		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: "sa-" + name},
-	}
-}
-
-// runningPod makes p a running pod with IP ip.
-func runningPod(p *corev1.Pod, ip string) *corev1.Pod {
-	p.Status.Phase = corev1.PodRunning
-	p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
-	return p
-}
-
-// event is a CNI event for p in the harness's pod netns (a real one: the
-// agent refuses the node's own; the fake rules never enter it).
-func (h *harness) event(p *corev1.Pod) PodEvent {
-	ev := PodEvent{
-		Name: p.Name, Namespace: p.Namespace, UID: string(p.UID),
-		NetnsPath: h.podNS.NS.Path(),
-		IPs:       []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24")},
-	}
-	if ips := podmeta.IPs(p); len(ips) > 0 { // the runtime's and the API's agree
-		ev.IPs = nil
-		for _, ip := range ips {
-			ev.IPs = append(ev.IPs, netip.PrefixFrom(ip, ip.BitLen()))
-		}
-	}
-	return ev
-}
-
-// netnsWith makes a real pod netns whose lo holds ips (and 127.0.0.1).
-func netnsWith(t testing.TB, ips ...string) *testutil.NetNS {
-	t.Helper()
-	n := testutil.NewNetNS(t)
-	err := n.NS.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		for _, s := range ips {
-			ip := netip.MustParseAddr(s)
-			if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}}); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func TestCNIAddEnrolls(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
-	out, err := h.agent.HandleAdd(context.Background(), h.event(p))
+	out, err := h.agent.HandleAdd(t.Context(), h.event(p))
 	if err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd = %v, %v; want Enrolled", out, err)
 	}
@@ -540,10 +57,10 @@ func TestCNIAddNotInMesh(t *testing.T) {
 	plain := pod("plain", "a", "uid-1", nil)
 	sys := pod("kube-system", "b", "uid-2", map[string]string{})
 	sys.Labels = map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}
-	h := newHarness(t, namespace("plain", false), namespace("kube-system", true), plain, sys)
+	h := newHarness(t, withObjects(namespace("plain", false), namespace("kube-system", true), plain, sys))
 	h.zt.connect()
 	for _, p := range []*corev1.Pod{plain, sys} {
-		out, err := h.agent.HandleAdd(context.Background(), h.event(p))
+		out, err := h.agent.HandleAdd(t.Context(), h.event(p))
 		if err != nil || out != NotInMesh {
 			t.Errorf("%s: HandleAdd = %v, %v; want NotInMesh", p.Name, out, err)
 		}
@@ -557,8 +74,8 @@ func TestPendingBecomesEnabledOnSnapshotAck(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	// A backoff far longer than the test: only the snapshot ack can retry.
 	slow := func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }
-	h := newHarnessWith(t, slow, namespace("app", true), p)
-	out, err := h.agent.HandleAdd(context.Background(), h.event(p))
+	h := newHarness(t, withConfig(slow), withObjects(namespace("app", true), p))
+	out, err := h.agent.HandleAdd(t.Context(), h.event(p))
 	if err != nil || out != Pending {
 		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
 	}
@@ -575,9 +92,9 @@ func TestPendingBecomesEnabledOnSnapshotAck(t *testing.T) {
 
 func TestFailPendingRollsBack(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.agent.cfg.FailPending = true
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err == nil {
+	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); err == nil {
 		t.Fatal("HandleAdd with no ztunnel and FailPending: no error")
 	}
 	if _, deleted, _ := h.rules.counts(); deleted != 1 || h.reg.Len() != 0 {
@@ -587,13 +104,13 @@ func TestFailPendingRollsBack(t *testing.T) {
 
 func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 	a, b := pod("app", "a", "uid-a", nil), pod("app", "b", "uid-b", nil)
-	h := newHarness(t, namespace("app", true), a, b)
+	h := newHarness(t, withObjects(namespace("app", true), a, b))
 	h.zt.connect()
 	h.zt.setNack("uid-a", "netns broken")
-	if out, err := h.agent.HandleAdd(context.Background(), h.event(a)); err != nil || out != Pending {
+	if out, err := h.agent.HandleAdd(t.Context(), h.event(a)); err != nil || out != Pending {
 		t.Fatalf("a: HandleAdd = %v, %v; want Pending", out, err)
 	}
-	if out, err := h.agent.HandleAdd(context.Background(), h.event(b)); err != nil || out != Enrolled {
+	if out, err := h.agent.HandleAdd(t.Context(), h.event(b)); err != nil || out != Enrolled {
 		t.Fatalf("b: HandleAdd = %v, %v; want Enrolled", out, err)
 	}
 	// The backoff retries a while it is nacked: a second Add of a, and a
@@ -618,18 +135,18 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 func TestCNIAddBadInput(t *testing.T) {
 	badTap := pod("app", "vm", "uid-vm", map[string]string{podmeta.AnnotationRerouteVirtualInterfaces: "tap0,tap 1"})
 	ok := pod("app", "ok", "uid-ok", nil)
-	h := newHarnessWith(t, func(c *Config) { c.PodLookupTimeout = 10 * time.Second }, namespace("app", true), badTap, ok)
+	h := newHarness(t, withConfig(func(c *Config) { c.PodLookupTimeout = 10 * time.Second }), withObjects(namespace("app", true), badTap, ok))
 	h.zt.connect()
 	fifo := filepath.Join(t.TempDir(), "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fdsBefore := openFDs(t)
+	fdsBefore := testutil.CountFDs(t)
 
 	unknown := h.event(pod("app", "ghost", "uid-ghost", nil))
 	h.agent.cfg.PodLookupTimeout = 500 * time.Millisecond
 	start := time.Now()
-	if _, err := h.agent.HandleAdd(context.Background(), unknown); !errors.Is(err, ErrPodUnknown) {
+	if _, err := h.agent.HandleAdd(t.Context(), unknown); !errors.Is(err, ErrPodUnknown) {
 		t.Errorf("unknown pod: %v, want ErrPodUnknown", err)
 	} else {
 		t.Logf("unknown pod after %v: %v", time.Since(start), err)
@@ -653,7 +170,7 @@ func TestCNIAddBadInput(t *testing.T) {
 	} {
 		start := time.Now()
 		done := make(chan error, 1)
-		go func() { _, err := h.agent.HandleAdd(context.Background(), c.ev); done <- err }()
+		go func() { _, err := h.agent.HandleAdd(t.Context(), c.ev); done <- err }()
 		select {
 		case err := <-done:
 			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.says) {
@@ -666,14 +183,14 @@ func TestCNIAddBadInput(t *testing.T) {
 			t.Fatalf("%s: HandleAdd blocked (opened the path before checking it?)", c.name)
 		}
 	}
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(badTap)); !errors.Is(err, ErrInvalidPod) || !strings.Contains(err.Error(), `"tap 1" is not an interface name`) {
+	if _, err := h.agent.HandleAdd(t.Context(), h.event(badTap)); !errors.Is(err, ErrInvalidPod) || !strings.Contains(err.Error(), `"tap 1" is not an interface name`) {
 		t.Errorf("invalid reroute-virtual-interfaces: %v, want ErrInvalidPod naming the interface", err)
 	}
 	h.waitFor("InvalidAnnotation Event", func() bool { return h.hasEvent("app", EventInvalidAnnotation, "not enrolled") })
 	h.rules.mu.Lock()
 	h.rules.applyErr = errors.New("iptables-restore: boom")
 	h.rules.mu.Unlock()
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(ok)); err == nil {
+	if _, err := h.agent.HandleAdd(t.Context(), h.event(ok)); err == nil {
 		t.Error("rule failure: no error")
 	}
 	if applied, deleted, probes := h.rules.counts(); applied != 0 || deleted != 1 || probes != 0 || h.reg.Len() != 0 {
@@ -682,7 +199,7 @@ func TestCNIAddBadInput(t *testing.T) {
 	if h.zt.added("uid-ok") != 0 {
 		t.Error("pod with failed rules reached ztunnel")
 	}
-	if after := openFDs(t); after > fdsBefore {
+	if after := testutil.CountFDs(t); after > fdsBefore {
 		t.Errorf("open fds %d → %d: a netns handle leaked", fdsBefore, after)
 	}
 	for reason, want := range map[string]float64{"pod_unknown": 1, "invalid_pod": 1, "bad_annotation": 1, "netns": 3, "host_netns": 1, "rules": 1} {
@@ -702,10 +219,10 @@ func TestCNIAddBadInput(t *testing.T) {
 func TestAnnotationsParsedLikeIstio(t *testing.T) {
 	capital := pod("app", "capital", "uid-c", map[string]string{podmeta.AnnotationDNSCapture: "False", podmeta.AnnotationBypassInbound: "1"})
 	maybe := pod("app", "maybe", "uid-m", map[string]string{podmeta.AnnotationDNSCapture: "maybe"})
-	h := newHarnessWith(t, func(c *Config) { c.DNSCapture = true }, namespace("app", true), capital, maybe)
+	h := newHarness(t, withConfig(func(c *Config) { c.DNSCapture = true }), withObjects(namespace("app", true), capital, maybe))
 	h.zt.connect()
 	for _, p := range []*corev1.Pod{capital, maybe} {
-		if out, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil || out != Enrolled {
+		if out, err := h.agent.HandleAdd(t.Context(), h.event(p)); err != nil || out != Enrolled {
 			t.Fatalf("%s: HandleAdd = %v, %v; want Enrolled", p.Name, out, err)
 		}
 	}
@@ -720,18 +237,9 @@ func TestAnnotationsParsedLikeIstio(t *testing.T) {
 	})
 }
 
-func openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
-}
-
 func TestNamespaceUnlabelRemovesPod(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	h.setNamespace("app", false)
 	h.waitFor("pod removed", func() bool { return h.state("uid-a") == "absent" })
@@ -746,12 +254,12 @@ func TestNamespaceUnlabelRemovesPod(t *testing.T) {
 
 func TestDeletedPodIsForgotten(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil {
+	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.client.CoreV1().Pods("app").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+	if err := h.client.CoreV1().Pods("app").Delete(t.Context(), "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitFor("pod forgotten", func() bool { return h.state("uid-a") == "absent" })
@@ -765,17 +273,17 @@ func TestDeletedPodIsForgotten(t *testing.T) {
 
 func TestTerminalPodIsRemoved(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil {
+	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := h.client.CoreV1().Pods("app").Get(context.Background(), "a", metav1.GetOptions{})
+	cur, err := h.client.CoreV1().Pods("app").Get(t.Context(), "a", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cur.Status.Phase = corev1.PodSucceeded
-	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(t.Context(), cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitFor("terminal pod removed", func() bool { return h.state("uid-a") == "absent" })
@@ -796,8 +304,7 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 	// The host proc is empty, so no netns is found: the restored pods are
 	// offered as Keep. The hour-long backoff keeps the pending pod's failed
 	// netns lookup from changing anything while the test looks.
-	h := newHarnessWith(t, func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour },
-		namespace("app", true), enabled, pending, plain, done)
+	h := newHarness(t, withConfig(func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }), withObjects(namespace("app", true), enabled, pending, plain, done))
 	snap := h.agent.Snapshot()
 	var got []string
 	for _, e := range snap {
@@ -820,20 +327,6 @@ func TestRestartRebuildsRegistry(t *testing.T) {
 	if applied, _, _ := h.rules.counts(); applied != 0 {
 		t.Errorf("rebuild applied rules %d times, want 0 (no netns to apply them in)", applied)
 	}
-}
-
-// firstSnapshot waits until the ztunnel server took its first snapshot
-// (it runs in its own goroutine: "agent running" does not mean it has) and
-// returns it.
-func (h *harness) firstSnapshot() []ztunnel.SnapshotEntry {
-	var first []ztunnel.SnapshotEntry
-	h.waitFor("ztunnel server took its first snapshot", func() bool {
-		h.zt.mu.Lock()
-		defer h.zt.mu.Unlock()
-		first = h.zt.firstSnap
-		return h.zt.snapTaken
-	})
-	return first
 }
 
 // TestRestartRestoresUnannotatedPods: the agent died after ztunnel took a pod
@@ -860,8 +353,7 @@ func TestRestartRestoresUnannotatedPods(t *testing.T) {
 		sandbox(100+i, uid)
 	}
 
-	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc },
-		namespace("app", true), namespace("plain", false), lost, enabled, nowhere, outside, optOut, done)
+	h := newHarness(t, withConfig(func(c *Config) { c.HostProc = hostProc }), withObjects(namespace("app", true), namespace("plain", false), lost, enabled, nowhere, outside, optOut, done))
 	first := h.firstSnapshot()
 	got := map[string]bool{} // uid → netns present
 	for _, e := range first {
@@ -946,10 +438,10 @@ func TestHealth(t *testing.T) {
 // fake rules and ztunnel: the floor under the real iptables and ZDS costs.
 func BenchmarkHandleAdd(b *testing.B) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(b, namespace("app", true), p)
+	h := newHarness(b, withObjects(namespace("app", true), p))
 	h.zt.connect()
 	ev := h.event(p)
-	ctx := context.Background()
+	ctx := b.Context()
 	b.ResetTimer()
 	for b.Loop() {
 		if out, err := h.agent.HandleAdd(ctx, ev); err != nil || out != Enrolled {
@@ -959,22 +451,13 @@ func BenchmarkHandleAdd(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/add")
 }
 
-func (h *harness) failures(reason string) float64 {
-	h.t.Helper()
-	var m dto.Metric
-	if err := h.agent.metrics.failures.WithLabelValues(reason).Write(&m); err != nil {
-		h.t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
-}
-
 // TestRemovalKeepsPodWhoseRulesCannotBeDeleted: a pod restored after a
 // restart without its netns (the /proc scan missed it) leaves the mesh. Its
 // rules cannot be deleted, so its traffic is still captured: ztunnel must
 // keep serving it (no Del), and it stays registered and annotated, retried.
 func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
 	p := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.5")
-	h := newHarness(t, namespace("app", true), p) // empty host proc: no netns is ever found
+	h := newHarness(t, withObjects(namespace("app", true), p)) // empty host proc: no netns is ever found
 	h.zt.connect()
 	if h.state("uid-a") != "uncaptured" {
 		t.Fatalf("restored pod state %s, want uncaptured (netns not found)", h.state("uid-a"))
@@ -994,11 +477,11 @@ func TestRemovalKeepsPodWhoseRulesCannotBeDeleted(t *testing.T) {
 // the pod), so ztunnel does not keep the torn-down sandbox's netns.
 func TestFailPendingRollbackTellsZtunnel(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.agent.cfg.FailPending = true
 	h.zt.connect()
 	h.zt.setNack("uid-a", "ack lost")
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err == nil {
+	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); err == nil {
 		t.Fatal("HandleAdd with a nack and FailPending: no error")
 	}
 	if !h.zt.deleted("uid-a") {
@@ -1014,7 +497,7 @@ func TestFailPendingRollbackTellsZtunnel(t *testing.T) {
 // sent again when the snapshot is acked; once accepted it is enabled again.
 func TestSnapshotRefusalMakesPodPending(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 
 	// The new ztunnel refuses the pod in its snapshot and keeps refusing it.
@@ -1037,7 +520,7 @@ func TestSnapshotRefusalMakesPodPending(t *testing.T) {
 }
 
 func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
-	h := newHarness(t, namespace("app", true))
+	h := newHarness(t, withObjects(namespace("app", true)))
 	other := testutil.NewNetNS(t)
 	for uid, path := range map[string]string{"uid-old": h.podNS.NS.Path(), "uid-new": other.NS.Path()} {
 		f, err := podnetns.Open(path)
@@ -1046,7 +529,7 @@ func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
 		}
 		h.put(registry.Entry{UID: uid, Name: "web-0", Namespace: "app", Netns: f, Phase: registry.Enabled})
 	}
-	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: other.NS.Path()}); err != nil {
+	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: other.NS.Path()}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-new") != "absent" || h.state("uid-old") != "enabled" {
@@ -1054,7 +537,7 @@ func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
 	}
 	// Several candidates and a netns that is gone: nobody is dropped.
 	h.put(registry.Entry{UID: "uid-new2", Name: "web-0", Namespace: "app", Phase: registry.Enabled})
-	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: "/nonexistent"}); err != nil {
+	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: "/nonexistent"}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-old") != "enabled" || h.state("uid-new2") != "enabled" {
@@ -1087,7 +570,7 @@ func TestCNIDelWithUIDOnlyForTheEnrolledSandbox(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h := newHarness(t, namespace("app", true))
+			h := newHarness(t, withObjects(namespace("app", true)))
 			if c.enrolled == gone {
 				if err := os.Symlink(current.NS.Path(), gone); err != nil {
 					t.Fatal(err)
@@ -1103,31 +586,13 @@ func TestCNIDelWithUIDOnlyForTheEnrolledSandbox(t *testing.T) {
 				}
 			}
 			h.put(registry.Entry{UID: "uid-a", Name: "web", Namespace: "app", Netns: f, Phase: registry.Enabled})
-			if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "web", UID: "uid-a", NetnsPath: c.delNetns}); err != nil {
+			if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web", UID: "uid-a", NetnsPath: c.delNetns}); err != nil {
 				t.Fatal(err)
 			}
 			if got := h.state("uid-a"); got != c.wantState {
 				t.Errorf("after DEL with netns %q: pod %s, want %s", c.delNetns, got, c.wantState)
 			}
 		})
-	}
-}
-
-// fakeSandbox adds to the fake host proc a "sandbox process" of pod uid whose
-// cgroup names the uid (as kubelet's systemd driver does) and whose netns is
-// the one at netnsPath (a test's pod netns; its lo holds 127.0.0.1).
-func fakeSandbox(t *testing.T, hostProc string, pid int, uid, netnsPath string) {
-	t.Helper()
-	dir := filepath.Join(hostProc, strconv.Itoa(pid))
-	if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cg := "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n"
-	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(netnsPath, filepath.Join(dir, "ns", "net")); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -1140,7 +605,7 @@ func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 	hostProc := t.TempDir()
 	fakeSandbox(t, hostProc, 100, "uid-a", testutil.NewNetNS(t).NS.Path())
 	p := runningPod(pod("app", "a", "uid-a", nil), "127.0.0.1")
-	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
+	h := newHarness(t, withConfig(func(c *Config) { c.HostProc = hostProc }), withObjects(namespace("app", true), p))
 	h.zt.connect()
 	h.waitFor("running pod enabled", func() bool { return h.state("uid-a") == "enabled" })
 	applied, _, _ := h.rules.counts()
@@ -1172,45 +637,68 @@ func TestUnfinishedReleaseIsFinishedFirst(t *testing.T) {
 // TestLookupIsGentle: a CNI ADD for a pod the informer has not seen waits on
 // the informer (a pod that appears there is taken without any GET), then
 // falls back to direct GETs whose backoff doubles up to a cap — not a GET
-// every few milliseconds.
+// every few milliseconds. The clock is synctest's, so the schedule is exact
+// however busy the machine is.
 func TestLookupIsGentle(t *testing.T) {
-	var gets atomic.Int32
-	countGets := reactor{"get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
-		gets.Add(1)
-		return false, nil, nil
-	}}
-	h := newHarnessWith(t, func(c *Config) { c.PodLookupTimeout, c.CacheWait = 2*time.Second, time.Second },
-		namespace("app", true), countGets)
-	h.zt.connect()
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		gets := map[string][]time.Time{} // pod name → when it was GET
+		record := func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			name := a.(k8stesting.GetAction).GetName()
+			gets[name] = append(gets[name], time.Now())
+			return false, nil, nil
+		}
+		getsOf := func(name string) []time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(gets[name])
+		}
+		const cacheWait, lookupTimeout = time.Second, 2 * time.Second
+		h := newHarness(t, withConfig(func(c *Config) { c.PodLookupTimeout, c.CacheWait = lookupTimeout, cacheWait }),
+			withObjects(namespace("app", true)), withReactor("get", "pods", record))
+		h.zt.connect()
 
-	// Appears in the informer while the ADD waits for it: no GET.
-	late := pod("app", "late", "uid-late", nil)
-	done := make(chan error, 1)
-	go func() {
-		_, err := h.agent.HandleAdd(context.Background(), h.event(late))
-		done <- err
-	}()
-	if _, err := h.client.CoreV1().Pods("app").Create(context.Background(), late, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("HandleAdd of a pod that appeared meanwhile: %v", err)
-	}
-	if n := gets.Load(); n != 0 {
-		t.Errorf("%d GETs for a pod the informer delivered within CacheWait, want 0", n)
-	}
+		// Appears in the informer while the ADD waits for it: no GET.
+		late := pod("app", "late", "uid-late", nil)
+		done := make(chan error, 1)
+		go func() {
+			_, err := h.agent.HandleAdd(t.Context(), h.event(late))
+			done <- err
+		}()
+		if _, err := h.client.CoreV1().Pods("app").Create(t.Context(), late, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("HandleAdd of a pod that appeared meanwhile: %v", err)
+		}
+		if n := len(getsOf("late")); n != 0 {
+			t.Errorf("%d GETs for a pod the informer delivered within CacheWait, want 0", n)
+		}
 
-	// Never appears: GETs after CacheWait, backing off (100ms, 200ms, 400ms,
-	// …) over the remaining second: a handful, not one per 50ms.
-	gets.Store(0)
-	_, err := h.agent.HandleAdd(context.Background(), h.event(pod("app", "ghost", "uid-ghost", nil)))
-	if !errors.Is(err, ErrPodUnknown) {
-		t.Fatalf("HandleAdd of an unknown pod = %v, want ErrPodUnknown", err)
-	}
-	t.Logf("%d GETs for an unknown pod over %v", gets.Load(), 2*time.Second)
-	if n := gets.Load(); n < 1 || n > 6 {
-		t.Errorf("%d GETs for an unknown pod, want between 1 and 6 (capped exponential backoff)", n)
-	}
+		// Never appears: the first GET once CacheWait has passed, then each
+		// after twice the previous wait (from lookupBackoffBase, capped at
+		// lookupBackoffMax), none after PodLookupTimeout.
+		start := time.Now()
+		_, err := h.agent.HandleAdd(t.Context(), h.event(pod("app", "ghost", "uid-ghost", nil)))
+		if !errors.Is(err, ErrPodUnknown) {
+			t.Fatalf("HandleAdd of an unknown pod = %v, want ErrPodUnknown", err)
+		}
+		if took := time.Since(start); took != lookupTimeout {
+			t.Errorf("unknown pod refused after %v, want after PodLookupTimeout (%v)", took, lookupTimeout)
+		}
+		var want, got []time.Duration
+		for at, wait := cacheWait, lookupBackoffBase; at < lookupTimeout; at, wait = at+wait, min(2*wait, lookupBackoffMax) {
+			want = append(want, at)
+		}
+		for _, at := range getsOf("ghost") {
+			got = append(got, at.Sub(start))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("GETs of an unknown pod at %v after the ADD, want %v (after CacheWait, capped exponential backoff)", got, want)
+		}
+	})
 }
 
 // TestCNIAddAbandonedIsNotFinished: an ADD that waits for the pod's lock
@@ -1218,10 +706,10 @@ func TestLookupIsGentle(t *testing.T) {
 // and leaves nothing behind, and does not run once the lock is free.
 func TestCNIAddAbandonedIsNotFinished(t *testing.T) {
 	p := pod("app", "slow", "uid-slow", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
 	unlock := h.agent.locks.lock("uid-slow") // a slow sync of the same pod
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { _, err := h.agent.HandleAdd(ctx, h.event(p)); done <- err }()
@@ -1252,11 +740,11 @@ func TestCNIAddAbandonedIsNotFinished(t *testing.T) {
 // other: while one pod's lock is held, another pod enrolls.
 func TestCNIAddsRunInParallel(t *testing.T) {
 	a, b := pod("app", "a", "uid-a", nil), pod("app", "b", "uid-b", nil)
-	h := newHarness(t, namespace("app", true), a, b)
+	h := newHarness(t, withObjects(namespace("app", true), a, b))
 	h.zt.connect()
 	unlock := h.agent.locks.lock("uid-a")
 	defer unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if out, err := h.agent.HandleAdd(ctx, h.event(b)); err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd(b) while a is locked = %v, %v; want Enrolled", out, err)
@@ -1286,7 +774,7 @@ func TestRestartDeletesRulesOfStaleUnannotatedPod(t *testing.T) {
 	stale := runningPod(pod("plain", "stale", "uid-stale", nil), "127.0.0.1")
 	other := runningPod(pod("plain", "other", "uid-other", nil), "127.0.0.1")
 
-	h := newHarnessWith(t, func(c *Config) { c.RunDir = runDir }, namespace("plain", false), stale, other)
+	h := newHarness(t, withConfig(func(c *Config) { c.RunDir = runDir }), withObjects(namespace("plain", false), stale, other))
 	first := h.firstSnapshot()
 	if len(first) != 0 {
 		t.Errorf("first snapshot %v, want empty (no pod is in the mesh)", first)

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,7 +26,7 @@ func TestGatedPodNotEnrolledGetsNotInMesh(t *testing.T) {
 	ungated := runningPod(pod("plain", "ungated", "uid-4", nil), "10.1.0.8")
 	done := withGate(pod("plain", "done", "uid-5", nil))
 	done.Status.Phase = corev1.PodSucceeded
-	h := newHarness(t, namespace("app", true), namespace("plain", false), optedOut, plain, sidecar, ungated, done)
+	h := newHarness(t, withObjects(namespace("app", true), namespace("plain", false), optedOut, plain, sidecar, ungated, done))
 	h.zt.connect()
 	for _, p := range []*corev1.Pod{optedOut, plain, sidecar} {
 		h.waitFor(p.Name+": True/NotInMesh", func() bool {
@@ -40,10 +39,10 @@ func TestGatedPodNotEnrolledGetsNotInMesh(t *testing.T) {
 	}
 	// A CNI ADD of a gated pod out of the mesh (new sandbox) ends the same.
 	late := withGate(pod("plain", "late", "uid-7", nil))
-	if _, err := h.client.CoreV1().Pods("plain").Create(context.Background(), late, metav1.CreateOptions{}); err != nil {
+	if _, err := h.client.CoreV1().Pods("plain").Create(t.Context(), late, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := h.agent.HandleAdd(context.Background(), h.event(late)); err != nil || out != NotInMesh {
+	if out, err := h.agent.HandleAdd(t.Context(), h.event(late)); err != nil || out != NotInMesh {
 		t.Fatalf("HandleAdd = %v, %v; want NotInMesh", out, err)
 	}
 	h.waitFor("late: True/NotInMesh", func() bool {

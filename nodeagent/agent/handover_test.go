@@ -3,42 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
-
-	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
-
-// fakeSuccessor records the pods whose rules were moved to it.
-type fakeSuccessor struct {
-	mu    sync.Mutex
-	opts  []iptables.PodOptions
-	fails bool
-}
-
-func (s *fakeSuccessor) ApplyPod(_ context.Context, n ns.NetNS, opts iptables.PodOptions) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n == nil || n.Fd() == 0 {
-		return errors.New("bad netns")
-	}
-	if s.fails {
-		return errors.New("iptables-restore: exit status 4")
-	}
-	s.opts = append(s.opts, opts)
-	return nil
-}
-
-func (s *fakeSuccessor) moved() []iptables.PodOptions {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]iptables.PodOptions(nil), s.opts...)
-}
 
 // TestHandOverMovesEnrolledPodsAndReleasesTheRest: when the agent stops and
 // a successor takes the node over, the enrolled pods' rules go to the
@@ -54,10 +25,10 @@ func TestHandOverMovesEnrolledPodsAndReleasesTheRest(t *testing.T) {
 	b := pod("app", "b", "uid-b", map[string]string{podmeta.AnnotationDNSCapture: "false", podmeta.AnnotationBypassInbound: "true"})
 	out := pod("app", "out", "uid-out", nil)
 	out.Labels = map[string]string{podmeta.LabelDataplaneMode: "none"}
-	h := newHarnessWith(t, func(c *Config) {
+	h := newHarness(t, withConfig(func(c *Config) {
 		c.DNSCapture = true
 		c.HandOver = func(context.Context) (Successor, error) { asked++; return to, nil }
-	}, namespace("app", true), a, b, out)
+	}), withObjects(namespace("app", true), a, b, out))
 	h.enrollConnected(a)
 	h.enrollConnected(b)
 	// Registered as a restart leaves them, never synced since: out (now
@@ -111,9 +82,9 @@ func TestHandOverNotWanted(t *testing.T) {
 	for name, ret := range map[string]error{"none": nil, "error": errors.New("cannot read the node")} {
 		t.Run(name, func(t *testing.T) {
 			a := pod("app", "a", "uid-a", nil)
-			h := newHarnessWith(t, func(c *Config) {
+			h := newHarness(t, withConfig(func(c *Config) {
 				c.HandOver = func(context.Context) (Successor, error) { return nil, ret }
-			}, namespace("app", true), a)
+			}), withObjects(namespace("app", true), a))
 			h.enrollConnected(a)
 			applied, deleted, _ := h.rules.counts()
 			h.stop()
@@ -130,9 +101,9 @@ func TestHandOverNotWanted(t *testing.T) {
 func TestHandOverFailureKeepsOurRules(t *testing.T) {
 	to := &fakeSuccessor{fails: true}
 	a := pod("app", "a", "uid-a", nil)
-	h := newHarnessWith(t, func(c *Config) {
+	h := newHarness(t, withConfig(func(c *Config) {
 		c.HandOver = func(context.Context) (Successor, error) { return to, nil }
-	}, namespace("app", true), a)
+	}), withObjects(namespace("app", true), a))
 	h.enrollConnected(a)
 	_, deleted, _ := h.rules.counts()
 	h.stop()

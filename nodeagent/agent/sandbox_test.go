@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"net/netip"
 	"os"
@@ -61,10 +60,10 @@ func writeState(t *testing.T, records map[string]string) string {
 func TestCNIDelOfLivePodWaitsForReenrollment(t *testing.T) {
 	next := testutil.NewNetNS(t)
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarnessWith(t, func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }, namespace("app", true), p)
+	h := newHarness(t, withConfig(func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }), withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	h.waitFor("pod in the cache", func() bool { return h.agent.podByUID("uid-a") != nil })
-	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNS.NS.Path()}); err != nil {
+	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNS.NS.Path()}); err != nil {
 		t.Fatal(err)
 	}
 	if st := h.state("uid-a"); st != "uncaptured" {
@@ -91,7 +90,7 @@ func TestCNIDelOfLivePodWaitsForReenrollment(t *testing.T) {
 	// The next sandbox's ADD.
 	ev := h.event(p)
 	ev.NetnsPath = next.NS.Path()
-	if out, err := h.agent.HandleAdd(context.Background(), ev); err != nil || out != Enrolled {
+	if out, err := h.agent.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
 		t.Fatalf("ADD of the next sandbox: %v, %v", out, err)
 	}
 	if e, _ := h.reg.Get("uid-a"); e.Phase != registry.Enabled || e.Netns.Inode() != next.Inode {
@@ -105,7 +104,7 @@ func TestCNIDelOfLivePodWaitsForReenrollment(t *testing.T) {
 // Add after its Del (one writer of what ztunnel carries).
 func TestHandoverThroughThePodSync(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	adds := h.zt.added("uid-a")
 	reported := make(chan error, 2)
@@ -122,13 +121,13 @@ func TestHandoverThroughThePodSync(t *testing.T) {
 		t.Errorf("after the handover: %d Adds (want %d), state %s", h.zt.added("uid-a"), adds+1, h.state("uid-a"))
 	}
 
-	if err := h.client.CoreV1().Pods("app").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+	if err := h.client.CoreV1().Pods("app").Delete(t.Context(), "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitFor("pod released", func() bool { return h.state("uid-a") == "absent" && h.zt.deleted("uid-a") })
 	adds = h.zt.added("uid-a")
 	h.agent.HandOver("uid-a", func(err error) { reported <- err })
-	if _, err := h.agent.sync(context.Background(), "uid-a", nil); err != nil {
+	if _, err := h.agent.sync(t.Context(), "uid-a", nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := h.zt.added("uid-a"); n != adds {
@@ -154,7 +153,7 @@ func TestRestartDistrustsTrueOlderThanSandbox(t *testing.T) {
 			podNS := testutil.NewNetNS(t)
 			fakeSandbox(t, hostProc, 100, "uid-a", podNS.NS.Path())
 			p := conditioned(runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "127.0.0.1"), c.ours, c.sandbox)
-			h := newHarnessWith(t, func(cfg *Config) { cfg.HostProc = hostProc }, namespace("app", true), p)
+			h := newHarness(t, withConfig(func(cfg *Config) { cfg.HostProc = hostProc }), withObjects(namespace("app", true), p))
 			if st := h.state("uid-a"); st != c.want {
 				t.Fatalf("restored as %s, want %s", st, c.want)
 			}
@@ -186,7 +185,7 @@ func TestRestartStateRecordOfAnotherSandbox(t *testing.T) {
 	runDir := writeState(t, map[string]string{"uid-a": oldNS.NS.Path(), "uid-gone": oldNS.NS.Path()})
 	fakeSandbox(t, hostProc, 100, "uid-a", newNS.NS.Path())
 	p := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.9")
-	h := newHarnessWith(t, func(c *Config) { c.HostProc, c.RunDir = hostProc, runDir }, namespace("app", true), p)
+	h := newHarness(t, withConfig(func(c *Config) { c.HostProc, c.RunDir = hostProc, runDir }), withObjects(namespace("app", true), p))
 	e, _ := h.reg.Get("uid-a")
 	if e.Phase != registry.Pending || e.Netns == nil || e.Netns.Inode() != newNS.Inode {
 		t.Fatalf("restored %v (%s) in %v, want pending in the new sandbox (inode %d)", e.Phase, e.Reason, e.Netns, newNS.Inode)
@@ -212,7 +211,7 @@ func TestHostNetworkPodNeverAPod(t *testing.T) {
 	fakeSandbox(t, hostProc, 100, "uid-h", "/proc/self/ns/net")
 	hp := runningPod(pod("app", "host", "uid-h", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "127.0.0.1")
 	hp.Spec.HostNetwork = true
-	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), hp)
+	h := newHarness(t, withConfig(func(c *Config) { c.HostProc = hostProc }), withObjects(namespace("app", true), hp))
 	h.zt.connect()
 	if st := h.state("uid-h"); st != "absent" {
 		t.Fatalf("hostNetwork pod restored as %s", st)
@@ -223,7 +222,7 @@ func TestHostNetworkPodNeverAPod(t *testing.T) {
 		}
 	}
 	h.waitFor("the hostNetwork pod's annotation removed", func() bool { _, ok := h.annotation("app", "host"); return !ok })
-	if out, err := h.agent.HandleAdd(context.Background(), h.event(hp)); err != nil || out != NotInMesh {
+	if out, err := h.agent.HandleAdd(t.Context(), h.event(hp)); err != nil || out != NotInMesh {
 		t.Errorf("CNI ADD of a hostNetwork pod: %v, %v; want NotInMesh", out, err)
 	}
 	// Registered anyhow (a bug elsewhere): released, no rule call.
@@ -249,7 +248,7 @@ func TestRestartCleanupRetried(t *testing.T) {
 	runDir := writeState(t, map[string]string{"uid-s": podNS.NS.Path()})
 	stale := runningPod(pod("plain", "stale", "uid-s", nil), "127.0.0.1")
 	rules := &fakeRules{probes: map[string][]netip.Addr{}, deleteFails: 2}
-	h := newHarnessRules(t, rules, func(c *Config) { c.RunDir = runDir }, namespace("plain", false), stale)
+	h := newHarness(t, withRules(rules), withConfig(func(c *Config) { c.RunDir = runDir }), withObjects(namespace("plain", false), stale))
 	h.waitFor("the stale pod's rules deleted", func() bool { _, deleted, _ := h.rules.counts(); return deleted == 1 })
 	h.waitFor("its record dropped", func() bool {
 		st, _ := podnetns.OpenState(filepath.Join(runDir, "pods.json"))
@@ -268,11 +267,11 @@ func TestDriftPassFindsStaticIPSandboxChange(t *testing.T) {
 	oldNS := testutil.NewNetNSWith(t, testutil.NetNSOptions{IgnoreRemovalErr: true})
 	newNS := testutil.NewNetNS(t)
 	p := runningPod(pod("app", "a", "uid-a", nil), "127.0.0.1")
-	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
+	h := newHarness(t, withConfig(func(c *Config) { c.HostProc = hostProc }), withObjects(namespace("app", true), p))
 	h.zt.connect()
 	ev := h.event(p)
 	ev.NetnsPath = oldNS.NS.Path()
-	if out, err := h.agent.HandleAdd(context.Background(), ev); err != nil || out != Enrolled {
+	if out, err := h.agent.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd = %v, %v", out, err)
 	}
 	adds := h.zt.added("uid-a")
@@ -285,7 +284,7 @@ func TestDriftPassFindsStaticIPSandboxChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	fakeSandbox(t, hostProc, 100, "uid-a", newNS.NS.Path())
-	h.agent.VerifyPass(context.Background())
+	h.agent.VerifyPass(t.Context())
 	h.waitFor("enabled in the new sandbox", func() bool {
 		e, _ := h.reg.Get("uid-a")
 		return e.Phase == registry.Enabled && e.Netns != nil && e.Netns.Inode() == newNS.Inode && h.zt.added("uid-a") > adds
@@ -299,10 +298,10 @@ func TestDriftPassFindsStaticIPSandboxChange(t *testing.T) {
 // options it was enrolled with (not the node's default).
 func TestInvalidAnnotationVerifiedWithEnrolledOptions(t *testing.T) {
 	p := pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationDNSCapture: "false"})
-	h := newHarnessWith(t, func(c *Config) { c.DNSCapture = true }, namespace("app", true), p)
+	h := newHarness(t, withConfig(func(c *Config) { c.DNSCapture = true }), withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	patch := `{"metadata":{"annotations":{"` + podmeta.AnnotationDNSCapture + `":"maybe"}}}`
-	if _, err := h.client.CoreV1().Pods("app").Patch(context.Background(), "a", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if _, err := h.client.CoreV1().Pods("app").Patch(t.Context(), "a", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitFor("the cache sees the invalid value", func() bool {
@@ -312,7 +311,7 @@ func TestInvalidAnnotationVerifiedWithEnrolledOptions(t *testing.T) {
 	h.rules.mu.Lock()
 	h.rules.drift = 1
 	h.rules.mu.Unlock()
-	h.agent.VerifyPass(context.Background())
+	h.agent.VerifyPass(t.Context())
 	h.rules.mu.Lock()
 	got := h.rules.verifiedWith
 	h.rules.mu.Unlock()
@@ -334,10 +333,10 @@ func TestRuleCallsRefuseTheHost(t *testing.T) {
 	}
 	defer host.Close()
 	for name, err := range map[string]error{
-		"apply":  h.agent.writeRules(context.Background(), host, iptables.PodOptions{}),
-		"delete": h.agent.deleteRules(context.Background(), host),
+		"apply":  h.agent.writeRules(t.Context(), host, iptables.PodOptions{}),
+		"delete": h.agent.deleteRules(t.Context(), host),
 		"verify": func() error {
-			_, err := h.agent.verifyRules(context.Background(), host, iptables.PodOptions{})
+			_, err := h.agent.verifyRules(t.Context(), host, iptables.PodOptions{})
 			return err
 		}(),
 	} {
@@ -366,19 +365,19 @@ func TestAddOfNewSandboxBeforeTheAPIShowsIt(t *testing.T) {
 	oldNS := netnsWith(t, "10.1.0.5")
 	newNS := netnsWith(t, "10.1.0.6")
 	p := runningPod(pod("app", "a", "uid-a", nil), "10.1.0.5")
-	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
+	h := newHarness(t, withConfig(func(c *Config) { c.HostProc = hostProc }), withObjects(namespace("app", true), p))
 	fakeSandbox(t, hostProc, 100, "uid-a", oldNS.NS.Path()) // the old sandbox lives on, findable
 	h.zt.connect()
 	ev := h.event(p)
 	ev.NetnsPath = oldNS.NS.Path()
-	if out, err := h.agent.HandleAdd(context.Background(), ev); err != nil || out != Enrolled {
+	if out, err := h.agent.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
 		t.Fatalf("ADD of the first sandbox: %v, %v", out, err)
 	}
 	h.waitFor("pod in the cache", func() bool { return h.agent.podByUID("uid-a") != nil })
 
 	// The new sandbox's ADD; the API still shows 10.1.0.5.
 	ev.NetnsPath, ev.IPs = newNS.NS.Path(), []netip.Prefix{netip.MustParsePrefix("10.1.0.6/24")}
-	if out, err := h.agent.HandleAdd(context.Background(), ev); err != nil || out != Enrolled {
+	if out, err := h.agent.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
 		t.Fatalf("ADD of the new sandbox: %v, %v", out, err)
 	}
 	inNew := func(when string) {
@@ -389,22 +388,22 @@ func TestAddOfNewSandboxBeforeTheAPIShowsIt(t *testing.T) {
 		}
 	}
 	inNew("after the new sandbox's ADD")
-	h.agent.VerifyPass(context.Background())
+	h.agent.VerifyPass(t.Context())
 	inNew("after a drift pass while the API shows the old sandbox's address")
 	if n := h.repairs("sandbox"); n != 0 {
 		t.Errorf("repairs{sandbox} = %v while the API lagged, want 0", n)
 	}
 
 	// kubelet catches up: still the new sandbox, nothing left lagging.
-	cur, err := h.client.CoreV1().Pods("app").Get(context.Background(), "a", metav1.GetOptions{})
+	cur, err := h.client.CoreV1().Pods("app").Get(t.Context(), "a", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runningPod(cur, "10.1.0.6")
-	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(t.Context(), cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitFor("the API caught up", func() bool { e, _ := h.reg.Get("uid-a"); return e.LaggingAPIIPs == nil })
-	h.agent.VerifyPass(context.Background())
+	h.agent.VerifyPass(t.Context())
 	inNew("after the API caught up")
 }

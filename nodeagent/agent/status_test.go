@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"context"
 	"errors"
-	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/registry"
@@ -56,34 +53,13 @@ func TestStatusFor(t *testing.T) {
 	}
 }
 
-func (h *harness) condition(namespace, name string) *corev1.PodCondition {
-	p, err := h.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		return nil
-	}
-	return podCondition(p, DefaultPodConditionType)
-}
-
-func (h *harness) hasEvent(namespace, reason, contains string) bool {
-	evs, err := h.client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		return false
-	}
-	for _, e := range evs.Items {
-		if e.Reason == reason && strings.Contains(e.Message, contains) {
-			return true
-		}
-	}
-	return false
-}
-
 // TestPodConditionFollowsPhase: the condition is written with the
 // annotation, False with the reason while pending (and a pending Event),
 // True when enabled, True/NotInMesh when the pod leaves the mesh.
 func TestPodConditionFollowsPhase(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
-	if out, err := h.agent.HandleAdd(context.Background(), h.event(p)); err != nil || out != Pending {
+	h := newHarness(t, withObjects(namespace("app", true), p))
+	if out, err := h.agent.HandleAdd(t.Context(), h.event(p)); err != nil || out != Pending {
 		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
 	}
 	h.waitFor("condition False/ZtunnelUnavailable with annotation pending", func() bool {
@@ -108,7 +84,7 @@ func TestPodConditionFollowsPhase(t *testing.T) {
 
 func TestRemovalFailedEvent(t *testing.T) {
 	p := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "10.1.0.5")
-	h := newHarness(t, namespace("app", true), p) // empty host proc: the netns is never found
+	h := newHarness(t, withObjects(namespace("app", true), p)) // empty host proc: the netns is never found
 	h.zt.connect()
 	h.setNamespace("app", false)
 	h.waitFor("RemovalFailed Event", func() bool { return h.hasEvent("app", EventRemovalFailed, "") })
@@ -116,11 +92,11 @@ func TestRemovalFailedEvent(t *testing.T) {
 
 func TestEnrollmentFailedEvent(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.rules.mu.Lock()
 	h.rules.applyErr = errors.New("iptables-restore: broken")
 	h.rules.mu.Unlock()
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); !errors.Is(err, ErrNotCaptured) {
+	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); !errors.Is(err, ErrNotCaptured) {
 		t.Fatalf("HandleAdd error %v, want ErrNotCaptured", err)
 	}
 	h.waitFor("EnrollmentFailed Event", func() bool { return h.hasEvent("app", EventEnrollmentFailed, "iptables-restore: broken") })

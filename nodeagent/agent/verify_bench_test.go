@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"testing"
@@ -27,7 +26,7 @@ import (
 func BenchmarkVerifyPass100(b *testing.B) {
 	testutil.RequireRoot(b)
 	const pods = 100
-	ctx := context.Background()
+	ctx := b.Context()
 	m, err := iptables.NewManager(ctx, iptables.Config{IPv6: true}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)

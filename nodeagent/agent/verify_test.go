@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -17,26 +16,17 @@ import (
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
-func (h *harness) repairs(what string) float64 {
-	h.t.Helper()
-	var m dto.Metric
-	if err := h.agent.metrics.repairs.WithLabelValues(what).Write(&m); err != nil {
-		h.t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
-}
-
 // The drift pass reads every enrolled pod's rules back: intact ones are not
 // written; drifted ones are rewritten and counted; a pod whose repair fails
 // goes pending (never enabled while uncaptured) and is enabled again once
 // a retry repairs it.
 func TestVerifyPassRepairsDrift(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	applied0, _, _ := h.rules.counts()
 
-	h.agent.VerifyPass(context.Background())
+	h.agent.VerifyPass(t.Context())
 	if applied, _, _ := h.rules.counts(); applied != applied0 {
 		t.Errorf("intact pod: %d rule writes in a pass, want 0", applied-applied0)
 	}
@@ -44,7 +34,7 @@ func TestVerifyPassRepairsDrift(t *testing.T) {
 	h.rules.mu.Lock()
 	h.rules.drift = 1
 	h.rules.mu.Unlock()
-	h.agent.VerifyPass(context.Background())
+	h.agent.VerifyPass(t.Context())
 	if applied, _, _ := h.rules.counts(); applied != applied0+1 {
 		t.Errorf("drifted pod: %d rule writes, want 1", applied-applied0)
 	}
@@ -58,7 +48,7 @@ func TestVerifyPassRepairsDrift(t *testing.T) {
 	h.rules.mu.Lock()
 	h.rules.drift, h.rules.applyErr = 1000, errors.New("iptables-restore: exit 4")
 	h.rules.mu.Unlock()
-	h.agent.VerifyPass(context.Background())
+	h.agent.VerifyPass(t.Context())
 	if st := h.state("uid-a"); st != "uncaptured" {
 		t.Fatalf("unrepairable pod state %s, want uncaptured", st)
 	}
@@ -82,12 +72,12 @@ func TestVerifyPassRepairsDrift(t *testing.T) {
 // The drift pass prunes the probe set to the enabled pods.
 func TestVerifyPassPrunesProbeSet(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	h.rules.mu.Lock()
 	h.rules.probes["uid-gone"] = []netip.Addr{netip.MustParseAddr("10.1.0.99")}
 	h.rules.mu.Unlock()
-	h.agent.VerifyPass(context.Background())
+	h.agent.VerifyPass(t.Context())
 	h.rules.mu.Lock()
 	defer h.rules.mu.Unlock()
 	if _, ok := h.rules.probes["uid-gone"]; ok {
@@ -105,11 +95,11 @@ func TestVerifyPassPrunesProbeSet(t *testing.T) {
 // than run with IPv6 uncaptured.
 func TestIPv6OffRefusesIPv6Pod(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, namespace("app", true), p)
+	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
 	ev := h.event(p)
 	ev.IPs = []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24"), netip.MustParsePrefix("fd00::5/64")}
-	_, err := h.agent.HandleAdd(context.Background(), ev)
+	_, err := h.agent.HandleAdd(t.Context(), ev)
 	if !errors.Is(err, ErrNotCaptured) || !strings.Contains(err.Error(), "--ipv6=false") {
 		t.Fatalf("HandleAdd = %v, want ErrNotCaptured naming --ipv6=false", err)
 	}
@@ -124,7 +114,7 @@ func TestIPv6OffRefusesIPv6Pod(t *testing.T) {
 // A late CNI DEL naming another (still existing) netns than the pod's own
 // leaves the pod alone, uid given or not.
 func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
-	h := newHarness(t, namespace("app", true))
+	h := newHarness(t, withObjects(namespace("app", true)))
 	other := testutil.NewNetNS(t)
 	f, err := podnetns.Open(h.podNS.NS.Path())
 	if err != nil {
@@ -135,7 +125,7 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 		{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: other.NS.Path()},
 		{Namespace: "app", Name: "a", NetnsPath: other.NS.Path()},
 	} {
-		if err := h.agent.HandleDel(context.Background(), ev); err != nil {
+		if err := h.agent.HandleDel(t.Context(), ev); err != nil {
 			t.Fatal(err)
 		}
 		if h.state("uid-a") != "enabled" {
@@ -144,14 +134,14 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 	}
 	// A DEL naming a netns that is gone while the pod's own is still at
 	// its path (a late DEL of an old sandbox) leaves it too (issue 21).
-	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: "/nonexistent"}); err != nil {
+	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: "/nonexistent"}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-a") != "enabled" {
 		t.Errorf("DEL with another, vanished netns: state %s, want enabled", h.state("uid-a"))
 	}
 	// The pod's own netns does drop it (no pod object here: forgotten).
-	if err := h.agent.HandleDel(context.Background(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNS.NS.Path()}); err != nil {
+	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNS.NS.Path()}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-a") != "absent" {
@@ -164,13 +154,13 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 func TestPodLockHonoursDeadline(t *testing.T) {
 	var k keyedMutex
 	unlock := k.lock("uid-a")
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	if _, err := k.lockCtx(ctx, "uid-a"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("lockCtx on a held lock = %v, want the deadline", err)
 	}
 	unlock()
-	u2, err := k.lockCtx(context.Background(), "uid-a")
+	u2, err := k.lockCtx(t.Context(), "uid-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,17 +180,17 @@ func TestEnabledPodIPChangeIsANewSandbox(t *testing.T) {
 	hostProc := t.TempDir()
 	newNS := netnsWith(t, "10.1.0.77") // made first: the agent may hold it at cleanup
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarnessWith(t, func(c *Config) { c.HostProc = hostProc }, namespace("app", true), p)
+	h := newHarness(t, withConfig(func(c *Config) { c.HostProc = hostProc }), withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	first := h.zt.added("uid-a")
 
 	// No new sandbox to be found yet: the pod leaves the old one.
-	cur, err := h.client.CoreV1().Pods("app").Get(context.Background(), "a", metav1.GetOptions{})
+	cur, err := h.client.CoreV1().Pods("app").Get(t.Context(), "a", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runningPod(cur, "10.1.0.77")
-	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+	if _, err := h.client.CoreV1().Pods("app").UpdateStatus(t.Context(), cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitFor("pod uncaptured, pending and False", func() bool {

@@ -91,39 +91,19 @@ func startServer(t *testing.T, h Handler, cfg Config) (*Server, func()) {
 		cfg.SocketPath = filepath.Join(t.TempDir(), "run", "cni.sock")
 	}
 	s := New(cfg, h, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	waitFor(t, "server serving", func() bool { return s.Serving() })
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return after cancel")
-		}
+	stopRun := testutil.Run(t, s.Run)
+	testutil.WaitFor(t, "server serving", func() bool { return s.Serving() })
+	stop := sync.OnceFunc(func() {
+		stopRun()
 		if s.Serving() {
 			t.Error("Serving() still true after Run returned")
 		}
 		if _, err := os.Lstat(cfg.SocketPath); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("socket left behind after Run returned: %v", err)
 		}
-	}
+	})
 	t.Cleanup(stop)
 	return s, stop
-}
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	testutil.Eventually(t, what, 30*time.Second, cond)
 }
 
 func dial(t *testing.T, sock string) *grpc.ClientConn {
@@ -235,7 +215,7 @@ func TestDeadlinePropagatesAndNothingLeaks(t *testing.T) {
 		ln.Close()
 	}
 	before := runtime.NumGoroutine()
-	fdsBefore := countFDs(t)
+	fdsBefore := testutil.CountFDs(t)
 	rec := &recorder{block: true}
 	s, stop := startServer(t, rec, Config{})
 	conn := dial(t, s.cfg.SocketPath)
@@ -247,16 +227,8 @@ func TestDeadlinePropagatesAndNothingLeaks(t *testing.T) {
 	}
 	conn.Close()
 	stop()
-	waitFor(t, "goroutines to return to baseline", func() bool { return runtime.NumGoroutine() <= before })
-	waitFor(t, "fds to return to baseline", func() bool { return countFDs(t) <= fdsBefore })
-}
-
-func countFDs(t testing.TB) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatalf("read /proc/self/fd: %v", err)
-	}
-	return len(ents)
+	testutil.WaitFor(t, "goroutines to return to baseline", func() bool { return runtime.NumGoroutine() <= before })
+	testutil.WaitFor(t, "fds to return to baseline", func() bool { return testutil.CountFDs(t) <= fdsBefore })
 }
 
 func TestSocketLifecycle(t *testing.T) {

@@ -88,7 +88,7 @@ const (
 // Annotations is the table of the pod annotations the agent reads, sorted
 // by name. It is the one definition of their validity: ValidateAnnotations
 // and Options follow it, and an admission policy checking the same rules
-// can be tested against testdata/annotations.json.
+// can be tested against admission/cases/annotations.json.
 var Annotations = []Annotation{
 	{Name: AnnotationBypassInbound, Kind: KindBool, OnInvalid: Ignore},
 	{Name: AnnotationDNSCapture, Kind: KindBool, OnInvalid: Ignore},

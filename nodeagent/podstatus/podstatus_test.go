@@ -31,11 +31,6 @@ func pod(name, uid string, ann map[string]string) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("u-" + uid), Annotations: ann}}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	testutil.Eventually(t, what, 20*time.Second, cond)
-}
-
 func annotation(t *testing.T, c *fake.Clientset, name string) (string, bool) {
 	t.Helper()
 	p, err := c.CoreV1().Pods("ns").Get(context.Background(), name, metav1.GetOptions{})
@@ -47,10 +42,7 @@ func annotation(t *testing.T, c *fake.Clientset, name string) (string, bool) {
 }
 
 func start(t *testing.T, p *Patcher) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { p.Run(ctx, 2) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	testutil.Run(t, func(ctx context.Context) error { p.Run(ctx, 2); return nil })
 }
 
 func TestSetRetriesUntilLanded(t *testing.T) {
@@ -76,7 +68,7 @@ func TestSetRetriesUntilLanded(t *testing.T) {
 	start(t, p)
 	p.Set("ns", "a", "u-1", Status{Redirection: "pending"})
 	p.Set("ns", "a", "u-1", Status{Redirection: "enabled"}) // only the newest value matters
-	waitFor(t, "annotation enabled", func() bool { v, _ := annotation(t, c, "a"); return v == "enabled" && p.Pending() == 0 })
+	testutil.WaitFor(t, "annotation enabled", func() bool { v, _ := annotation(t, c, "a"); return v == "enabled" && p.Pending() == 0 })
 	if !sawStatus.Load() {
 		t.Error("patch did not target the status subresource")
 	}
@@ -85,7 +77,7 @@ func TestSetRetriesUntilLanded(t *testing.T) {
 	}
 
 	p.Set("ns", "a", "u-1", Status{Redirection: ""})
-	waitFor(t, "annotation removed", func() bool { _, ok := annotation(t, c, "a"); return !ok && p.Pending() == 0 })
+	testutil.WaitFor(t, "annotation removed", func() bool { _, ok := annotation(t, c, "a"); return !ok && p.Pending() == 0 })
 }
 
 func TestSetDropsGoneOrReplacedPod(t *testing.T) {
@@ -100,7 +92,7 @@ func TestSetDropsGoneOrReplacedPod(t *testing.T) {
 	start(t, p)
 	p.Set("ns", "missing", "u-9", Status{Redirection: "enabled"})
 	p.Set("ns", "b", "u-old", Status{Redirection: "enabled"})
-	waitFor(t, "writes dropped", func() bool { return p.Pending() == 0 })
+	testutil.WaitFor(t, "writes dropped", func() bool { return p.Pending() == 0 })
 	if _, ok := annotation(t, c, "b"); ok {
 		t.Error("replaced pod got annotated")
 	}
@@ -131,7 +123,7 @@ func TestSetForOldPodDoesNotReplaceNewPodsWrite(t *testing.T) {
 	p.Set("ns", "web-0", "u-new", Status{Redirection: "enabled"})
 	p.Set("ns", "web-0", "u-old", Status{Redirection: ""}) // queued before any write runs
 	start(t, p)
-	waitFor(t, "writes done", func() bool { return p.Pending() == 0 })
+	testutil.WaitFor(t, "writes done", func() bool { return p.Pending() == 0 })
 	if v, _ := annotation(t, c, "web-0"); v != "enabled" {
 		t.Errorf("new pod's annotation %q, want enabled", v)
 	}
@@ -159,7 +151,7 @@ func TestConditionInSameWrite(t *testing.T) {
 	start(t, pt)
 	since := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	pt.Set("ns", "c", "u-3", Status{Redirection: "pending", Condition: Condition{Status: corev1.ConditionFalse, Reason: "Pending", Message: "waiting", Since: since}})
-	waitFor(t, "write landed", func() bool { return pt.Pending() == 0 })
+	testutil.WaitFor(t, "write landed", func() bool { return pt.Pending() == 0 })
 	got, err := c.CoreV1().Pods("ns").Get(context.Background(), "c", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

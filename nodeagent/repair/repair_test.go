@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ambientd/ambientd/test/infra/kubetest"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 const node = "node-a"
@@ -108,6 +110,27 @@ func (f *fakeRepairer) count() int {
 	return len(f.calls)
 }
 
+func (f *fakeRepairer) called() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+// fence creates the broken pod name and waits for its repair. The
+// controller's one worker takes keys in the order the informer delivered
+// them, and the informer delivers events in the order they happened: once
+// the fence is repaired, every event before its creation has been handled.
+// (Two fences around an update: the first makes sure an earlier sync of the
+// updated pod has finished, so the update is queued rather than folded into
+// that sync.)
+func fence(t *testing.T, client *fake.Clientset, r *fakeRepairer, name string) {
+	t.Helper()
+	if _, err := client.CoreV1().Pods("demo").Create(t.Context(), pod(name), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, name+" repaired (every earlier event handled)", func() bool { return slices.Contains(r.called(), name) })
+}
+
 func newController(t *testing.T, cfg Config, r Repairer, pods ...*corev1.Pod) (*Controller, *fake.Clientset, *record.FakeRecorder) {
 	t.Helper()
 	client := fake.NewClientset()
@@ -134,23 +157,7 @@ func newController(t *testing.T, cfg Config, r Repairer, pods ...*corev1.Pod) (*
 	return c, client, rec
 }
 
-func run(t *testing.T, c *Controller) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = c.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+func run(t *testing.T, c *Controller) { testutil.Run(t, c.Run) }
 
 func event(t *testing.T, rec *record.FakeRecorder, want string) {
 	t.Helper()
@@ -175,26 +182,23 @@ func TestRepairMode(t *testing.T) {
 	elsewhere := pod("elsewhere", func(p *corev1.Pod) { p.Spec.NodeName = "node-b" })
 	c, client, rec := newController(t, cfg, r, pod("broken"), healthy, elsewhere)
 	run(t, c)
-	waitFor(t, "the repair", func() bool { return r.count() == 1 })
+	testutil.WaitFor(t, "the repair", func() bool { return r.count() == 1 })
 	event(t, rec, EventRepairBrokenPod)
-	if got := testutil.ToFloat64(c.repaired.WithLabelValues("repair", "success")); got != 1 {
+	if got := promtest.ToFloat64(c.repaired.WithLabelValues("repair", "success")); got != 1 {
 		t.Errorf("metric repair/success = %v", got)
 	}
 	// An update of the pod (kubelet restarts the init container) does not
-	// repair it again.
-	p, _ := client.CoreV1().Pods("demo").Get(context.Background(), "broken", metav1.GetOptions{})
+	// repair it again. The fences make sure the controller has handled the
+	// update before the test looks.
+	fence(t, client, r, "fence-before")
+	p, _ := client.CoreV1().Pods("demo").Get(t.Context(), "broken", metav1.GetOptions{})
 	p.Status.InitContainerStatuses[0].RestartCount = 2
-	if _, err := client.CoreV1().Pods("demo").UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+	if _, err := client.CoreV1().Pods("demo").UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	if n := r.count(); n != 1 {
-		t.Errorf("repaired %d times, want once", n)
-	}
-	for _, call := range r.calls {
-		if call != "broken" {
-			t.Errorf("repaired %s", call)
-		}
+	fence(t, client, r, "fence-after")
+	if got, want := r.called(), []string{"broken", "fence-before", "fence-after"}; !slices.Equal(got, want) {
+		t.Errorf("repaired %v, want %v (broken once, the healthy pod and the other node's never)", got, want)
 	}
 
 	failing := &fakeRepairer{err: errors.New("no netns")}
@@ -203,11 +207,11 @@ func TestRepairMode(t *testing.T) {
 	run(t, c2)
 	// Given up: the third failure forgot the key (no retry is queued).
 	broken := types.NamespacedName{Namespace: "demo", Name: "broken"}
-	waitFor(t, "three attempts, then given up", func() bool { return failing.count() == 3 && c2.queue.NumRequeues(broken) == 0 })
+	testutil.WaitFor(t, "three attempts, then given up", func() bool { return failing.count() == 3 && c2.queue.NumRequeues(broken) == 0 })
 	if n := failing.count(); n != 3 {
 		t.Errorf("%d attempts, want 3 (MaxAttempts)", n)
 	}
-	if got := testutil.ToFloat64(c2.repaired.WithLabelValues("repair", "fail")); got != 3 {
+	if got := promtest.ToFloat64(c2.repaired.WithLabelValues("repair", "fail")); got != 3 {
 		t.Errorf("metric repair/fail = %v", got)
 	}
 }
@@ -226,7 +230,7 @@ func TestDeleteMode(t *testing.T) {
 		return false, nil, nil
 	})
 	run(t, c)
-	waitFor(t, "the delete", func() bool {
+	testutil.WaitFor(t, "the delete", func() bool {
 		_, err := client.CoreV1().Pods("demo").Get(context.Background(), "broken", metav1.GetOptions{})
 		return err != nil
 	})
@@ -237,7 +241,7 @@ func TestDeleteMode(t *testing.T) {
 	if _, err := client.CoreV1().Pods("demo").Get(context.Background(), "healthy", metav1.GetOptions{}); err != nil {
 		t.Errorf("healthy pod: %v", err)
 	}
-	if got := testutil.ToFloat64(c.repaired.WithLabelValues("delete", "success")); got != 1 {
+	if got := promtest.ToFloat64(c.repaired.WithLabelValues("delete", "success")); got != 1 {
 		t.Errorf("metric delete/success = %v", got)
 	}
 }
@@ -256,12 +260,12 @@ func TestLabelMode(t *testing.T) {
 		return false, nil, nil
 	})
 	run(t, c)
-	waitFor(t, "the label", func() bool {
+	testutil.WaitFor(t, "the label", func() bool {
 		p, err := client.CoreV1().Pods("demo").Get(context.Background(), "broken", metav1.GetOptions{})
 		return err == nil && p.Labels["cni.istio.io/uninitialized"] == "true"
 	})
 	event(t, rec, EventLabelBrokenPod+" pod detected as broken, labeled")
-	waitFor(t, "the skip of the labelled pod", func() bool { return testutil.ToFloat64(c.repaired.WithLabelValues("label", "skip")) >= 1 })
+	testutil.WaitFor(t, "the skip of the labelled pod", func() bool { return promtest.ToFloat64(c.repaired.WithLabelValues("label", "skip")) >= 1 })
 	if len(subresources) != 1 || subresources[0] != "status" {
 		t.Errorf("patched subresources %q, want one patch of status", subresources)
 	}
@@ -296,13 +300,13 @@ func TestRepairModeSkipsPodsNotToCapture(t *testing.T) {
 	run(t, c)
 	// Skipped: the key is forgotten (no retry is queued).
 	broken := types.NamespacedName{Namespace: "demo", Name: "broken"}
-	waitFor(t, "the skip", func() bool {
-		return testutil.ToFloat64(c.repaired.WithLabelValues("repair", "skip")) == 1 && c.queue.NumRequeues(broken) == 0
+	testutil.WaitFor(t, "the skip", func() bool {
+		return promtest.ToFloat64(c.repaired.WithLabelValues("repair", "skip")) == 1 && c.queue.NumRequeues(broken) == 0
 	})
 	if n := r.count(); n != 1 {
 		t.Errorf("asked %d times, want once (no retry)", n)
 	}
-	if got := testutil.ToFloat64(c.repaired.WithLabelValues("repair", "fail")); got != 0 {
+	if got := promtest.ToFloat64(c.repaired.WithLabelValues("repair", "fail")); got != 0 {
 		t.Errorf("counted as failed %v times", got)
 	}
 }

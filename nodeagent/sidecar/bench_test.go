@@ -18,7 +18,7 @@ import (
 //
 //	go test -run '^$' -bench SidecarCapture -benchtime 40x ./nodeagent/sidecar/
 func BenchmarkSidecarCapture(b *testing.B) {
-	requireTools(b)
+	tu.RequireIptables(b, "nft")
 	for _, mode := range allModes {
 		for _, golden := range []string{"dualstack", "dns-capture"} {
 			b.Run(string(mode)+"/"+golden, func(b *testing.B) {

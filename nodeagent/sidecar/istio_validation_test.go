@@ -99,7 +99,7 @@ func validationUser(t *testing.T, c istiogolden.Case) (uint32, uint32) {
 // rules (pass), and a namespace with no usable address (1: neither can
 // tell the family).
 func TestIstioValidationAgrees(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t, "nft")
 	bin := istioValidation(t)
 	ctx := testCtx(t)
 	check := func(t *testing.T, n ns.NetNS, c istiogolden.Case, want int) {

@@ -25,18 +25,7 @@ import (
 
 var allModes = []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT, iptables.ModeNFTables}
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func requireTools(t testing.TB) {
-	t.Helper()
-	testutil.RequireRoot(t)
-	testutil.RequireBinary(t, "iptables-legacy-save", "iptables-legacy-restore", "iptables-nft-save", "iptables-nft-restore",
-		"ip6tables-legacy-save", "ip6tables-legacy-restore", "ip6tables-nft-save", "ip6tables-nft-restore", "nft")
-}
+func testCtx(t testing.TB) context.Context { return testutil.Context(t, 3*time.Minute) }
 
 func newManager(t testing.TB, mode iptables.Mode) *iptables.Manager {
 	t.Helper()
@@ -274,7 +263,7 @@ func saveToRestore(save string) string {
 // in the namespace Istio programmed (a pod Istio's agent enrolled is adopted
 // without a write), and a second apply changes nothing.
 func TestSidecarMatchesIstioInKernel(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t, "nft")
 	ctx := testCtx(t)
 	for _, mode := range allModes {
 		m := newManager(t, mode)

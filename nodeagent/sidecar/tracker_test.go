@@ -154,7 +154,7 @@ func breakRules(t *testing.T, n ns.NetNS, mode iptables.Mode) {
 // is found by the /proc scan, its drift repaired and it is tracked again; a
 // pod whose sandbox is gone is forgotten.
 func TestTrackerCaptureDriftRestart(t *testing.T) {
-	requireTools(t)
+	tu.RequireIptables(t, "nft")
 	ctx := testCtx(t)
 	for _, mode := range allModes {
 		t.Run(string(mode), func(t *testing.T) {
@@ -217,7 +217,7 @@ func TestTrackerCaptureDriftRestart(t *testing.T) {
 // pod's namespace (so the namespace, and its rules, go with the sandbox):
 // once the namespace is gone, the drift pass forgets the pod.
 func TestTrackerForgetsGoneSandbox(t *testing.T) {
-	requireTools(t)
+	tu.RequireIptables(t, "nft")
 	ctx := testCtx(t)
 	m := newManager(t, iptables.ModeNFTables)
 	pod, c := sidecarPod(t, "redirect-default", "uid-gone")
@@ -242,7 +242,7 @@ func TestTrackerForgetsGoneSandbox(t *testing.T) {
 // TestTrackerInvalidAnnotation: an invalid sidecar annotation fails the
 // capture with Istio's error, writes no rule and records an Event.
 func TestTrackerInvalidAnnotation(t *testing.T) {
-	requireTools(t)
+	tu.RequireIptables(t, "nft")
 	ctx := testCtx(t)
 	m := newManager(t, iptables.ModeLegacy)
 	pod, c := sidecarPod(t, "error-port-out-of-range", "uid-bad")

@@ -348,7 +348,7 @@ func hostPort(a netip.Addr, p int) string { return netip.AddrPortFrom(a, uint16(
 // lands on 15053; on IPv6 too when the pod is dual-stack with
 // ISTIO_DUAL_STACK. After delete, traffic flows uncaptured again.
 func TestSidecarTraffic(t *testing.T) {
-	requireTools(t)
+	testutil.RequireIptables(t, "nft")
 	ctx := testCtx(t)
 	for _, mode := range allModes {
 		m := newManager(t, mode)

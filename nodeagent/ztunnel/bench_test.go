@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
@@ -26,7 +27,7 @@ func BenchmarkAddAck(b *testing.B) {
 			s, _ := runServer(b, Config{}, &source{})
 			e, _ := runEmu(b, ztunnelemu.Config{SocketPath: s.cfg.SocketPath, NetnsMode: bc.netnsMode, MaxRecords: 1000})
 			waitSnapshot(b, e, 1)
-			waitUntil(b, "acked", func() bool { return s.Status().SnapshotAcked })
+			testutil.WaitFor(b, "acked", func() bool { return s.Status().SnapshotAcked })
 			ctx := context.Background()
 			i := 0
 			for b.Loop() {

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
@@ -47,10 +48,10 @@ func TestHandoverToRemainingConnection(t *testing.T) {
 	src.s = s
 	old, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, old, 1)
-	waitUntil(t, "first conn acked", func() bool { return s.Status().SnapshotAcked })
+	testutil.WaitFor(t, "first conn acked", func() bool { return s.Status().SnapshotAcked })
 	nu, stopNew := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, nu, 1)
-	waitUntil(t, "second conn acked", func() bool { st := s.Status(); return st.Connections == 2 && st.SnapshotAcked })
+	testutil.WaitFor(t, "second conn acked", func() bool { st := s.Status(); return st.Connections == 2 && st.SnapshotAcked })
 
 	for _, w := range []struct {
 		uid string
@@ -66,7 +67,7 @@ func TestHandoverToRemainingConnection(t *testing.T) {
 		SnapshotEntry{Workload: wl("elsewhere"), Netns: other.File})
 	stopNew()
 
-	st := waitState(t, old, "held pod handed over", func(s ztunnelemu.State) bool { _, ok := s.Workload("held"); return ok })
+	st := ztunnelemu.Await(t, old, "held pod handed over", func(s ztunnelemu.State) bool { _, ok := s.Workload("held"); return ok })
 	if w, _ := st.Workload("held"); w.NetnsInode != held.Inode {
 		t.Errorf("handover Add carried inode %d, want %d", w.NetnsInode, held.Inode)
 	}
@@ -81,7 +82,7 @@ func TestHandoverToRemainingConnection(t *testing.T) {
 	case <-ctxT(t).Done():
 		t.Fatal("pod without netns not reported")
 	}
-	waitUntil(t, "handover results counted", func() bool {
+	testutil.WaitFor(t, "handover results counted", func() bool {
 		return counterValue(s.metrics.handovers.WithLabelValues("ok")) == 1 && counterValue(s.metrics.handovers.WithLabelValues("failed")) == 1
 	})
 }

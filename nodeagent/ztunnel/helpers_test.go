@@ -24,11 +24,7 @@ func testLogger(t testing.TB) *slog.Logger {
 	return testutil.Logger(t, slog.LevelInfo)
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return testutil.Context(t, testTimeout) }
 
 // socketPath returns a short path (sun_path is 108 bytes) in a dir that does
 // not exist yet: Run must create it.
@@ -71,26 +67,9 @@ func runServer(t testing.TB, cfg Config, src SnapshotSource) (*Server, func()) {
 		cfg.SocketPath = socketPath(t)
 	}
 	s := NewServer(cfg, testLogger(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, src) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("server Run: %v", err)
-				}
-			case <-time.After(testTimeout):
-				t.Error("server did not stop")
-			}
-		})
-	}
-	t.Cleanup(stop)
+	stop := testutil.Run(t, func(ctx context.Context) error { return s.Run(ctx, src) })
 	// Serving once the socket exists.
-	waitUntil(t, "server socket", func() bool { _, err := os.Stat(cfg.SocketPath); return err == nil })
+	testutil.WaitFor(t, "server socket", func() bool { _, err := os.Stat(cfg.SocketPath); return err == nil })
 	return s, stop
 }
 
@@ -122,24 +101,10 @@ func runEmu(t testing.TB, cfg ztunnelemu.Config) (*ztunnelemu.Emulator, func()) 
 // waitEmu waits until the emulator's current connection has its snapshot.
 func waitSnapshot(t testing.TB, e *ztunnelemu.Emulator, connID int) ztunnelemu.State {
 	t.Helper()
-	return waitState(t, e, "snapshot on conn", func(s ztunnelemu.State) bool {
+	return ztunnelemu.Await(t, e, "snapshot on conn", func(s ztunnelemu.State) bool {
 		c, ok := s.Conn(connID)
 		return ok && c.SnapshotSent && s.CurrentConn == connID
 	})
-}
-
-func waitState(t testing.TB, e *ztunnelemu.Emulator, what string, cond func(ztunnelemu.State) bool) ztunnelemu.State {
-	t.Helper()
-	if err := e.WaitFor(ctxT(t), cond); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
-	return e.State()
-}
-
-// waitUntil polls cond with a deadline; for state outside the emulator.
-func waitUntil(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	testutil.Eventually(t, what, testTimeout, cond)
 }
 
 // testNetns is a throwaway network namespace and a Handle on it, as the

@@ -5,7 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // Metrics are the server's Prometheus collectors. They are not registered
 // anywhere; the agent registers them (Metrics implements prometheus.Collector).
 type Metrics struct {
-	connections prometheus.Gauge
+	connections prometheus.GaugeFunc
 	accepted    prometheus.Counter
 	retries     prometheus.Counter
 	requests    *prometheus.CounterVec
@@ -14,12 +14,14 @@ type Metrics struct {
 	refused     prometheus.Counter
 }
 
-func newMetrics() *Metrics {
+// newMetrics returns the server's collectors; live counts the live
+// connections when the gauge is scraped.
+func newMetrics(live func() int) *Metrics {
 	return &Metrics{
-		connections: prometheus.NewGauge(prometheus.GaugeOpts{
+		connections: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ambientd_ztunnel_connections",
 			Help: "Live ztunnel connections.",
-		}),
+		}, func() float64 { return float64(live()) }),
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ambientd_ztunnel_connections_accepted_total",
 			Help: "ztunnel connections accepted.",

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ambientd/ambientd/test/infra/testutil"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 func TestMetrics(t *testing.T) {
@@ -21,7 +23,7 @@ func TestMetrics(t *testing.T) {
 	}
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, e, 1)
-	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
+	testutil.WaitFor(t, "acked", func() bool { return s.Status().SnapshotAcked })
 	e.SetNack("y", "no")
 	if err := s.AddWorkload(ctxT(t), wl("x"), n.File); err != nil {
 		t.Fatal(err)

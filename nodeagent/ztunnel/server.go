@@ -155,14 +155,21 @@ func NewServer(cfg Config, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{
+	s := &Server{
 		cfg:        cfg.withDefaults(),
 		log:        log.With("component", "ztunnel-server"),
-		metrics:    newMetrics(),
 		subs:       map[int]chan struct{}{},
 		statusSubs: map[int]chan struct{}{},
 		now:        time.Now,
 	}
+	// The connections gauge is read from the list itself, under its lock,
+	// when scraped: no copy of the count to keep in step.
+	s.metrics = newMetrics(func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns)
+	})
+	return s
 }
 
 // Metrics returns the server's Prometheus collectors for the agent to register.
@@ -407,8 +414,6 @@ func (s *Server) register(c *zconn) {
 	s.nextID++
 	c.id = s.nextID
 	s.conns = append(s.conns, c)
-	// Set under mu, so concurrent register/unregister cannot leave a stale count.
-	s.metrics.connections.Set(float64(len(s.conns)))
 	signal(s.statusSubs)
 	s.mu.Unlock()
 }
@@ -421,7 +426,6 @@ func (s *Server) unregister(c *zconn) {
 			break
 		}
 	}
-	s.metrics.connections.Set(float64(len(s.conns)))
 	signal(s.statusSubs)
 	s.mu.Unlock()
 }

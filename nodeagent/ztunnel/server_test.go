@@ -14,11 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
-	"github.com/containernetworking/plugins/pkg/ns"
 )
 
 // The snapshot: Add with fd for pods with a netns, Keep for the others, in
@@ -66,7 +67,7 @@ func TestSnapshotOrderKeepAndNetns(t *testing.T) {
 	case <-time.After(testTimeout):
 		t.Fatal("no snapshot-acked signal")
 	}
-	waitUntil(t, "status", func() bool { st := s.Status(); return st.Connections == 1 && st.SnapshotAcked })
+	testutil.WaitFor(t, "status", func() bool { st := s.Status(); return st.Connections == 1 && st.SnapshotAcked })
 }
 
 func dialIn(t *testing.T, n *testutil.NetNS, addr string) string {
@@ -94,10 +95,10 @@ func TestAddsGoToNewestDelsToAll(t *testing.T) {
 	s, _ := runServer(t, Config{}, &source{})
 	old, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, old, 1)
-	waitUntil(t, "first conn acked", func() bool { return s.Status().SnapshotAcked })
+	testutil.WaitFor(t, "first conn acked", func() bool { return s.Status().SnapshotAcked })
 	nu, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, nu, 1)
-	waitUntil(t, "second conn acked", func() bool { st := s.Status(); return st.Connections == 2 && st.SnapshotAcked })
+	testutil.WaitFor(t, "second conn acked", func() bool { st := s.Status(); return st.Connections == 2 && st.SnapshotAcked })
 
 	if err := s.AddWorkload(ctxT(t), wl("p"), n.File); err != nil {
 		t.Fatal(err)
@@ -164,7 +165,7 @@ func TestReconnectGetsFreshSnapshot(t *testing.T) {
 	if w, ok := st.Workload("p"); !ok || w.NetnsInode != n.Inode {
 		t.Fatalf("kept workload lost: %+v", st.Workloads)
 	}
-	waitUntil(t, "new server acked", func() bool { return s2.Status().SnapshotAcked })
+	testutil.WaitFor(t, "new server acked", func() bool { return s2.Status().SnapshotAcked })
 }
 
 // peer is a hand-driven (often misbehaving) ztunnel.
@@ -256,7 +257,7 @@ func TestNeverAckedTimesOut(t *testing.T) {
 	sendHello(t, c)
 	expectRequest(t, c, zp.OpSnapshotSent)
 	sendAck(t, c, "")
-	waitUntil(t, "snapshot acked", func() bool { return s.Status().SnapshotAcked })
+	testutil.WaitFor(t, "snapshot acked", func() bool { return s.Status().SnapshotAcked })
 
 	start := time.Now()
 	err := s.AddWorkload(context.Background(), wl("p"), n.File) // no ctx deadline: the ack timeout bounds it
@@ -266,7 +267,7 @@ func TestNeverAckedTimesOut(t *testing.T) {
 	t.Logf("timed out after %v: %v", time.Since(start), err)
 	expectRequest(t, c, zp.OpAdd) // it was sent, never acked
 	expectClosed(t, c)
-	waitUntil(t, "connection dropped", func() bool { return s.Status().Connections == 0 })
+	testutil.WaitFor(t, "connection dropped", func() bool { return s.Status().Connections == 0 })
 	if err := s.AddWorkload(ctxT(t), wl("p"), n.File); !errors.Is(err, ErrNoZtunnel) {
 		t.Fatalf("after drop: %v, want ErrNoZtunnel", err)
 	}
@@ -278,7 +279,7 @@ func TestSnapshotNeverAckedTimesOut(t *testing.T) {
 	sendHello(t, c)
 	expectRequest(t, c, zp.OpSnapshotSent)
 	expectClosed(t, c)
-	waitUntil(t, "connection dropped", func() bool { return s.Status().Connections == 0 })
+	testutil.WaitFor(t, "connection dropped", func() bool { return s.Status().Connections == 0 })
 }
 
 // Misbehaving peers are dropped; a good ztunnel keeps being served.
@@ -290,7 +291,7 @@ func TestBadPeersDroppedOthersServed(t *testing.T) {
 
 	mustAdd := func(uid string) {
 		t.Helper()
-		waitUntil(t, "only the good ztunnel left", func() bool { st := s.Status(); return st.Connections == 1 && st.SnapshotAcked })
+		testutil.WaitFor(t, "only the good ztunnel left", func() bool { st := s.Status(); return st.Connections == 1 && st.SnapshotAcked })
 		if err := s.AddWorkload(ctxT(t), wl(uid), n.File); err != nil {
 			t.Fatalf("add %s after bad peer: %v", uid, err)
 		}
@@ -347,7 +348,7 @@ func TestBadPeersDroppedOthersServed(t *testing.T) {
 		})
 	}
 	// Bad input leaks nothing (the peers' own sockets are closed by now).
-	waitUntil(t, "fds and goroutines back to baseline", func() bool {
+	testutil.WaitFor(t, "fds and goroutines back to baseline", func() bool {
 		return testutil.CountFDs(t) <= fds && runtime.NumGoroutine() <= gs
 	})
 }
@@ -376,7 +377,7 @@ func TestNackAndNoZtunnel(t *testing.T) {
 	long := strings.Repeat("denied by policy. ", 100) // > 1 KiB
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath, Nacks: map[string]string{"ns/pod-p": long}})
 	waitSnapshot(t, e, 1)
-	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
+	testutil.WaitFor(t, "acked", func() bool { return s.Status().SnapshotAcked })
 	err := s.AddWorkload(ctxT(t), wl("p"), n.File)
 	var nack *NackError
 	if !errors.As(err, &nack) || nack.Message != long || nack.UID != "p" || nack.Op != zp.OpAdd {
@@ -402,7 +403,7 @@ func TestAddDuringSnapshotWaits(t *testing.T) {
 	c := rawPeer(t, s.cfg.SocketPath)
 	sendHello(t, c)
 	expectRequest(t, c, zp.OpKeep)
-	waitUntil(t, "conn registered", func() bool { st := s.Status(); return st.Connections == 1 && !st.SnapshotAcked })
+	testutil.WaitFor(t, "conn registered", func() bool { st := s.Status(); return st.Connections == 1 && !st.SnapshotAcked })
 	errc := make(chan error, 1)
 	go func() { errc <- s.AddWorkload(ctxT(t), wl("p"), n.File) }()
 	sendAck(t, c, "")
@@ -424,7 +425,7 @@ func TestConcurrentAdds(t *testing.T) {
 	s, _ := runServer(t, Config{}, &source{})
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, e, 1)
-	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
+	testutil.WaitFor(t, "acked", func() bool { return s.Status().SnapshotAcked })
 	e.SetNack("odd-7", "no")
 	var wg sync.WaitGroup
 	errs := make([]error, 40)
@@ -462,7 +463,7 @@ func TestAddDelCyclesLeakNothing(t *testing.T) {
 			s, _ := runServer(t, Config{}, &source{})
 			e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath, NetnsMode: netnsMode})
 			waitSnapshot(t, e, 1)
-			waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
+			testutil.WaitFor(t, "acked", func() bool { return s.Status().SnapshotAcked })
 			ctx := ctxT(t)
 			cycle := func(i int) {
 				uid := fmt.Sprint("p", i)
@@ -481,7 +482,7 @@ func TestAddDelCyclesLeakNothing(t *testing.T) {
 			if st := e.State(); len(st.Workloads) != 0 || len(st.ProtocolErrors) != 0 {
 				t.Fatalf("emulator state after cycles: %d workloads, errors %v", len(st.Workloads), st.ProtocolErrors)
 			}
-			waitUntil(t, "fds and goroutines back to baseline", func() bool {
+			testutil.WaitFor(t, "fds and goroutines back to baseline", func() bool {
 				return testutil.CountFDs(t) <= fds && runtime.NumGoroutine() <= gs
 			})
 			t.Logf("fds %d → %d, goroutines %d → %d", fds, testutil.CountFDs(t), gs, runtime.NumGoroutine())
@@ -506,12 +507,12 @@ func TestSocketFileHandling(t *testing.T) {
 	s, stop := runServer(t, Config{SocketPath: path}, &source{})
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: path})
 	waitSnapshot(t, e, 1)
-	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
+	testutil.WaitFor(t, "acked", func() bool { return s.Status().SnapshotAcked })
 	stop()
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket left behind: %v", err)
 	}
-	waitState(t, e, "emulator sees the hangup", func(st ztunnelemu.State) bool { return !st.Connected })
+	ztunnelemu.Await(t, e, "emulator sees the hangup", func(st ztunnelemu.State) bool { return !st.Connected })
 
 	if err := os.WriteFile(path, []byte("not a socket"), 0o644); err != nil {
 		t.Fatal(err)
@@ -553,7 +554,7 @@ func TestClosedNetnsFile(t *testing.T) {
 	s, _ := runServer(t, Config{}, &source{})
 	e, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
 	waitSnapshot(t, e, 1)
-	waitUntil(t, "acked", func() bool { return s.Status().SnapshotAcked })
+	testutil.WaitFor(t, "acked", func() bool { return s.Status().SnapshotAcked })
 	f, err := podnetns.Open(n.NS.Path())
 	if err != nil {
 		t.Fatal(err)
@@ -589,7 +590,7 @@ func TestSubscribeStatus(t *testing.T) {
 		case <-time.After(testTimeout):
 			t.Fatalf("no status signal for %s", what)
 		}
-		waitUntil(t, what, func() bool { return cond(s.Status()) })
+		testutil.WaitFor(t, what, func() bool { return cond(s.Status()) })
 	}
 	c := rawPeer(t, s.cfg.SocketPath)
 	sendHello(t, c)

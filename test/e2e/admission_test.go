@@ -42,12 +42,10 @@ import (
 // condition at all (the agent does not write to pods it has no business
 // with).
 func TestAdmissionGateNeverDeadlocks(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
-	ambientNS, plainNS := uniqueNS("gate-amb"), uniqueNS("gate-plain")
-	createNamespace(t, ctx, ambientNS, true)
+	s := newScenario(t, "gate-amb", within(3*time.Minute))
+	ctx, ambientNS := s.ctx, s.ns
+	plainNS := uniqueNS("gate-plain")
 	createNamespace(t, ctx, plainNS, false)
-	startAgent(t, ctx)
-	startEmulator(t, ctx, "gate")
 
 	optedOut := createPod(t, ctx, e2eenv.PodSpec{Namespace: ambientNS, Name: "opted-out", Labels: map[string]string{labelMode: "none"}, Mutate: gated})
 	plain := createPod(t, ctx, e2eenv.PodSpec{Namespace: plainNS, Name: "gated-plain", Mutate: gated})
@@ -143,7 +141,7 @@ func installPodAdmission(t *testing.T, ctx context.Context) podAdmission {
 		}
 	}
 	start := time.Now()
-	waitFor(t, ctx, "the shipped policies in force", func() bool { return gating(ctx) && validating(ctx) })
+	testutil.Until(t, ctx, "the shipped policies in force", func() bool { return gating(ctx) && validating(ctx) })
 	t.Logf("pod admission policies in force %s after creation", time.Since(start).Round(time.Millisecond))
 	return pa
 }
@@ -226,7 +224,7 @@ func ensureTableNamespaces(t *testing.T, ctx context.Context, e cases.Enrollment
 // makes sure each group can be told apart from the one before, so a param
 // the apiserver has not picked up yet cannot pass for the new one).
 func TestAdmissionPolicyTable(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testutil.Context(t, 4*time.Minute)
 	e, err := cases.LoadEnrollment()
 	if err != nil {
 		t.Fatal(err)
@@ -283,9 +281,8 @@ func TestAdmissionPolicyTable(t *testing.T) {
 // or changed value is judged: a pod created with a bad value before the
 // policy existed can still be relabelled, not given another bad value.
 func TestAdmissionAnnotationTable(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
-	nsName := uniqueNS("adm-ann")
-	createNamespace(t, ctx, nsName, true)
+	s := newScenario(t, "adm-ann", within(3*time.Minute), withoutZtunnel(), withoutAgent())
+	ctx, nsName := s.ctx, s.ns
 	// Before the policy: a pod with a value the agent refuses (as an old
 	// cluster may hold).
 	old, err := testEnv.CP.Admin.CoreV1().Pods(nsName).Create(ctx, &corev1.Pod{
@@ -381,10 +378,8 @@ func podsOf(t *testing.T, manifest string) map[string]*corev1.Pod {
 // emulator acks them. The out-of-mesh and opted-out pods get no gate either
 // way.
 func TestAdmissionInjectLikeAdmission(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("adm-inject")
-	createNamespace(t, ctx, nsName, true)
-	startAgent(t, ctx, "--retry-base-delay=10m", "--retry-max-delay=10m")
+	s := newScenario(t, "adm-inject", withoutZtunnel(), agentArgs("--retry-base-delay=10m", "--retry-max-delay=10m"))
+	ctx, nsName := s.ctx, s.ns
 	manifest := strings.Join([]string{
 		"apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  readinessGates: [{conditionType: example.com/lb}]\n  containers: [{name: c, image: x}]",
 		"apiVersion: v1\nkind: Pod\nmetadata: {name: batch, labels: {istio.io/dataplane-mode: none}}\nspec: {containers: [{name: c, image: x}]}",

@@ -2,289 +2,35 @@
 
 package e2e
 
-// End-to-end tests of the node agent (issue 6): bin/ambientd against the real
+// End-to-end tests of the node agent: bin/ambientd against the real
 // kube-apiserver + etcd, pods created through the real CNI chain with our
 // plugin last, and bin/ztunnel-emulator in netns mode standing in for ztunnel.
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
-	"net"
-	"net/netip"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
-
-const (
-	labelMode     = "istio.io/dataplane-mode"
-	annRedirect   = "ambient.istio.io/redirection"
-	annSidecar    = "sidecar.istio.io/status"
-	annDNSCapture = "ambient.istio.io/dns-capture"
-)
-
-var nsCounter atomic.Int32
-
-// uniqueNS returns a fresh namespace name for one test.
-func uniqueNS(prefix string) string {
-	return fmt.Sprintf("%s-%d-%d", prefix, os.Getpid()%1000, nsCounter.Add(1))
-}
-
-// startAgent starts bin/ambientd and waits until it is live; it is stopped
-// when the test ends (after the test's pods are deleted, registered later).
-func startAgent(t *testing.T, ctx context.Context, args ...string) *e2eenv.Agent {
-	t.Helper()
-	return startAgentWith(t, ctx, e2eenv.AgentConfig{Args: args})
-}
-
-// startAgentWith is startAgent with the whole AgentConfig (environment too).
-func startAgentWith(t *testing.T, ctx context.Context, cfg e2eenv.AgentConfig) *e2eenv.Agent {
-	t.Helper()
-	a, err := testEnv.StartAgent(ctx, cfg)
-	if err != nil {
-		t.Fatalf("start agent: %v", err)
-	}
-	a.LogOnFailure(t)
-	t.Cleanup(func() {
-		if err := a.Stop(10 * time.Second); err != nil {
-			t.Errorf("stop agent: %v", err)
-		}
-	})
-	if err := a.WaitLive(ctx); err != nil {
-		t.Fatalf("agent not live: %v\n%s", err, a.LogTail(50))
-	}
-	waitCNIServing(t, ctx)
-	return a
-}
-
-// waitCNIServing waits until the agent accepts connections on its CNI socket
-// (it serves only after its caches synced and its registry is rebuilt).
-func waitCNIServing(t *testing.T, ctx context.Context) {
-	t.Helper()
-	waitFor(t, ctx, "agent serving the CNI socket", func() bool {
-		c, err := net.DialTimeout("unix", testEnv.CNISocket, time.Second)
-		if err != nil {
-			return false
-		}
-		c.Close()
-		return true
-	})
-}
-
-func startEmulator(t *testing.T, ctx context.Context, name string) *e2eenv.Emulator {
-	t.Helper()
-	em, err := testEnv.StartEmulator(ctx, e2eenv.EmulatorConfig{NetnsMode: true, Name: name})
-	if err != nil {
-		t.Fatalf("start emulator: %v", err)
-	}
-	em.LogOnFailure(t)
-	t.Cleanup(func() {
-		if err := em.Stop(10 * time.Second); err != nil {
-			t.Errorf("stop emulator: %v", err)
-		}
-	})
-	return em
-}
-
-// createPod creates a pod through the CNI chain and deletes it when the test
-// ends (CNI DEL, netns, object).
-func createPod(t *testing.T, ctx context.Context, spec e2eenv.PodSpec) *e2eenv.Pod {
-	t.Helper()
-	p, err := testEnv.CreatePod(ctx, spec)
-	if err != nil {
-		t.Fatalf("create pod %s/%s: %v", spec.Namespace, spec.Name, err)
-	}
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := testEnv.DeletePod(cctx, p); err != nil {
-			t.Errorf("delete pod %s/%s: %v", p.Namespace, p.Name, err)
-		}
-	})
-	return p
-}
-
-func createNamespace(t *testing.T, ctx context.Context, name string, ambient bool) {
-	t.Helper()
-	var labels map[string]string
-	if ambient {
-		labels = map[string]string{labelMode: "ambient"}
-	}
-	if _, err := testEnv.CreateNamespace(ctx, name, labels); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func setNamespaceMode(t *testing.T, ctx context.Context, name, mode string) {
-	t.Helper()
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, labelMode, jsonOrNull(mode))
-	if _, err := testEnv.CP.Admin.CoreV1().Namespaces().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func setPodMode(t *testing.T, ctx context.Context, p *e2eenv.Pod, mode string) {
-	t.Helper()
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, labelMode, jsonOrNull(mode))
-	if _, err := testEnv.CP.Admin.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func jsonOrNull(s string) string {
-	if s == "" {
-		return "null"
-	}
-	b, _ := json.Marshal(s)
-	return string(b)
-}
-
-func waitAnnotation(t *testing.T, ctx context.Context, p *e2eenv.Pod, want string) {
-	t.Helper()
-	if _, err := testEnv.WaitForPodAnnotation(ctx, p.Namespace, p.Name, annRedirect, want); err != nil {
-		t.Fatalf("pod %s/%s annotation %s=%q: %v", p.Namespace, p.Name, annRedirect, want, err)
-	}
-}
-
-func waitNoAnnotation(t *testing.T, ctx context.Context, p *e2eenv.Pod) {
-	t.Helper()
-	if _, err := testEnv.WaitForPod(ctx, p.Namespace, p.Name, func(o *corev1.Pod) (bool, error) {
-		_, ok := o.Annotations[annRedirect]
-		return !ok, nil
-	}); err != nil {
-		t.Fatalf("pod %s/%s annotation %s not removed: %v", p.Namespace, p.Name, annRedirect, err)
-	}
-}
-
-func annotationOf(t *testing.T, ctx context.Context, p *e2eenv.Pod) (string, bool) {
-	t.Helper()
-	o, err := testEnv.CP.Admin.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, ok := o.Annotations[annRedirect]
-	return v, ok
-}
-
-func emuState(t *testing.T, ctx context.Context, em *e2eenv.Emulator) ztunnelemu.State {
-	t.Helper()
-	var st ztunnelemu.State
-	if err := em.State(ctx, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
-// waitEmu polls the emulator's state until cond holds.
-func waitEmu(t *testing.T, ctx context.Context, em *e2eenv.Emulator, what string, cond func(ztunnelemu.State) bool) ztunnelemu.State {
-	t.Helper()
-	raw, err := em.WaitState(ctx, func(b []byte) (bool, error) {
-		var st ztunnelemu.State
-		if err := json.Unmarshal(b, &st); err != nil {
-			return false, err
-		}
-		return cond(st), nil
-	})
-	if err != nil {
-		t.Fatalf("emulator: waiting for %s: %v", what, err)
-	}
-	var st ztunnelemu.State
-	_ = json.Unmarshal(raw, &st)
-	return st
-}
-
-func countOps(st ztunnelemu.State, op, uid string) int {
-	n := 0
-	for _, r := range st.Requests {
-		if r.Op == op && r.UID == uid {
-			n++
-		}
-	}
-	return n
-}
-
-// netnsInode is the inode of the pod's network namespace, as the emulator
-// reports it for the fd it received.
-func netnsInode(t *testing.T, p *e2eenv.Pod) uint64 {
-	t.Helper()
-	var st syscall.Stat_t
-	if err := syscall.Stat(p.NetnsPath, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Ino
-}
-
-var counters = regexp.MustCompile(`\[\d+:\d+\]`)
-
-// podRules returns our rules inside the pod's netns (iptables-save of both
-// variants, only lines naming the ISTIO_ chains, counters stripped).
-func podRules(t *testing.T, p *e2eenv.Pod) string {
-	t.Helper()
-	var out []string
-	for _, tool := range []string{"iptables-legacy-save", "iptables-nft-save"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			continue
-		}
-		var buf bytes.Buffer
-		err := p.Do(func() error {
-			cmd := exec.Command(tool)
-			cmd.Stdout = &buf
-			cmd.Stderr = &buf
-			return cmd.Run()
-		})
-		if err != nil {
-			t.Fatalf("%s in pod %s/%s: %v: %s", tool, p.Namespace, p.Name, err, buf.String())
-		}
-		for _, l := range strings.Split(buf.String(), "\n") {
-			if strings.Contains(l, "ISTIO_") && !strings.HasPrefix(l, "#") {
-				out = append(out, tool+": "+counters.ReplaceAllString(l, ""))
-			}
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-// outsideAddr is an address in the pod subnet that nobody holds: routable
-// from the pod (so connect reaches the nat OUTPUT hook) but outside it.
-func outsideAddr() string {
-	pfx := testEnv.Chain.Subnet()
-	a := pfx.Addr()
-	for range 250 {
-		a = a.Next()
-	}
-	return netip.AddrPortFrom(a, 8080).String()
-}
 
 // TestAgentEnrollsNewPod: a pod of an ambient namespace created through the
 // CNI chain reaches ztunnel with its identity and netns, gets `enabled`, and
 // its outbound TCP lands on ztunnel's 15001 with the original destination.
 func TestAgentEnrollsNewPod(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("enroll")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-enroll")
-	a := startAgent(t, ctx)
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatalf("agent not ready with a ztunnel connected: %v", err)
-	}
+	s := newScenario(t, "enroll")
+	ctx, nsName, em := s.ctx, s.ns, s.em
 
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web", ServiceAccount: "web-sa"})
 	waitAnnotation(t, ctx, p, "enabled")
@@ -329,12 +75,10 @@ func TestAgentEnrollsNewPod(t *testing.T) {
 // policy), the pod is `pending` with its rules in place; when ztunnel
 // connects it becomes `enabled` within a second, without any pod update.
 func TestAgentPendingUntilZtunnel(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("pending")
-	createNamespace(t, ctx, nsName, true)
 	// A backoff far longer than the test: only the agent's reaction to the
 	// ztunnel snapshot can enable the pod in time.
-	a := startAgent(t, ctx, "--retry-base-delay=10m", "--retry-max-delay=10m")
+	s := newScenario(t, "pending", withoutZtunnel(), agentArgs("--retry-base-delay=10m", "--retry-max-delay=10m"))
+	ctx, nsName, a := s.ctx, s.ns, s.agent
 
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "early"})
 	obj := waitPodAnnotationObj(t, ctx, p, "pending")
@@ -376,53 +120,14 @@ func TestAgentPendingUntilZtunnel(t *testing.T) {
 	}
 }
 
-func waitPodAnnotationObj(t *testing.T, ctx context.Context, p *e2eenv.Pod, want string) *corev1.Pod {
-	t.Helper()
-	o, err := testEnv.WaitForPodAnnotation(ctx, p.Namespace, p.Name, annRedirect, want)
-	if err != nil {
-		t.Fatalf("pod %s/%s annotation %s=%q: %v", p.Namespace, p.Name, annRedirect, want, err)
-	}
-	return o
-}
-
-// startAndAwaitSnapshot starts the (stopped) agent again and returns the
-// emulator's state once the new connection's snapshot is complete, with that
-// connection.
-func startAndAwaitSnapshot(t *testing.T, ctx context.Context, a *e2eenv.Agent, em *e2eenv.Emulator) (ztunnelemu.State, ztunnelemu.ConnRecord) {
-	t.Helper()
-	connsBefore := len(emuState(t, ctx, em).Connections)
-	if err := a.Start(); err != nil {
-		t.Fatalf("restart agent: %v", err)
-	}
-	waitCNIServing(t, ctx)
-	st := waitEmu(t, ctx, em, "snapshot from the restarted agent", func(s ztunnelemu.State) bool {
-		return len(s.Connections) > connsBefore && s.Connections[len(s.Connections)-1].SnapshotSent
-	})
-	return st, st.Connections[len(st.Connections)-1]
-}
-
-// addInodes maps each uid Added on connection c to the netns inode it carried.
-func addInodes(st ztunnelemu.State, c ztunnelemu.ConnRecord) map[string]uint64 {
-	inodes := map[string]uint64{}
-	for _, r := range st.RequestsOn(c.ID) {
-		if r.Op == "add" {
-			inodes[r.UID] = r.NetnsInode
-		}
-	}
-	return inodes
-}
-
 // TestAgentLabelsEnrollAndRemoveRunningPods: labelling a namespace enrolls its
 // running pods (netns found by the agent's scan of the real /proc, through
 // the pods' sandbox processes); unlabelling, or a pod's
 // `none`, removes them completely. hostNetwork, kube-system and sidecar pods
 // are never touched.
 func TestAgentLabelsEnrollAndRemoveRunningPods(t *testing.T) {
-	ctx := testContext(t, 5*time.Minute)
-	nsName := uniqueNS("labels")
-	createNamespace(t, ctx, nsName, false)
-	em := startEmulator(t, ctx, "ztunnel-labels")
-	startAgent(t, ctx)
+	s := newScenario(t, "labels", within(5*time.Minute), plainNamespace())
+	ctx, nsName, em := s.ctx, s.ns, s.em
 
 	p1 := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "one"})
 	p2 := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "two"})
@@ -492,14 +197,8 @@ func TestAgentLabelsEnrollAndRemoveRunningPods(t *testing.T) {
 // TestAgentDeleteAndReconnect: deleting a pod sends Del to every connected
 // ztunnel; a ztunnel that connects afterwards gets exactly the live pods.
 func TestAgentDeleteAndReconnect(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("delete")
-	createNamespace(t, ctx, nsName, true)
-	em1 := startEmulator(t, ctx, "ztunnel-del-1")
-	a := startAgent(t, ctx)
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := newScenario(t, "delete")
+	ctx, nsName, em1 := s.ctx, s.ns, s.em
 	em2 := startEmulator(t, ctx, "ztunnel-del-2")
 	waitEmu(t, ctx, em2, "second ztunnel snapshot", func(s ztunnelemu.State) bool {
 		return s.Connected && len(s.Connections) > 0 && s.Connections[len(s.Connections)-1].SnapshotSent
@@ -540,35 +239,14 @@ func TestAgentDeleteAndReconnect(t *testing.T) {
 	}
 }
 
-// annotatedUIDs lists this node's pods annotated enabled or pending.
-func annotatedUIDs(t *testing.T, ctx context.Context) []string {
-	t.Helper()
-	list, err := testEnv.CP.Admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + testEnv.NodeName})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, p := range list.Items {
-		switch p.Annotations[annRedirect] {
-		case "enabled", "pending":
-			out = append(out, string(p.UID))
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 // TestAgentRestartKeepsPods: SIGKILL the agent with 10 pods enrolled; the
 // reconnecting ztunnel's first snapshot holds exactly those pods, each as an
 // Add with its netns (found by one scan of the real /proc through the pods'
 // sandbox processes), nothing is dropped, rules are untouched, and a new pod
 // enrolls afterwards.
 func TestAgentRestartKeepsPods(t *testing.T) {
-	ctx := testContext(t, 6*time.Minute)
-	nsName := uniqueNS("restart")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-restart")
-	a := startAgent(t, ctx)
+	s := newScenario(t, "restart", within(6*time.Minute))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 
 	var pods []*e2eenv.Pod
 	rulesBefore := map[string]string{}
@@ -641,14 +319,8 @@ func TestAgentRestartKeepsPods(t *testing.T) {
 // them. Then they are enabled normally, with their rules in place.
 func TestAgentRestartBeforeAnnotationLands(t *testing.T) {
 	const n = 3
-	ctx := testContext(t, 6*time.Minute)
-	nsName := uniqueNS("restartapi")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-restart-api")
-	a := startAgent(t, ctx)
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := newScenario(t, "restartapi", within(6*time.Minute))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 	// The scheduler's part while the API is up; the agent's cache must know
 	// the pods before the API goes away.
 	cachedBefore := informerPods(t, ctx, a)
@@ -656,18 +328,9 @@ func TestAgentRestartBeforeAnnotationLands(t *testing.T) {
 	for i := range n {
 		objs = append(objs, createObjectOnly(t, ctx, nsName, fmt.Sprintf("lost-%d", i)))
 	}
-	waitFor(t, ctx, "agent cache has the new pods", func() bool { return informerPods(t, ctx, a) >= cachedBefore+n })
+	testutil.Until(t, ctx, "agent cache has the new pods", func() bool { return informerPods(t, ctx, a) >= cachedBefore+n })
 
-	if err := testEnv.CP.APIServer.Stop(10 * time.Second); err != nil {
-		t.Fatalf("stop kube-apiserver: %v", err)
-	}
-	apiUp := false
-	t.Cleanup(func() {
-		if !apiUp {
-			_ = testEnv.CP.APIServer.Start()
-			_ = testEnv.CP.WaitReady(context.Background())
-		}
-	})
+	restartAPIServer := stopAPIServer(t, ctx)
 
 	// The runtime's part with the API down: sandbox + CNI chain. The agent
 	// programs the rules and ztunnel acks; the annotation patches queue.
@@ -706,13 +369,7 @@ func TestAgentRestartBeforeAnnotationLands(t *testing.T) {
 	if err := a.Kill(); err != nil {
 		t.Fatalf("SIGKILL agent: %v", err)
 	}
-	if err := testEnv.CP.APIServer.Start(); err != nil {
-		t.Fatalf("restart kube-apiserver: %v", err)
-	}
-	if err := testEnv.CP.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	apiUp = true
+	restartAPIServer()
 	// The kubelet's status update, once it reaches the API again: Running
 	// with the IPs, except the last pod, still running its init containers
 	// (phase Pending with its IPs). For the Running pods the restarted agent's
@@ -781,14 +438,8 @@ func TestAgentRestartBeforeAnnotationLands(t *testing.T) {
 // TestAgentNackKeepsPodPending: ztunnel refusing one pod leaves it pending and
 // retried; other pods are unaffected; once accepted it becomes enabled.
 func TestAgentNackKeepsPodPending(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("nack")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-nack")
-	a := startAgent(t, ctx)
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := newScenario(t, "nack")
+	ctx, nsName, em := s.ctx, s.ns, s.em
 	if err := em.SetNack(ctx, nsName+"/refused", "netns setup failed"); err != nil {
 		t.Fatal(err)
 	}
@@ -814,44 +465,14 @@ func TestAgentNackKeepsPodPending(t *testing.T) {
 // gets its rules and reaches ztunnel; its annotation lands once the API is
 // back.
 func TestAgentAPIServerDown(t *testing.T) {
-	ctx := testContext(t, 6*time.Minute)
-	nsName := uniqueNS("apidown")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-apidown")
-	a := startAgent(t, ctx)
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := testEnv.EnsureServiceAccount(ctx, nsName, "default"); err != nil {
-		t.Fatal(err)
-	}
+	s := newScenario(t, "apidown", within(6*time.Minute))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 	cachedBefore := informerPods(t, ctx, a)
-	obj, err := testEnv.CP.Admin.CoreV1().Pods(nsName).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "offline", Namespace: nsName},
-		Spec: corev1.PodSpec{NodeName: testEnv.NodeName, ServiceAccountName: "default",
-			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/e2e/app:1"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = testEnv.CP.Admin.CoreV1().Pods(nsName).Delete(cctx, "offline", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-	})
+	obj := createObjectOnly(t, ctx, nsName, "offline")
 	// The agent's cache must know the pod before the API goes away.
-	waitFor(t, ctx, "agent cache has the new pod", func() bool { return informerPods(t, ctx, a) > cachedBefore })
+	testutil.Until(t, ctx, "agent cache has the new pod", func() bool { return informerPods(t, ctx, a) > cachedBefore })
 
-	if err := testEnv.CP.APIServer.Stop(10 * time.Second); err != nil {
-		t.Fatalf("stop kube-apiserver: %v", err)
-	}
-	apiUp := false
-	t.Cleanup(func() {
-		if !apiUp {
-			_ = testEnv.CP.APIServer.Start()
-			_ = testEnv.CP.WaitReady(context.Background())
-		}
-	})
+	restartAPIServer := stopAPIServer(t, ctx)
 
 	netns, err := e2eenv.NewNetns(filepath.Join(testEnv.Dir, "netns"), nsName+"_offline")
 	if err != nil {
@@ -873,13 +494,7 @@ func TestAgentAPIServerDown(t *testing.T) {
 		t.Errorf("no rules in the pod programmed while the API was down:\n%s", rules)
 	}
 
-	if err := testEnv.CP.APIServer.Start(); err != nil {
-		t.Fatalf("restart kube-apiserver: %v", err)
-	}
-	if err := testEnv.CP.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	apiUp = true
+	restartAPIServer()
 	waitAnnotation(t, ctx, pod, "enabled")
 }
 
@@ -907,59 +522,12 @@ func markInitializing(ctx context.Context, p *e2eenv.Pod) (*corev1.Pod, error) {
 	return testEnv.CP.Admin.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
 }
 
-func informerPods(t *testing.T, ctx context.Context, a *e2eenv.Agent) int {
-	t.Helper()
-	return int(metricValue(t, ctx, a, "ambientd_informer_pods", ""))
-}
-
-// metricValue reads one sample from the agent's /metrics; labels is the
-// exact label text (e.g. `reason="rules"`), or "" for an unlabelled metric.
-func metricValue(t *testing.T, ctx context.Context, a *e2eenv.Agent, name, labels string) float64 {
-	t.Helper()
-	body, err := a.Metrics(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prefix := name
-	if labels != "" {
-		prefix += "{" + labels + "}"
-	}
-	for _, l := range strings.Split(body, "\n") {
-		if rest, ok := strings.CutPrefix(l, prefix+" "); ok {
-			var v float64
-			if _, err := fmt.Sscan(rest, &v); err == nil {
-				return v
-			}
-		}
-	}
-	return 0
-}
-
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-tick.C:
-		}
-	}
-}
-
 // TestAgentBadInput: a CNI event for a pod the API does not know, an invalid
 // interface annotation and a netns path that does not exist each fail with a
 // clear error, are counted, and leak no rules or registry entries.
 func TestAgentBadInput(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("bad")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-bad")
-	a := startAgent(t, ctx, "--pod-lookup-timeout=2s")
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := newScenario(t, "bad", agentArgs("--pod-lookup-timeout=2s"))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 
 	// 1. Unknown pod: run the chain for a pod that has no API object.
 	ghostNS, err := e2eenv.NewNetns(filepath.Join(testEnv.Dir, "netns"), nsName+"_ghost")
@@ -1019,69 +587,13 @@ func TestAgentBadInput(t *testing.T) {
 	}
 }
 
-// createObjectOnly creates the Pod object without sandbox or CNI.
-func createObjectOnly(t *testing.T, ctx context.Context, namespace, name string) *corev1.Pod {
-	t.Helper()
-	if err := testEnv.EnsureServiceAccount(ctx, namespace, "default"); err != nil {
-		t.Fatal(err)
-	}
-	obj, err := testEnv.CP.Admin.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: corev1.PodSpec{NodeName: testEnv.NodeName, ServiceAccountName: "default",
-			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/e2e/app:1"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = testEnv.CP.Admin.CoreV1().Pods(namespace).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-	})
-	return obj
-}
-
-// runPluginAdd execs bin/ambientd-cni directly (as the runtime would, as the
-// last plugin of a chain) with a prevResult, for inputs the reference
-// plugins before it would reject.
-func runPluginAdd(ctx context.Context, pod *corev1.Pod, netnsPath string) (string, error) {
-	conf := e2eenv.AmbientPluginConf(testEnv.CNISocket, testEnv.CNIPluginLog)
-	conf["cniVersion"] = "1.0.0"
-	conf["name"] = "e2e-direct"
-	conf["prevResult"] = map[string]any{
-		"cniVersion": "1.0.0",
-		"interfaces": []any{map[string]any{"name": "eth0", "sandbox": netnsPath}},
-		"ips":        []any{map[string]any{"address": "10.88.0.254/24", "interface": 0}},
-	}
-	stdin, err := json.Marshal(conf)
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.CommandContext(ctx, testEnv.Bins.CNIPlugin)
-	cmd.Stdin = bytes.NewReader(stdin)
-	cmd.Env = append(os.Environ(),
-		"CNI_COMMAND=ADD",
-		"CNI_CONTAINERID=e2e-direct",
-		"CNI_NETNS="+netnsPath,
-		"CNI_IFNAME=eth0",
-		"CNI_PATH="+filepath.Dir(testEnv.Bins.CNIPlugin),
-		fmt.Sprintf("CNI_ARGS=K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s", pod.Namespace, pod.Name, pod.UID),
-	)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
 // TestAgentEnrollmentLoad enrolls 20 pods, 4 at a time, and reports numbers
 // (no timing assertions): CNI chain time per pod (netns, bridge, host-local,
 // our plugin → agent → rules + ztunnel ack) and create → `enabled` time.
 func TestAgentEnrollmentLoad(t *testing.T) {
 	const pods, parallel = 20, 4
-	ctx := testContext(t, 6*time.Minute)
-	nsName := uniqueNS("load")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-load")
-	a := startAgent(t, ctx)
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := newScenario(t, "load", within(6*time.Minute))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 	type result struct {
 		pod            *e2eenv.Pod
 		create, enable time.Duration

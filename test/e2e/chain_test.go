@@ -21,13 +21,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestChainIsReal proves the CNI chain is the real one: host-local hands out
 // an address on the bridge, two pods talk over it, DEL gives the address back
 // and removes the veth.
 func TestChainIsReal(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	chain := testEnv.PlainChain
 	nsName := "chain-" + fmt.Sprint(time.Now().UnixNano()%1e6)
 	if _, err := testEnv.CreateNamespace(ctx, nsName, nil); err != nil {
@@ -158,7 +159,7 @@ func TestChainIsReal(t *testing.T) {
 // TestChainBadNetns: ADD into a netns that does not exist fails with the
 // bridge plugin's error, and leaves no lease and no Pod behind.
 func TestChainBadNetns(t *testing.T) {
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testutil.Context(t, 2*time.Minute)
 	chain := testEnv.PlainChain
 	before, err := chain.Leases()
 	if err != nil {
@@ -218,7 +219,7 @@ func TestNodeNetnsIsolation(t *testing.T) {
 		t.Fatalf("%s not set in the re-executed test binary", e2eenv.EnvNodeNetns)
 	}
 	// A pod through the chain makes sure the bridge exists here.
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testutil.Context(t, 2*time.Minute)
 	nsName := "iso-" + fmt.Sprint(time.Now().UnixNano()%1e6)
 	if _, err := testEnv.CreateNamespace(ctx, nsName, nil); err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestControlPlaneIsReal proves the apiserver is a real one, with the
@@ -24,7 +25,7 @@ import (
 // annotations patched through pods/status, watches filtered by spec.nodeName,
 // and RBAC from deploy/rbac.yaml enforced on the agent's token.
 func TestControlPlaneIsReal(t *testing.T) {
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testutil.Context(t, 2*time.Minute)
 	admin, agent := testEnv.CP.Admin, testEnv.CP.Agent
 	const annotation = "ambient.istio.io/redirection"
 

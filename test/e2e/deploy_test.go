@@ -60,7 +60,7 @@ func kustomize(t *testing.T, dir string) []*unstructured.Unstructured {
 // of the kustomized manifests is accepted (schema, defaulting, validation,
 // CEL of the admission policy compiled by the server).
 func TestDeployDryRunApply(t *testing.T) {
-	ctx := testContext(t, 2*time.Minute)
+	ctx := testutil.Context(t, 2*time.Minute)
 	objs := renderDeploy(t)
 	kinds := map[string]bool{}
 	for _, o := range objs {
@@ -160,7 +160,7 @@ func isDenied(err error) bool {
 // DaemonSet → keep (a refusal proves nothing). Namespace being deleted,
 // DaemonSet being deleted, DaemonSet gone → uninstall.
 func TestUninstallOnShutdownRule(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	admin := testEnv.CP.Admin
 	var ds *unstructured.Unstructured
 	for _, o := range renderDeploy(t) {

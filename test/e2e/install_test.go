@@ -28,7 +28,7 @@ import (
 // (an upgrade) it leaves them in place; stopped after the DaemonSet is
 // deleted it uninstalls, leaving the conf dir as it was before the install.
 func TestAgentInstallCNI(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	admin := testEnv.CP.Admin
 	root := t.TempDir()
 	binDir, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
@@ -127,7 +127,7 @@ func TestAgentInstallCNI(t *testing.T) {
 // the plugin is installed and /readyz and the condition turn ready without a
 // restart.
 func TestInstallerUnreadyUntilItWorks(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testutil.Context(t, 4*time.Minute)
 	node := testEnv.NodeName
 	root := t.TempDir()
 	binDir, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
@@ -147,7 +147,7 @@ func TestInstallerUnreadyUntilItWorks(t *testing.T) {
 			strings.Contains(c.Message, "CNI installer failing") && strings.Contains(c.Message, "not a directory")
 	})
 	t.Logf("node condition: %s", nodeCondition(n).Message)
-	err := a.WaitReady(testContext(t, 2*time.Second))
+	err := a.WaitReady(testutil.Context(t, 2*time.Second))
 	if err == nil || !strings.Contains(err.Error(), "CNI installer failing") {
 		t.Fatalf("/readyz while the installer cannot work: %v, want a failure naming it", err)
 	}

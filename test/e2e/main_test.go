@@ -9,9 +9,7 @@
 package e2e
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
@@ -23,15 +21,6 @@ var testEnv *e2eenv.Env
 
 func TestMain(m *testing.M) {
 	e2eenv.Main(m, e2eenv.Options{AmbientPlugin: true}, func(e *e2eenv.Env) { testEnv = e })
-}
-
-// testContext is a context bounded generously (the machine may be busy)
-// and cancelled when the test ends.
-func testContext(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // agentKube is the agent's own client (nodeagent/kube, what ambientd

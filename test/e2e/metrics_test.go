@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
@@ -122,14 +121,8 @@ func parseExposition(text string) map[string]*scrapedFamily {
 // from the documented set, and — for the agent's own — every documented
 // value exported. Undocumented ambientd_ metrics fail too.
 func TestMetricsDocumented(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("metrics")
-	createNamespace(t, ctx, nsName, true)
-	startEmulator(t, ctx, "ztunnel-metrics")
-	a := startAgent(t, ctx)
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := newScenario(t, "metrics")
+	ctx, nsName, a := s.ctx, s.ns, s.agent
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "scraped"})
 	waitAnnotation(t, ctx, p, "enabled")
 

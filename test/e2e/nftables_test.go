@@ -58,13 +58,10 @@ func istioTables(t *testing.T, p *e2eenv.Pod) []string {
 // pod's removal from the mesh leaves no istio-ambient table behind.
 func TestNativeNFTablesEndToEnd(t *testing.T) {
 	testutil.RequireBinary(t, "nft")
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("nftnat")
-	createNamespace(t, ctx, nsName, true)
+	s := newScenario(t, "nftnat", agentArgs(nativeNFTBackend), agentEnv("AMBIENTD_VERIFY_INTERVAL=1s"))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 	plainNS := uniqueNS("nftplain")
 	createNamespace(t, ctx, plainNS, false)
-	em := startEmulator(t, ctx, "ztunnel-nftnat")
-	a := startAgentWith(t, ctx, e2eenv.AgentConfig{Args: []string{nativeNFTBackend}, Env: []string{"AMBIENTD_VERIFY_INTERVAL=1s"}})
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "nftpod"})
 	client := createPod(t, ctx, e2eenv.PodSpec{Namespace: plainNS, Name: "client"})
 	waitAnnotation(t, ctx, p, "enabled")
@@ -87,10 +84,10 @@ func TestNativeNFTablesEndToEnd(t *testing.T) {
 	// Drift: the nat table deleted while the agent runs comes back.
 	before := metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`)
 	podNFT(t, p, "delete", "table", "inet", iptables.NFTTableNat)
-	waitFor(t, ctx, "drift pass restoring the pod's nat table", func() bool {
+	testutil.Until(t, ctx, "drift pass restoring the pod's nat table", func() bool {
 		return strings.Join(istioTables(t, p), ",") == strings.Join(want, ",")
 	})
-	waitFor(t, ctx, "repair counted", func() bool {
+	testutil.Until(t, ctx, "repair counted", func() bool {
 		return metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`) >= before+1
 	})
 	if got := podNFT(t, p, "list", "table", "inet", iptables.NFTTableNat); !strings.Contains(got, "redirect to :15001") {
@@ -101,7 +98,7 @@ func TestNativeNFTablesEndToEnd(t *testing.T) {
 	// Removal: label none takes the pod out and its tables with it.
 	setPodMode(t, ctx, p, "none")
 	waitNoAnnotation(t, ctx, p)
-	waitFor(t, ctx, "no istio-ambient table left in the pod", func() bool { return len(istioTables(t, p)) == 0 })
+	testutil.Until(t, ctx, "no istio-ambient table left in the pod", func() bool { return len(istioTables(t, p)) == 0 })
 }
 
 // requireInbound dials the pod's IP from client (a pod out of the mesh on

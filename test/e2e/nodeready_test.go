@@ -197,7 +197,7 @@ func addTaint(ctx context.Context, node string, taint corev1.Taint) error {
 }
 
 func TestNodeReadyUntaint(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	dedicated := corev1.Taint{Key: "dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule}
 	mine := createTestNode(t, ctx, "nr-mine", dedicated, startupTaint)
 	other := createTestNode(t, ctx, "nr-other", startupTaint)
@@ -221,7 +221,7 @@ func TestNodeReadyUntaint(t *testing.T) {
 		t.Fatalf("startup taint removed while not ready: %v", n.Spec.Taints)
 	}
 	t.Logf("not ready: %s=%s reason %s message %q", nodeready.DefaultConditionType, nodeCondition(n).Status, nodeCondition(n).Reason, nodeCondition(n).Message)
-	waitFor(t, ctx, "controller status False/ZtunnelNotConnected with the taint", func() bool {
+	testutil.Until(t, ctx, "controller status False/ZtunnelNotConnected with the taint", func() bool {
 		st := c.Status()
 		return st.Condition == corev1.ConditionFalse && st.Reason == nodeready.ReasonZtunnelNotConnected && st.TaintPresent
 	})
@@ -261,7 +261,7 @@ func TestNodeReadyUntaint(t *testing.T) {
 	}
 	// The controller records the taint's absence once its patch returned,
 	// which may be after the test already saw the node without it.
-	waitFor(t, ctx, "controller status True without taint", func() bool {
+	testutil.Until(t, ctx, "controller status True without taint", func() bool {
 		st := c.Status()
 		return st.Condition == corev1.ConditionTrue && !st.TaintPresent
 	})
@@ -280,7 +280,7 @@ func TestNodeReadyUntaint(t *testing.T) {
 }
 
 func TestNodeReadyTaintWhenUnready(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	const grace = 2 * time.Second
 	mine := createTestNode(t, ctx, "nr-retaint", startupTaint)
 	sw := &switches{}
@@ -305,7 +305,7 @@ func TestNodeReadyTaintWhenUnready(t *testing.T) {
 	if i := slices.IndexFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == taintKey }); n.Spec.Taints[i].Effect != corev1.TaintEffectNoSchedule {
 		t.Fatalf("re-added taint %+v, want NoSchedule", n.Spec.Taints[i])
 	}
-	waitFor(t, ctx, "controller status False with the taint", func() bool {
+	testutil.Until(t, ctx, "controller status False with the taint", func() bool {
 		st := c.Status()
 		return st.TaintPresent && st.Condition == corev1.ConditionFalse
 	})
@@ -321,7 +321,7 @@ func TestNodeReadyTaintWhenUnready(t *testing.T) {
 // nothing, even when its inputs turn unready during the shutdown (ztunnel's
 // socket closes with it) and the grace period is ~0.
 func TestNodeReadyStopNeverTaints(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	mine := createTestNode(t, ctx, "nr-stop")
 	sw := &switches{}
 	sw.setZtunnel(true)
@@ -389,7 +389,7 @@ func waitEvents(t *testing.T, ctx context.Context, node string, reasons ...strin
 // top of the controller's own guarantee. The agent uses a pod-bound
 // service-account token carrying the node-name claim, as kubelet projects.
 func TestNodeReadyOwnNodePolicy(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	admin := testEnv.CP.Admin
 	mine := createTestNode(t, ctx, "nr-pol-mine", startupTaint)
 	other := createTestNode(t, ctx, "nr-pol-other", startupTaint)

@@ -32,6 +32,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
@@ -160,7 +161,7 @@ func podEvents(t *testing.T, ctx context.Context, p *e2eenv.Pod, reason string) 
 	t.Helper()
 	sel := fields.Set{"involvedObject.kind": "Pod", "involvedObject.uid": p.UID}.AsSelector().String()
 	var out []corev1.Event
-	waitFor(t, ctx, "Event "+reason+" on pod "+p.Name, func() bool {
+	testutil.Until(t, ctx, "Event "+reason+" on pod "+p.Name, func() bool {
 		evs, err := testEnv.CP.Admin.CoreV1().Events(p.Namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err != nil {
 			return false
@@ -183,13 +184,11 @@ func podEvents(t *testing.T, ctx context.Context, p *e2eenv.Pod, reason string) 
 // condition too. Both leave the mesh (label `none`): True/NotInMesh, so
 // neither is held NotReady.
 func TestReadinessPodCondition(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("ready")
-	createNamespace(t, ctx, nsName, true)
-	pw := watchPods(t, ctx, nsName)
 	// A backoff far longer than the test: only the agent's reaction to the
 	// ztunnel's snapshot ack can enable the pods.
-	startAgent(t, ctx, "--retry-base-delay=10m", "--retry-max-delay=10m")
+	s := newScenario(t, "ready", withoutZtunnel(), agentArgs("--retry-base-delay=10m", "--retry-max-delay=10m"))
+	ctx, nsName := s.ctx, s.ns
+	pw := watchPods(t, ctx, nsName)
 
 	g := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "gated", Mutate: gated})
 	plain := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "plain"})
@@ -287,7 +286,7 @@ var otherTaint = corev1.Taint{Key: "example.com/dedicated", Value: "db", Effect:
 // the reason; the emulator connects: the condition turns True and the taint
 // goes. Another taint on the node and another Node's taint are untouched.
 func TestReadinessNodeUntaint(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testutil.Context(t, 4*time.Minute)
 	node := testEnv.NodeName
 	setNodeTaints(t, ctx, node, startupTaint, otherTaint)
 	other := createTestNode(t, ctx, "readiness-other", startupTaint)
@@ -297,7 +296,7 @@ func TestReadinessNodeUntaint(t *testing.T) {
 	if !hasTaintKey(n) {
 		t.Fatalf("taint removed while the node condition is False: %v", n.Spec.Taints)
 	}
-	if err := a.WaitReady(testContext(t, 2*time.Second)); err == nil {
+	if err := a.WaitReady(testutil.Context(t, 2*time.Second)); err == nil {
 		t.Error("/readyz ready without a ztunnel")
 	}
 
@@ -327,7 +326,7 @@ func TestReadinessNodeUntaint(t *testing.T) {
 // emulator stopping brings the taint back after the grace period; its
 // return removes it again.
 func TestReadinessNodeRetaint(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testutil.Context(t, 4*time.Minute)
 	const grace = 2 * time.Second
 	node := testEnv.NodeName
 	setNodeTaints(t, ctx, node, startupTaint)
@@ -372,7 +371,7 @@ func TestReadinessNodeRetaint(t *testing.T) {
 func waitNodeEventSince(t *testing.T, ctx context.Context, node, reason string, since time.Time) {
 	t.Helper()
 	sel := fields.Set{"involvedObject.kind": "Node", "involvedObject.name": node}.AsSelector().String()
-	waitFor(t, ctx, "node Event "+reason, func() bool {
+	testutil.Until(t, ctx, "node Event "+reason, func() bool {
 		evs, err := testEnv.CP.Admin.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err != nil {
 			return false
@@ -387,9 +386,8 @@ func waitNodeEventSince(t *testing.T, ctx context.Context, node, reason string, 
 // token every agent in these tests runs with) is refused what it must never
 // do.
 func TestReadinessRBACRefusals(t *testing.T) {
-	ctx := testContext(t, time.Minute)
-	nsName := uniqueNS("rbac")
-	createNamespace(t, ctx, nsName, false)
+	s := newScenario(t, "rbac", within(time.Minute), plainNamespace(), withoutZtunnel(), withoutAgent())
+	ctx, nsName := s.ctx, s.ns
 	ag := testEnv.CP.Agent
 	admin := testEnv.CP.Admin
 	if _, err := admin.CoreV1().ConfigMaps(nsName).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm"}}, metav1.CreateOptions{}); err != nil {
@@ -420,7 +418,7 @@ func TestReadinessRBACRefusals(t *testing.T) {
 // it out of the chain's conflist turns the node condition False with
 // PluginNotInstalled and fails /readyz; putting it back turns it True.
 func TestReadinessPluginInConflist(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testutil.Context(t, 4*time.Minute)
 	node := testEnv.NodeName
 	startEmulator(t, ctx, "ztunnel-plugin")
 	a := startAgent(t, ctx, "--node-condition-resync=200ms")
@@ -442,7 +440,7 @@ func TestReadinessPluginInConflist(t *testing.T) {
 	if !strings.Contains(nodeCondition(n).Message, filepath.Base(testEnv.Chain.ConflistPath)) {
 		t.Errorf("message %q does not name the conflist in use", nodeCondition(n).Message)
 	}
-	if err := a.WaitReady(testContext(t, 2*time.Second)); err == nil || !strings.Contains(err.Error(), "CNI plugin not installed") {
+	if err := a.WaitReady(testutil.Context(t, 2*time.Second)); err == nil || !strings.Contains(err.Error(), "CNI plugin not installed") {
 		t.Errorf("/readyz with the plugin out of the conflist: %v, want a failure naming the plugin", err)
 	}
 

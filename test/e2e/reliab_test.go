@@ -26,6 +26,7 @@ import (
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
@@ -56,18 +57,6 @@ func wipeRules(t *testing.T, p *e2eenv.Pod) {
 	if r := podRules(t, p); r != "" {
 		t.Fatalf("rules left after wiping pod %s:\n%s", p.Name, r)
 	}
-}
-
-// xtablesBackend pins the iptables-nft backend for the tests that read,
-// wipe or edit rules with the iptables tools and ipset (a native nftables
-// backend keeps its rules and probe set elsewhere).
-const xtablesBackend = "AMBIENTD_IPTABLES=nft"
-
-// startAgentEnv is startAgent with extra environment (settings through
-// their env vars, which an older binary ignores instead of refusing).
-func startAgentEnv(t *testing.T, ctx context.Context, env ...string) *e2eenv.Agent {
-	t.Helper()
-	return startAgentWith(t, ctx, e2eenv.AgentConfig{Env: env})
 }
 
 // acceptedFrom counts the connections the emulator accepted from pod uid.
@@ -122,11 +111,8 @@ func dialOnce(t *testing.T, ctx context.Context, from *e2eenv.Pod, dst string) {
 // captured again; an intact pod's rules are not rewritten (byte-identical,
 // and the agent ran exactly one rule write: the repair).
 func TestRestartRepairsWipedRules(t *testing.T) {
-	ctx := testContext(t, 5*time.Minute)
-	nsName := uniqueNS("rverify")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-rverify")
-	a := startAgentEnv(t, ctx, xtablesBackend)
+	s := newScenario(t, "rverify", within(5*time.Minute), agentEnv(xtablesBackend))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 	wiped := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "wiped"})
 	intact := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "intact"})
 	waitAnnotation(t, ctx, wiped, "enabled")
@@ -163,18 +149,15 @@ func TestRestartRepairsWipedRules(t *testing.T) {
 // runs are repaired by the drift pass (short interval), counted, and the
 // pod's traffic is captured again.
 func TestDriftRepairedWhileRunning(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("drift")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-drift")
-	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
+	s := newScenario(t, "drift", agentEnv(xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s"))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "drifty"})
 	waitAnnotation(t, ctx, p, "enabled")
 	want := podRules(t, p)
 
 	wipeRules(t, p)
-	waitFor(t, ctx, "drift pass restoring the pod's rules", func() bool { return podRules(t, p) == want })
-	waitFor(t, ctx, "repair counted", func() bool {
+	testutil.Until(t, ctx, "drift pass restoring the pod's rules", func() bool { return podRules(t, p) == want })
+	testutil.Until(t, ctx, "repair counted", func() bool {
 		return metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`) >= 1
 	})
 	if v, _ := annotationOf(t, ctx, p); v != "enabled" {
@@ -188,11 +171,8 @@ func TestDriftRepairedWhileRunning(t *testing.T) {
 // Warning Event on the pod, read through the API, and is counted in
 // ambientd_repairs_total{what="pod_rules"}.
 func TestDriftRepairEventVisible(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("driftev")
-	createNamespace(t, ctx, nsName, true)
-	startEmulator(t, ctx, "ztunnel-driftev")
-	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
+	s := newScenario(t, "driftev", agentEnv(xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s"))
+	ctx, nsName, a := s.ctx, s.ns, s.agent
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "drifted"})
 	waitAnnotation(t, ctx, p, "enabled")
 	before := metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`)
@@ -204,7 +184,7 @@ func TestDriftRepairEventVisible(t *testing.T) {
 			t.Errorf("RulesRepaired Event %s %q: want a Warning naming what was missing", e.Type, e.Message)
 		}
 	}
-	waitFor(t, ctx, "repair counted", func() bool {
+	testutil.Until(t, ctx, "repair counted", func() bool {
 		return metricValue(t, ctx, a, "ambientd_repairs_total", `what="pod_rules"`) >= before+1
 	})
 }
@@ -213,11 +193,8 @@ func TestDriftRepairEventVisible(t *testing.T) {
 // pod goes to the newest; when that one stops, the remaining one gets the
 // pod's Add (time printed; target 1 s) and serves its traffic.
 func TestHandoverToRemainingZtunnel(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("handover")
-	createNamespace(t, ctx, nsName, true)
-	old := startEmulator(t, ctx, "ztunnel-old")
-	startAgent(t, ctx)
+	s := newScenario(t, "handover")
+	ctx, nsName, old := s.ctx, s.ns, s.em
 	waitEmu(t, ctx, old, "first ztunnel's snapshot", func(s ztunnelemu.State) bool {
 		return len(s.Connections) > 0 && s.Connections[len(s.Connections)-1].SnapshotSent
 	})
@@ -257,9 +234,8 @@ func TestHandoverToRemainingZtunnel(t *testing.T) {
 // TestDualStackIPv6Captured (Must show 4): a dual-stack pod (host-local with
 // an IPv6 range) enrolled with the default flags has its IPv6 TCP captured.
 func TestDualStackIPv6Captured(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("dual")
-	createNamespace(t, ctx, nsName, true)
+	s := newScenario(t, "dual", withoutZtunnel(), withoutAgent())
+	ctx, nsName := s.ctx, s.ns
 	subnet6 := netip.MustParsePrefix("fd00:88::/64")
 	chain, err := testEnv.Chain.DualStack(subnet6, "30-dual.conflist")
 	if err != nil {
@@ -355,11 +331,8 @@ func probeSource(ctx context.Context, p *e2eenv.Pod) (netip.Addr, error) {
 // deleted by hand comes back; a node with an earlier terminal POSTROUTING
 // rule still SNATs probes.
 func TestHostSideAfterRestartAndDrift(t *testing.T) {
-	ctx := testContext(t, 5*time.Minute)
-	nsName := uniqueNS("hostside")
-	createNamespace(t, ctx, nsName, true)
-	startEmulator(t, ctx, "ztunnel-hostside")
-	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
+	s := newScenario(t, "hostside", within(5*time.Minute), agentEnv(xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s"))
+	ctx, nsName, a := s.ctx, s.ns, s.agent
 	gone := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "gone"})
 	stays := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "stays"})
 	waitAnnotation(t, ctx, gone, "enabled")
@@ -393,8 +366,8 @@ func TestHostSideAfterRestartAndDrift(t *testing.T) {
 	if b, err := exec.Command("ipset", "del", iptables.ProbeSetV4, stays.IP().String()).CombinedOutput(); err != nil {
 		t.Fatalf("delete probe entry by hand: %v: %s", err, b)
 	}
-	waitFor(t, ctx, "the probe entry put back", func() bool { return probeSetHas(t, stays.IP()) })
-	waitFor(t, ctx, "the probe-set repair counted", func() bool {
+	testutil.Until(t, ctx, "the probe entry put back", func() bool { return probeSetHas(t, stays.IP()) })
+	testutil.Until(t, ctx, "the probe-set repair counted", func() bool {
 		return metricValue(t, ctx, a, "ambientd_repairs_total", `what="probe_set"`) >= before+1
 	})
 
@@ -410,7 +383,7 @@ func TestHostSideAfterRestartAndDrift(t *testing.T) {
 	if natPostrouting(t) == want {
 		t.Fatalf("no ISTIO_POSTRT jump found to delete in:\n%s", want)
 	}
-	waitFor(t, ctx, "the host jump re-asserted", func() bool { return natPostrouting(t) == want })
+	testutil.Until(t, ctx, "the host jump re-asserted", func() bool { return natPostrouting(t) == want })
 
 }
 
@@ -419,11 +392,8 @@ func TestHostSideAfterRestartAndDrift(t *testing.T) {
 // still SNATs probes once the agent (re)asserts its host rules: its jump
 // must come first.
 func TestProbeSNATBeforeEarlierTerminalRule(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
-	nsName := uniqueNS("terminal")
-	createNamespace(t, ctx, nsName, true)
-	startEmulator(t, ctx, "ztunnel-terminal")
-	a := startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
+	s := newScenario(t, "terminal", within(3*time.Minute), agentEnv(xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s"))
+	ctx, nsName, a := s.ctx, s.ns, s.agent
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "probed"})
 	waitAnnotation(t, ctx, p, "enabled")
 	if src, err := probeSource(ctx, p); err != nil || src != iptables.ProbeSNATv4 {
@@ -452,7 +422,7 @@ func TestProbeSNATBeforeEarlierTerminalRule(t *testing.T) {
 			t.Logf("last probe attempt: %v", last)
 		}
 	})
-	waitFor(t, ctx, "probe SNAT despite an earlier terminal POSTROUTING rule", func() bool {
+	testutil.Until(t, ctx, "probe SNAT despite an earlier terminal POSTROUTING rule", func() bool {
 		src, err := probeSource(ctx, p)
 		if err == nil && src != iptables.ProbeSNATv4 {
 			err = fmt.Errorf("probe source %s, want %s", src, iptables.ProbeSNATv4)
@@ -467,9 +437,8 @@ func TestProbeSNATBeforeEarlierTerminalRule(t *testing.T) {
 // file): the pod is not reported enabled meanwhile; once findable, a new
 // ztunnel gets an Add for it.
 func TestRestartNetnsNotFoundThenFound(t *testing.T) {
-	ctx := testContext(t, 5*time.Minute)
-	nsName := uniqueNS("notfound")
-	createNamespace(t, ctx, nsName, true)
+	s := newScenario(t, "notfound", within(5*time.Minute), withoutZtunnel(), withoutAgent())
+	ctx, nsName := s.ctx, s.ns
 	old, err := testEnv.StartEmulator(ctx, e2eenv.EmulatorConfig{NetnsMode: true, Name: "ztunnel-nf-old"})
 	if err != nil {
 		t.Fatal(err)
@@ -526,11 +495,8 @@ func TestRestartNetnsNotFoundThenFound(t *testing.T) {
 // cost no rule write.
 func TestRestartLoad(t *testing.T) {
 	const pods, parallel = 50, 4
-	ctx := testContext(t, 8*time.Minute)
-	nsName := uniqueNS("rload")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-rload")
-	a := startAgent(t, ctx)
+	s := newScenario(t, "rload", within(8*time.Minute))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 	sem := make(chan struct{}, parallel)
 	errs := make(chan error, pods)
 	for i := range pods {
@@ -588,11 +554,8 @@ func TestRestartLoad(t *testing.T) {
 // finds the pod's netns through the state file its CNI ADD wrote, so the
 // first snapshot carries an Add with that netns and the pod stays enabled.
 func TestRestartFindsNetnsFromStateFile(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("statefile")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-statefile")
-	a := startAgent(t, ctx)
+	s := newScenario(t, "statefile")
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "noproc"})
 	waitAnnotation(t, ctx, p, "enabled")
 	if err := a.Kill(); err != nil {
@@ -615,9 +578,8 @@ func TestRestartFindsNetnsFromStateFile(t *testing.T) {
 // run with its IPv6 uncaptured: its CNI ADD fails with an error naming the
 // setting, and it is never annotated.
 func TestIPv6OffRefusesDualStackPod(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
-	nsName := uniqueNS("v6off")
-	createNamespace(t, ctx, nsName, true)
+	s := newScenario(t, "v6off", within(3*time.Minute), withoutZtunnel(), withoutAgent())
+	ctx, nsName := s.ctx, s.ns
 	chain, err := testEnv.Chain.DualStack(netip.MustParsePrefix("fd00:88::/64"), "31-dual.conflist")
 	if err != nil {
 		t.Fatal(err)

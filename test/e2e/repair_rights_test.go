@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // repairPods creates, as the admin, the pods the repair rights are judged
@@ -106,7 +108,7 @@ func labelPatch(key, value string) []byte {
 // and nothing else (another label, another value, another pod); without a
 // component, neither.
 func TestRepairComponentRights(t *testing.T) {
-	ctx := testContext(t, 6*time.Minute)
+	ctx := testutil.Context(t, 6*time.Minute)
 	const broken = "cni.istio.io/uninitialized"
 	del := func(c kubernetes.Interface, p *corev1.Pod) error {
 		// The pod as it is now (the policy probe may have written it).

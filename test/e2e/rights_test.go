@@ -188,7 +188,7 @@ func (a *agentInstall) token(t *testing.T, ctx context.Context, node string) *re
 // node's pod and node, pod spec and deletion, Events from another node, and
 // any write with a token without the node claim.
 func TestAgentRightsOwnNodeOnly(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
+	ctx := testutil.Context(t, 4*time.Minute)
 	admin := testEnv.CP.Admin
 	inst := installDeploy(t, ctx, "namePrefix: e2e-rights-")
 

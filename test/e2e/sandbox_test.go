@@ -26,6 +26,7 @@ import (
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
@@ -85,13 +86,10 @@ func TestSandboxRecreatedWithoutPlugin(t *testing.T) {
 	for _, sameIP := range []bool{false, true} {
 		name := map[bool]string{false: "NewIP", true: "SameIP"}[sameIP]
 		t.Run(name, func(t *testing.T) {
-			ctx := testContext(t, 4*time.Minute)
-			nsName := uniqueNS("sbx")
-			createNamespace(t, ctx, nsName, true)
-			pw := watchPods(t, ctx, nsName)
-			em := startEmulator(t, ctx, "ztunnel-sbx")
 			const interval = time.Second
-			startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL="+interval.String())
+			s := newScenario(t, "sbx", agentEnv(xtablesBackend, "AMBIENTD_VERIFY_INTERVAL="+interval.String()))
+			ctx, nsName, em := s.ctx, s.ns, s.em
+			pw := watchPods(t, ctx, nsName)
 			p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web", Mutate: gated})
 			waitAnnotation(t, ctx, p, "enabled")
 			want := podRules(t, p)
@@ -112,7 +110,7 @@ func TestSandboxRecreatedWithoutPlugin(t *testing.T) {
 			var probeEarly string
 			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			waitFor(t, wctx, "our rules in the recreated sandbox", func() bool {
+			testutil.Until(t, wctx, "our rules in the recreated sandbox", func() bool {
 				probe := !sameIP && probeSetHas(t, p.IP())
 				rules := podRules(t, p)
 				if probe && rules == "" && probeEarly == "" {
@@ -155,12 +153,9 @@ func TestSandboxRecreatedWhileAgentDown(t *testing.T) {
 	for _, keepState := range []bool{true, false} {
 		name := map[bool]string{true: "StateFile", false: "NoStateFile"}[keepState]
 		t.Run(name, func(t *testing.T) {
-			ctx := testContext(t, 4*time.Minute)
-			nsName := uniqueNS("sbxdown")
-			createNamespace(t, ctx, nsName, true)
+			s := newScenario(t, "sbxdown", agentEnv(xtablesBackend))
+			ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
 			pw := watchPods(t, ctx, nsName)
-			em := startEmulator(t, ctx, "ztunnel-sbxdown")
-			a := startAgentEnv(t, ctx, xtablesBackend)
 			p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web", Mutate: gated})
 			o := waitPod(t, ctx, p, "condition True", podConditionIs(corev1.ConditionTrue, agent.ReasonEnrolled))
 			want := podRules(t, p)
@@ -168,7 +163,7 @@ func TestSandboxRecreatedWhileAgentDown(t *testing.T) {
 			// sandbox in a later second than the agent's True, as any
 			// real recreation is.
 			trueSince := enrolledCondition(o).LastTransitionTime.Time
-			waitFor(t, ctx, "a later second than the True", func() bool { return time.Now().Truncate(time.Second).After(trueSince) })
+			testutil.Until(t, ctx, "a later second than the True", func() bool { return time.Now().Truncate(time.Second).After(trueSince) })
 
 			if err := a.Kill(); err != nil {
 				t.Fatal(err)
@@ -211,11 +206,8 @@ func TestSandboxRecreatedWhileAgentDown(t *testing.T) {
 // netns path that no longer exists. The live sandbox stays enrolled: no Del
 // reaches ztunnel, the pod stays enabled and captured.
 func TestLateDelOfVanishedOldSandbox(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("latedel")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-latedel")
-	startAgent(t, ctx)
+	s := newScenario(t, "latedel")
+	ctx, nsName, em := s.ctx, s.ns, s.em
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web"})
 	waitAnnotation(t, ctx, p, "enabled")
 	old, err := testEnv.RecreateSandbox(ctx, p, e2eenv.SandboxOptions{KeepOld: true})
@@ -252,11 +244,8 @@ func TestLateDelOfVanishedOldSandbox(t *testing.T) {
 // options it was enrolled with, so rules flushed afterwards are repaired;
 // "+" (every interface, for iptables) is not an interface name.
 func TestAnnotationsParsedLikeIstio(t *testing.T) {
-	ctx := testContext(t, 5*time.Minute)
-	nsName := uniqueNS("ann")
-	createNamespace(t, ctx, nsName, true)
-	em := startEmulator(t, ctx, "ztunnel-ann")
-	startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s")
+	s := newScenario(t, "ann", within(5*time.Minute), agentEnv(xtablesBackend, "AMBIENTD_VERIFY_INTERVAL=1s"))
+	ctx, nsName, em := s.ctx, s.ns, s.em
 
 	t.Run("TrueAccepted", func(t *testing.T) {
 		p, err := testEnv.CreatePod(ctx, e2eenv.PodSpec{Namespace: nsName, Name: "capital", Annotations: map[string]string{
@@ -287,7 +276,7 @@ func TestAnnotationsParsedLikeIstio(t *testing.T) {
 		wipeRules(t, p)
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		waitFor(t, wctx, "the flushed rules repaired with the options the pod was enrolled with", func() bool { return podRules(t, p) == want })
+		testutil.Until(t, wctx, "the flushed rules repaired with the options the pod was enrolled with", func() bool { return podRules(t, p) == want })
 		for _, e := range podEvents(t, ctx, p, agent.EventInvalidAnnotation) {
 			if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Message, annDNSCapture) || !strings.Contains(e.Message, "maybe") {
 				t.Errorf("InvalidAnnotation Event %s %q: want a Warning naming the annotation and the value", e.Type, e.Message)
@@ -317,11 +306,8 @@ func TestAnnotationsParsedLikeIstio(t *testing.T) {
 // regular file, a FIFO that would block an open), are refused at once —
 // long before the pod lookup's timeout — and the agent keeps nothing open.
 func TestCNIAddImpossibleInput(t *testing.T) {
-	ctx := testContext(t, 3*time.Minute)
-	nsName := uniqueNS("impossible")
-	createNamespace(t, ctx, nsName, true)
-	startEmulator(t, ctx, "ztunnel-impossible")
-	a := startAgent(t, ctx) // default --pod-lookup-timeout (10s)
+	s := newScenario(t, "impossible", within(3*time.Minute))
+	ctx, nsName, a := s.ctx, s.ns, s.agent
 	real := createObjectOnly(t, ctx, nsName, "real")
 	fifo := filepath.Join(t.TempDir(), "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
@@ -381,11 +367,9 @@ func TestCNIAddImpossibleInput(t *testing.T) {
 // the condition False in one write and keeps its probe entry (its rules
 // stay), and is enabled again once accepted.
 func TestProbeEntryFollowsRules(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("probe")
-	createNamespace(t, ctx, nsName, true)
+	s := newScenario(t, "probe", withoutZtunnel(), agentEnv(xtablesBackend, "AMBIENTD_RETRY_MAX_DELAY=1s"))
+	ctx, nsName := s.ctx, s.ns
 	pw := watchPods(t, ctx, nsName)
-	startAgentEnv(t, ctx, xtablesBackend, "AMBIENTD_RETRY_MAX_DELAY=1s")
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web", Mutate: gated})
 	waitPod(t, ctx, p, "pending without ztunnel", podConditionIs(corev1.ConditionFalse, agent.ReasonZtunnelUnavailable))
 	if src, err := probeSource(ctx, p); err != nil || src.String() != "169.254.7.127" {

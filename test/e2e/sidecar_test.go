@@ -92,15 +92,10 @@ func validate(t *testing.T, p *e2eenv.Pod, c istiogolden.Case) (int, string) {
 // Istio's skip cases start with no rules (validation fails with 126); an
 // invalid sidecar annotation fails the ADD with Istio's error and an Event.
 func TestSidecarPodThroughTheChain(t *testing.T) {
-	ctx := testContext(t, 6*time.Minute)
-	plain, ambient := uniqueNS("sidecar"), uniqueNS("sidecar-amb")
+	s := newScenario(t, "sidecar-amb", within(6*time.Minute))
+	ctx, ambient, em, a := s.ctx, s.ns, s.em, s.agent
+	plain := uniqueNS("sidecar")
 	createNamespace(t, ctx, plain, false)
-	createNamespace(t, ctx, ambient, true)
-	em := startEmulator(t, ctx, "ztunnel-sidecar")
-	a := startAgent(t, ctx)
-	if err := a.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 
 	for _, tc := range []struct{ ns, golden string }{{plain, "redirect-default"}, {ambient, "dns-capture"}, {plain, "tproxy"}} {
 		c := golden(t, tc.golden)

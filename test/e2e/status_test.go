@@ -14,6 +14,7 @@ import (
 
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // ambientdStatus runs `bin/ambientd status` against the test agent's admin
@@ -63,17 +64,15 @@ func findPod(st admin.NodeStatus, uid string) (admin.Pod, bool) {
 // again, one pod with its live rules, and a clear error in bounded time once
 // the agent is down.
 func TestStatus(t *testing.T) {
-	ctx := testContext(t, 4*time.Minute)
-	nsName := uniqueNS("status")
-	createNamespace(t, ctx, nsName, true)
-	a := startAgent(t, ctx, "--retry-base-delay=10m", "--retry-max-delay=10m")
+	s := newScenario(t, "status", withoutZtunnel(), agentArgs("--retry-base-delay=10m", "--retry-max-delay=10m"))
+	ctx, nsName, a := s.ctx, s.ns, s.agent
 
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web"})
 	waitAnnotation(t, ctx, p, "pending")
 
 	// Pending: no ztunnel.
 	var st admin.NodeStatus
-	waitFor(t, ctx, "status showing the pod pending", func() bool {
+	testutil.Until(t, ctx, "status showing the pod pending", func() bool {
 		st = statusJSON(t, ctx)
 		got, ok := findPod(st, p.UID)
 		return ok && got.Phase == "pending" && got.Annotation == "pending"
@@ -92,7 +91,7 @@ func TestStatus(t *testing.T) {
 	// Enabled: a ztunnel takes the pod.
 	em := startEmulator(t, ctx, "ztunnel-status")
 	waitAnnotation(t, ctx, p, "enabled")
-	waitFor(t, ctx, "status showing the pod enabled", func() bool {
+	testutil.Until(t, ctx, "status showing the pod enabled", func() bool {
 		st = statusJSON(t, ctx)
 		got, ok := findPod(st, p.UID)
 		return ok && got.Phase == "enabled" && got.ZtunnelAcked && st.Ztunnel.Connections == 1
@@ -133,7 +132,7 @@ func TestStatus(t *testing.T) {
 	if err := em.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "status showing no ztunnel", func() bool {
+	testutil.Until(t, ctx, "status showing no ztunnel", func() bool {
 		st = statusJSON(t, ctx)
 		return st.Ztunnel.Connections == 0 && len(st.NotReady) > 0
 	})

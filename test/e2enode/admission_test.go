@@ -19,8 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ambientd/ambientd/admission/check"
@@ -68,17 +66,7 @@ func watchGates(t *testing.T, ctx context.Context, ns string) *gateWatch {
 			}
 		}
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(node.Env.CP.Admin, 0, informers.WithNamespace(ns))
-	inf := f.Core().V1().Pods().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: observe, UpdateFunc: func(_, obj any) { observe(obj) }}); err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	t.Cleanup(func() { cancel(); f.Shutdown() })
-	f.Start(wctx.Done())
-	if !cache.WaitForCacheSync(wctx.Done(), inf.HasSynced) {
-		t.Fatal("pod informer did not sync")
-	}
+	observePods(t, ctx, ns, observe)
 	return gw
 }
 

@@ -36,6 +36,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
@@ -107,26 +108,11 @@ type agentRun struct {
 // ambient namespace. The subtests share the DaemonSet and run in order.
 func TestAgentOnRealNode(t *testing.T) {
 	logsOnFailure(t)
-	ctx := testContext(t, 10*time.Minute)
-	before, err := node.State(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx := testutil.Context(t, 10*time.Minute)
 	// Last: the steps' namespaces are deleted asynchronously; the node is
 	// back to its state before (no pod netns, lease, task, shim or cgroup
 	// left) before the next test looks at it.
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		var now nodeenv.State
-		if err := nodeenv.Poll(ctx, "node back to its state before the agent tests", 500*time.Millisecond, func(ctx context.Context) (bool, error) {
-			var err error
-			now, err = node.State(ctx)
-			return err == nil && len(now.Diff(before)) == 0, err
-		}); err != nil {
-			t.Errorf("%v\nbefore: %s\nnow:    %s", err, before, now)
-		}
-	})
+	node.RestoredAtCleanup(t, ctx, "the agent tests")
 	r := &agentRun{pristine: readPristine(t)}
 	t.Cleanup(func() { r.remove(t) })
 	steps := []struct {
@@ -1029,8 +1015,15 @@ func watchReady(t *testing.T, ctx context.Context, ns string, check func(p *core
 			check(p)
 		}
 	}
-	// An informer, not a bare watch: it lists and watches again if the
-	// apiserver ends a watch.
+	observePods(t, ctx, ns, observe)
+	return rw
+}
+
+// observePods calls observe with every version of ns's pods, added or
+// updated, until the test ends. An informer, not a bare watch: it lists and
+// watches again if the apiserver ends a watch.
+func observePods(t *testing.T, ctx context.Context, ns string, observe func(obj any)) {
+	t.Helper()
 	f := informers.NewSharedInformerFactoryWithOptions(node.Env.CP.Admin, 0, informers.WithNamespace(ns))
 	inf := f.Core().V1().Pods().Informer()
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -1045,7 +1038,6 @@ func watchReady(t *testing.T, ctx context.Context, ns string, check func(p *core
 	if !cache.WaitForCacheSync(wctx.Done(), inf.HasSynced) {
 		t.Fatal("pod informer did not sync")
 	}
-	return rw
 }
 
 func (rw *readyWatch) ready(name string) time.Time {

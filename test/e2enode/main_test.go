@@ -11,7 +11,6 @@ package e2enode
 import (
 	"context"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,15 +32,6 @@ var startupTaint = nodeenv.StartupTaint
 
 func TestMain(m *testing.M) {
 	nodeenv.Main(m, nodeenv.Options{RegisterTaints: []corev1.Taint{registerTaint, startupTaint}}, func(n *nodeenv.Node) { node = n })
-}
-
-// testContext is bounded generously (the machine may be busy building) and
-// cancelled when the test ends.
-func testContext(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // logsOnFailure prints the node's component logs when t failed.

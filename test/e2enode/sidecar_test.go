@@ -314,15 +314,27 @@ func (r *agentRun) sidecarNamespaceMigratesToAmbient(t *testing.T, ctx context.C
 	}
 	client := sidecarClient(t, ctx, "migrate")
 	oldNetns := r.capturedForProxy(t, ctx, p, client)
+	// A plain pod beside it: the agent syncs a relabelled namespace's pods
+	// together, so once it has enrolled this one it has handled the
+	// relabel, and what the sidecar pod shows then is the agent's decision
+	// about it, not a sync still to come.
+	witness, _ := startPod(t, ctx, ns, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "witness"}, Spec: appPodSpec()})
 
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"ambient"}}}`, podmeta.LabelDataplaneMode)
 	if _, err := node.Env.CP.Admin.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := waitPod(ctx, ns, "witness", func(p *corev1.Pod) bool {
+		return p.Annotations[podmeta.AnnotationRedirection] == podmeta.RedirectionEnabled
+	}); err != nil {
+		t.Fatalf("the plain pod of the relabelled namespace: %v", err)
+	}
+	r.waitEmu(t, ctx, "the plain pod of the relabelled namespace held by ztunnel", func(s ztunnelemu.State) bool {
+		_, ok := s.Workload(string(witness.UID))
+		return ok
+	})
 	// The running sidecar pod is left as it is: relabelling moves no
-	// running sidecar pod to ztunnel (the agent syncs the namespace's pods
-	// on the label change; give it the time).
-	time.Sleep(2 * time.Second)
+	// running sidecar pod to ztunnel.
 	if p, err = node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "web", metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}

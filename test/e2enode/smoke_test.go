@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // The node registered itself through kubelet (with the taint it was told to
@@ -27,7 +28,7 @@ import (
 // runs), and reports the real runtime.
 func TestNodeRegistersReady(t *testing.T) {
 	logsOnFailure(t)
-	ctx := testContext(t, time.Minute)
+	ctx := testutil.Context(t, time.Minute)
 	n, err := node.Env.CP.Admin.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +65,7 @@ func TestNodeRegistersReady(t *testing.T) {
 // behind (netns, veth, lease, running tasks, shims, pod cgroup).
 func TestPodReadyThroughCNIAndDeletedClean(t *testing.T) {
 	logsOnFailure(t)
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	ns := namespace(t, ctx, "smoke-pod")
 	before, err := node.State(ctx)
 	if err != nil {
@@ -160,7 +161,7 @@ func TestPodReadyThroughCNIAndDeletedClean(t *testing.T) {
 // propagation, the netns of a pod started after it.
 func TestDaemonSetPodScheduledAndReady(t *testing.T) {
 	logsOnFailure(t)
-	ctx := testContext(t, 3*time.Minute)
+	ctx := testutil.Context(t, 3*time.Minute)
 	ns := namespace(t, ctx, "smoke-ds")
 	labels := map[string]string{"app": "smoke-ds"}
 	spec := appPodSpec()

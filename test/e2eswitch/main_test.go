@@ -10,9 +10,7 @@
 package e2eswitch
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
 )
@@ -26,15 +24,6 @@ var node *nodeenv.Node
 // namespace through /host/proc/1 (nodeenv's pidns.go).
 func TestMain(m *testing.M) {
 	nodeenv.Main(m, nodeenv.Options{PIDNamespace: true}, func(n *nodeenv.Node) { node = n })
-}
-
-// testContext is bounded generously (the machine may be busy building) and
-// cancelled when the test ends.
-func testContext(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // logsOnFailure prints the node's component logs when t failed.

@@ -19,6 +19,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
@@ -65,7 +66,7 @@ var scenarios = []scenario{
 // in it.
 func TestSwitch(t *testing.T) {
 	logsOnFailure(t)
-	ctx := testContext(t, 25*time.Minute)
+	ctx := testutil.Context(t, 25*time.Minute)
 	for _, archive := range []func() (string, error){node.AgentImageArchive, node.IstioAgentImageArchive} {
 		p, err := archive()
 		if err != nil {
@@ -75,22 +76,7 @@ func TestSwitch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before, err := node.State(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		var now nodeenv.State
-		if err := nodeenv.Poll(ctx, "node back to its state before the switch tests", 500*time.Millisecond, func(ctx context.Context) (bool, error) {
-			var err error
-			now, err = node.State(ctx)
-			return err == nil && len(now.Diff(before)) == 0, err
-		}); err != nil {
-			t.Errorf("%v\nbefore: %s\nnow:    %s", err, before, now)
-		}
-	})
+	node.RestoredAtCleanup(t, ctx, "the switch tests")
 	em, err := node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
 	if err != nil {
 		t.Fatal(err)

@@ -96,7 +96,7 @@ func (a *Agent) WaitLive(ctx context.Context) error {
 
 func (a *Agent) waitHTTP(ctx context.Context, path string) error {
 	c := &http.Client{Timeout: 2 * time.Second}
-	return a.waitUntil(ctx, "agent "+path, 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+	return a.WaitUntil(ctx, "agent "+path, 100*time.Millisecond, func(ctx context.Context) (bool, error) {
 		body, code, err := get(ctx, c, "http://"+a.HealthAddr+path, "")
 		return err == nil && code == 200, fmt.Errorf("%d %q %v", code, truncate(body, 200), err)
 	})

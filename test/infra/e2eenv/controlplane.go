@@ -129,7 +129,7 @@ func startControlPlane(ctx context.Context, sp *spawner, cfg ControlPlaneConfig)
 	rctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
 	defer cancel()
 	plain := &http.Client{Timeout: 5 * time.Second}
-	if err := cp.Etcd.waitUntil(rctx, "etcd /health", 100*time.Millisecond, func(ctx context.Context) (bool, error) {
+	if err := cp.Etcd.WaitUntil(rctx, "etcd /health", 100*time.Millisecond, func(ctx context.Context) (bool, error) {
 		body, code, err := get(ctx, plain, etcdClient+"/health", "")
 		return err == nil && code == 200 && strings.Contains(body, `"health":"true"`), fmt.Errorf("%d %s %v", code, body, err)
 	}); err != nil {
@@ -199,7 +199,7 @@ func (cp *ControlPlane) WaitReady(ctx context.Context) error {
 		return err
 	}
 	hc.Timeout = 5 * time.Second
-	return cp.APIServer.waitUntil(ctx, "kube-apiserver /readyz", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+	return cp.APIServer.WaitUntil(ctx, "kube-apiserver /readyz", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		body, code, err := get(ctx, hc, cp.URL+"/readyz", "")
 		return err == nil && code == 200 && body == "ok", fmt.Errorf("%d %q %v", code, truncate(body, 300), err)
 	})

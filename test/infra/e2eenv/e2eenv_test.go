@@ -155,7 +155,7 @@ func TestProcessLifecycle(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := p.waitUntil(ctx, "output", 20*time.Millisecond, func(context.Context) (bool, error) {
+	if err := p.WaitUntil(ctx, "output", 20*time.Millisecond, func(context.Context) (bool, error) {
 		return strings.Contains(p.Logs(), "started"), nil
 	}); err != nil {
 		t.Fatal(err)
@@ -185,7 +185,7 @@ func TestProcessLifecycle(t *testing.T) {
 	if err := q.Start(); err != nil {
 		t.Fatal(err)
 	}
-	err := q.waitUntil(ctx, "never", 20*time.Millisecond, func(context.Context) (bool, error) { return false, nil })
+	err := q.WaitUntil(ctx, "never", 20*time.Millisecond, func(context.Context) (bool, error) { return false, nil })
 	if err == nil || !strings.Contains(err.Error(), "exited") || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("waitUntil on exiting process: %v", err)
 	}

@@ -66,7 +66,7 @@ func (e *Env) StartEmulator(ctx context.Context, cfg EmulatorConfig) (*Emulator,
 	em := &Emulator{Process: p, Socket: cfg.Socket, StatusAddr: status, http: &http.Client{Timeout: 5 * time.Second}}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := p.waitUntil(wctx, "emulator status endpoint", 50*time.Millisecond, func(ctx context.Context) (bool, error) {
+	if err := p.WaitUntil(wctx, "emulator status endpoint", 50*time.Millisecond, func(ctx context.Context) (bool, error) {
 		_, err := em.StateJSON(ctx)
 		return err == nil, err
 	}); err != nil {
@@ -114,7 +114,7 @@ func (em *Emulator) State(ctx context.Context, v any) error {
 // returns true or an error, or ctx ends.
 func (em *Emulator) WaitState(ctx context.Context, cond func(state []byte) (bool, error)) ([]byte, error) {
 	var last []byte
-	err := em.waitUntil(ctx, "emulator state condition", 50*time.Millisecond, func(ctx context.Context) (bool, error) {
+	err := em.WaitUntil(ctx, "emulator state condition", 50*time.Millisecond, func(ctx context.Context) (bool, error) {
 		b, err := em.StateJSON(ctx)
 		if err != nil {
 			return false, err

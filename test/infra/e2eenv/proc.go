@@ -245,9 +245,10 @@ func (p *Process) LogOnFailure(t testing.TB) {
 	})
 }
 
-// waitUntil polls check every interval until it returns true, returns an
-// error, ctx ends, or the process exits (which is reported with its log tail).
-func (p *Process) waitUntil(ctx context.Context, what string, interval time.Duration, check func(context.Context) (bool, error)) error {
+// WaitUntil polls check every interval until it returns true, ctx ends (the
+// error has check's last error), or the process exits (reported with its
+// log tail).
+func (p *Process) WaitUntil(ctx context.Context, what string, interval time.Duration, check func(context.Context) (bool, error)) error {
 	var lastErr error
 	for {
 		ok, err := check(ctx)

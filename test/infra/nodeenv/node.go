@@ -580,24 +580,15 @@ func rssMiB(pid int) int {
 	return 0
 }
 
-// waitFor polls check every interval until it returns nil, ctx ends, or p
-// exits (reported with its log tail).
+// waitFor is p.WaitUntil for a check that returns nil when it holds, each
+// attempt bounded to 10 seconds.
 func waitFor(ctx context.Context, p *e2eenv.Process, what string, interval time.Duration, check func(context.Context) error) error {
-	for {
+	return p.WaitUntil(ctx, what, interval, func(ctx context.Context) (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
 		err := check(cctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: waiting for %s: %w (last error: %v); log tail:\n%s", p.Name, what, ctx.Err(), err, p.LogTail(40))
-		case <-p.Exited():
-			return fmt.Errorf("%s: exited (%v) while waiting for %s; log tail:\n%s", p.Name, p.ExitError(), what, p.LogTail(40))
-		case <-time.After(interval):
-		}
-	}
+		return err == nil, err
+	})
 }
 
 func httpOK(ctx context.Context, url string) error {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -130,4 +132,29 @@ func dirNames(dir string, keep func(string) bool) ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// RestoredAtCleanup reads the node's State now and, when t ends (after the
+// cleanups registered later: the test's pods, agents and namespaces go
+// first, some of them asynchronously), waits up to three minutes for the
+// node to be back to it, failing t with both states if it is not. what
+// names the tests, for the message.
+func (n *Node) RestoredAtCleanup(t testing.TB, ctx context.Context, what string) {
+	t.Helper()
+	before, err := n.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		var now State
+		if err := Poll(ctx, "node back to its state before "+what, 500*time.Millisecond, func(ctx context.Context) (bool, error) {
+			var err error
+			now, err = n.State(ctx)
+			return err == nil && len(now.Diff(before)) == 0, err
+		}); err != nil {
+			t.Errorf("%v\nbefore: %s\nnow:    %s", err, before, now)
+		}
+	})
 }

@@ -42,3 +42,15 @@ func RequireBinary(t testing.TB, names ...string) []string {
 	}
 	return paths
 }
+
+// RequireIptables fails the test unless it runs as root with both iptables
+// variants (legacy and nft, IPv4 and IPv6, save and restore) on PATH, plus
+// any extra programs named.
+func RequireIptables(t testing.TB, extra ...string) {
+	t.Helper()
+	RequireRoot(t)
+	RequireBinary(t, append([]string{
+		"iptables-legacy-save", "iptables-legacy-restore", "iptables-nft-save", "iptables-nft-restore",
+		"ip6tables-legacy-save", "ip6tables-legacy-restore", "ip6tables-nft-save", "ip6tables-nft-restore",
+	}, extra...)...)
+}

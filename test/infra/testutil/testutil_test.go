@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -87,5 +88,35 @@ func TestEventuallyTimesOut(t *testing.T) {
 	}
 	if Wait(10*time.Millisecond, func() bool { return false }) {
 		t.Error("Wait of a condition that never holds = true")
+	}
+}
+
+// errRecorder is a testing.TB whose Errorf only records the message.
+type errRecorder struct {
+	testing.TB
+	msgs []string
+}
+
+func (r *errRecorder) Helper()                   {}
+func (r *errRecorder) Cleanup(func())            {}
+func (r *errRecorder) Errorf(f string, a ...any) { r.msgs = append(r.msgs, fmt.Sprintf(f, a...)) }
+
+// TestRun: stop ends the run's context and waits for it; an error the run
+// returns fails the test; a second stop does nothing.
+func TestRun(t *testing.T) {
+	rec := &errRecorder{TB: t}
+	ended := false
+	stop := Run(rec, func(ctx context.Context) error {
+		<-ctx.Done()
+		ended = true
+		return errors.New("boom")
+	})
+	stop()
+	stop()
+	if !ended {
+		t.Error("stop returned before the run did")
+	}
+	if len(rec.msgs) != 1 || rec.msgs[0] != "run: boom" {
+		t.Errorf("reported %q, want exactly the run's error once", rec.msgs)
 	}
 }

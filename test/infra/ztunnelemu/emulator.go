@@ -20,8 +20,9 @@ import (
 	"sync"
 	"time"
 
-	zp "github.com/ambientd/ambientd/ztunnelproto"
 	"golang.org/x/sys/unix"
+
+	zp "github.com/ambientd/ambientd/ztunnelproto"
 )
 
 // ErrProtocolExit is returned by Run when ExitOnProtocolError is set and the

@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ambientd/ambientd/test/infra/testutil"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
-	"golang.org/x/sys/unix"
 )
 
 var info = &zp.WorkloadInfo{Name: "pod", Namespace: "ns", ServiceAccount: "sa"}
@@ -60,7 +61,7 @@ func TestSnapshotReconnectAndStreaming(t *testing.T) {
 	c2 := a.accept()
 	ack(t, c2, zp.KeepRequest("b"), nil)
 	ack(t, c2, zp.SnapshotSentRequest(), nil)
-	st = waitFor(t, e, "a dropped", func(s State) bool { _, ok := s.Workload("a"); return !ok })
+	st = Await(t, e, "a dropped", func(s State) bool { _, ok := s.Workload("a"); return !ok })
 	if _, ok := st.Workload("b"); !ok || len(st.Workloads) != 1 {
 		t.Fatalf("after second snapshot: %+v", st.Workloads)
 	}

@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/ambientd/ambientd/test/infra/testutil"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
-	"github.com/containernetworking/plugins/pkg/ns"
 )
 
 // Generous bounds: the machine is shared with other builds.
@@ -101,16 +102,6 @@ func runEmu(t testing.TB, cfg Config) (*Emulator, *emuRun) {
 		}
 	})
 	return e, r
-}
-
-func waitFor(t testing.TB, e *Emulator, what string, cond func(State) bool) State {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	if err := e.WaitFor(ctx, cond); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
-	return e.State()
 }
 
 // testNetns is a throwaway network namespace with lo up.

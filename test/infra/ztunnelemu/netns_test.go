@@ -7,12 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/test/infra/testutil"
-	zp "github.com/ambientd/ambientd/ztunnelproto"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/ambientd/ambientd/test/infra/testutil"
+	zp "github.com/ambientd/ambientd/ztunnelproto"
 )
 
 // The emulator enters the netns it received, listens on ztunnel's ports
