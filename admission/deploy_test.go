@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,7 +39,8 @@ func TestDeployReferencesSurviveOverlays(t *testing.T) {
 			t.Fatalf("kustomize %s: %v", tc.dir, err)
 		}
 		names := map[string]string{} // kind → name (the pod admission objects)
-		var cmNamespace string
+		var cmNamespace, dsName, dsInConfig string
+		var dsRights []string
 		var mapb, vapb map[string]any
 		for _, r := range res.Resources() {
 			m, err := r.Map()
@@ -48,6 +50,16 @@ func TestDeployReferencesSurviveOverlays(t *testing.T) {
 			switch k := r.GetKind(); {
 			case k == "ConfigMap":
 				names[k], cmNamespace = r.GetName(), r.GetNamespace()
+				dsInConfig, _ = m["data"].(map[string]any)["AMBIENTD_DAEMONSET_NAME"].(string)
+			case k == "DaemonSet":
+				dsName = r.GetName()
+			case k == "ClusterRole" && r.GetName() == tc.prefix+"ambientd"+tc.suffix:
+				for _, rule := range m["rules"].([]any) {
+					rule := rule.(map[string]any)
+					if fmt.Sprint(rule["resources"]) == "[daemonsets]" {
+						dsRights = append(dsRights, fmt.Sprint(rule["resourceNames"]))
+					}
+				}
 			case r.GetName() == tc.prefix+MutatingPolicyName+tc.suffix && k == "MutatingAdmissionPolicyBinding":
 				mapb = m["spec"].(map[string]any)
 			case r.GetName() == tc.prefix+ValidatingPolicyName+tc.suffix && k == "ValidatingAdmissionPolicyBinding":
@@ -65,6 +77,11 @@ func TestDeployReferencesSurviveOverlays(t *testing.T) {
 		}
 		if vapb["policyName"] != names["ValidatingAdmissionPolicy"] {
 			t.Errorf("%s: ValidatingAdmissionPolicyBinding %v; policy %s", tc.dir, vapb, names["ValidatingAdmissionPolicy"])
+		}
+		// The agent reads its DaemonSet by the ConfigMap's name, and may
+		// read only that one: both follow a rename.
+		if want := "[" + dsName + "]"; dsName != tc.prefix+"ambientd"+tc.suffix || dsInConfig != dsName || len(dsRights) != 1 || dsRights[0] != want {
+			t.Errorf("%s: DaemonSet %q, ConfigMap's AMBIENTD_DAEMONSET_NAME %q, the agent may get daemonsets %v: want all the DaemonSet's name", tc.dir, dsName, dsInConfig, dsRights)
 		}
 	}
 }

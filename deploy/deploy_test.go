@@ -95,19 +95,26 @@ func TestSecurityDocListsEveryRBACRule(t *testing.T) {
 	object(t, render(t, "."), "ClusterRole", "ambientd", &role)
 	var want []string
 	for _, r := range role.Rules {
-		if len(r.APIGroups) != 1 || len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
-			t.Errorf("rule %+v: one API group per rule, no resource names or URLs (the table has one row per rule)", r)
+		if len(r.APIGroups) != 1 || len(r.NonResourceURLs) != 0 {
+			t.Errorf("rule %+v: one API group per rule, no URLs (the table has one row per rule)", r)
 			continue
 		}
 		group := r.APIGroups[0]
 		if group == "" {
 			group = "core"
 		}
-		var res []string
+		var res, names []string
 		for _, x := range r.Resources {
 			res = append(res, "`"+x+"`")
 		}
-		want = append(want, group+" | "+strings.Join(res, ", ")+" | "+strings.Join(r.Verbs, ", "))
+		for _, x := range r.ResourceNames {
+			names = append(names, "`"+x+"`")
+		}
+		cell := strings.Join(res, ", ")
+		if len(names) > 0 {
+			cell += " named " + strings.Join(names, ", ") // rights narrowed to these objects
+		}
+		want = append(want, group+" | "+cell+" | "+strings.Join(r.Verbs, ", "))
 	}
 	var got []string
 	for _, row := range docTable(t, "## Rights (RBAC)") {

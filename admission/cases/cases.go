@@ -1,6 +1,6 @@
 // Package cases holds the two shared case tables of the pod admission
 // policies (deploy/pod-admission.yaml): enrollment.yaml (which pods get the
-// readiness gate) and annotations.yaml (which mesh annotation values are
+// readiness gate) and annotations.json (which mesh annotation values are
 // accepted). Each table is judged twice — by the agent's Go code in unit
 // tests and by the shipped policies on a real kube-apiserver in test/e2e —
 // so the CEL and the Go code cannot drift apart unnoticed.

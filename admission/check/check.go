@@ -421,6 +421,12 @@ func verdict(p Pod) (string, bool) {
 			return "meshed (enabled); no gate: Ready did not wait for the mesh", false
 		}
 		return "meshed (enabled)", false
+	case p.Redirection == podmeta.RedirectionEnabled && c != nil && c.Status == string(corev1.ConditionFalse) && c.Reason == "ZtunnelUnavailable":
+		// The agent's Unserved phase: captured, and no ztunnel serves the node.
+		if p.Gated {
+			return fmt.Sprintf("NOT SERVED: no ztunnel serves node %s (its traffic is captured and refused); NotReady until one acks its snapshot", p.Node), true
+		}
+		return fmt.Sprintf("NOT SERVED: no ztunnel serves node %s (its traffic is captured and refused); NOT gated: it may be Ready", p.Node), true
 	case p.Redirection == podmeta.RedirectionPending || (c != nil && c.Status == string(corev1.ConditionFalse)):
 		msg := "pending"
 		if c != nil {

@@ -88,6 +88,7 @@ func cluster(withPolicy bool) *fake.Clientset {
 		mkpod("istio-system", "ambientd-x1", "node-1", labels("app", "ambientd"), ready, func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
 		mkpod("shop", "web", "node-1", gate, annotated("ambient.istio.io/redirection", "enabled"), cond("True", "Enrolled", "ztunnel carries the pod's traffic"), ready),
 		mkpod("shop", "quarantined", "node-1", gate, annotated("ambient.istio.io/redirection", "pending"), cond("False", "ZtunnelRejected", "policy: denied")),
+		mkpod("shop", "unserved", "node-1", gate, annotated("ambient.istio.io/redirection", "enabled"), cond("False", "ZtunnelUnavailable", "no ztunnel has served the node for over 5s")),
 		mkpod("shop", "ungated", "node-1", annotated("ambient.istio.io/redirection", "enabled"), cond("True", "Enrolled", ""), ready),
 		mkpod("shop", "batch", "node-1", labels("istio.io/dataplane-mode", "none"), ready),
 		mkpod("shop", "switched", "node-1", labels("istio.io/dataplane-mode", "none"), gate, cond("True", "NotInMesh", "the pod is not in the ambient mesh"), ready),
@@ -148,6 +149,7 @@ func TestPods(t *testing.T) {
 	}{
 		"shop/web":                 {true, true, false, "meshed (enabled)"},
 		"shop/quarantined":         {true, true, true, "pending: ZtunnelRejected (policy: denied); NotReady until ztunnel takes it"},
+		"shop/unserved":            {true, true, true, "NOT SERVED: no ztunnel serves node node-1 (its traffic is captured and refused); NotReady until one acks its snapshot"},
 		"shop/ungated":             {true, false, false, "meshed (enabled); no gate: Ready did not wait for the mesh"},
 		"shop/batch":               {false, false, false, "not in the mesh"},
 		"shop/switched":            {false, true, false, "not in the mesh; the agent released its gate (NotInMesh)"},

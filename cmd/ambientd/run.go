@@ -43,7 +43,7 @@ type runFlags struct {
 	systemNamespace                                 string
 	podConditionType, ztunnelSocketMode             string
 	kubeletUID, ztunnelAllowedUIDs                  string
-	verifyInterval                                  time.Duration
+	verifyInterval, ztunnelGrace                    time.Duration
 	dnsCapture, ipv6, installCNI, failPending       bool
 	podLookupTimeout, retryBase, retryMax           time.Duration
 	iptablesLockWait                                time.Duration
@@ -89,6 +89,7 @@ var envOf = flagEnv{
 	"max-parallel-adds":    "AMBIENTD_MAX_PARALLEL_ADDS",
 	"ztunnel-allowed-uids": "AMBIENTD_ZTUNNEL_ALLOWED_UIDS",
 	"handover":             "AMBIENTD_HANDOVER",
+	"ztunnel-grace":        "AMBIENTD_ZTUNNEL_GRACE",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -138,6 +139,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.IntVar(&f.maxParallelAdds, "max-parallel-adds", def.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
 	f.install.register(fs)
 	fs.StringVar(&f.podConditionType, "pod-condition-type", def.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
+	fs.DurationVar(&f.ztunnelGrace, "ztunnel-grace", def.ZtunnelGrace, "how long the node may be without a ztunnel that acked its snapshot before every enabled pod's condition turns False (reason ZtunnelUnavailable) so its Services stop sending it traffic nothing proxies; 0 = never (docs/readiness.md)")
 	nodeReady := nodeReadyFlags(fs)
 	sidecarSettings := sidecarFlags(fs)
 	if err := parseFlags(fs, args, getenv, envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf); err != nil {
@@ -231,6 +233,9 @@ func (f runFlags) validate() error {
 	}
 	if f.retryMax < f.retryBase {
 		return fmt.Errorf("--retry-max-delay %v: must not be below --retry-base-delay %v", f.retryMax, f.retryBase)
+	}
+	if f.ztunnelGrace < 0 {
+		return fmt.Errorf("--ztunnel-grace %v: want 0 (never) or more", f.ztunnelGrace)
 	}
 	if f.verifyInterval < 0 || (f.verifyInterval > 0 && f.verifyInterval < 100*time.Millisecond) {
 		return fmt.Errorf("--verify-interval %v: want 0 (off) or at least 100ms", f.verifyInterval)
@@ -362,6 +367,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
 	ac.PodConditionType = f.podConditionType
 	ac.VerifyInterval, ac.IPv6, ac.RunDir = f.verifyInterval, f.ipv6, f.runDir
+	ac.ZtunnelGrace = f.ztunnelGrace
 	ac.Workers, ac.MaxParallelAdds = f.workers, f.maxParallelAdds
 	mode, _ := f.socketMode()         // validated
 	ztunnelUIDs, _ := f.allowedUIDs() // validated

@@ -129,6 +129,17 @@ func TestParseRunFlags(t *testing.T) {
 			}
 		}},
 		{name: "verify interval too short", args: []string{"--node-name=n", "--verify-interval=1ms"}, env: env(), wantErr: "--verify-interval"},
+		{name: "ztunnel grace default", args: []string{"--node-name=n"}, env: env(), check: func(t *testing.T, f runFlags) {
+			if f.ztunnelGrace != 5*time.Second {
+				t.Errorf("ztunnel grace %v, want 5s", f.ztunnelGrace)
+			}
+		}},
+		{name: "ztunnel grace off from env", env: env("NODE_NAME", "n", "AMBIENTD_ZTUNNEL_GRACE", "0"), check: func(t *testing.T, f runFlags) {
+			if f.ztunnelGrace != 0 {
+				t.Errorf("ztunnel grace %v, want 0 (never)", f.ztunnelGrace)
+			}
+		}},
+		{name: "ztunnel grace negative", args: []string{"--node-name=n", "--ztunnel-grace=-1s"}, env: env(), wantErr: "--ztunnel-grace"},
 		{name: "relative run dir", args: []string{"--node-name=n", "--run-dir=run"}, env: env(), wantErr: "--run-dir"},
 		{name: "socket mode from env", env: env("NODE_NAME", "n", "AMBIENTD_ZTUNNEL_SOCKET_MODE", "0660"), check: func(t *testing.T, f runFlags) {
 			if m, err := f.socketMode(); err != nil || m != 0o660 {

@@ -51,18 +51,21 @@ func (o PodOptions) Validate() error {
 // MaxInterfaceNameLen is the longest Linux interface name (IFNAMSIZ - 1).
 const MaxInterfaceNameLen = 15
 
-// interfaceName is the pattern Istio's sidecar path validates interface
-// names with (istio/istio#58785): nothing a backend could read as more than
-// one exact interface — iptables' "+" wildcard, nftables' "*", spaces that
-// smuggle options, a leading "-" or ".".
-var interfaceName = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9_.-]*$`)
+// interfaceName is the pattern Istio validates interface names with, in its
+// sidecar path and its injector (istio/istio#58785): a letter, then letters,
+// digits, "_", "." and "-" — nothing a backend could read as more than one
+// exact interface (iptables' "+" wildcard, nftables' "*", spaces that
+// smuggle options, a leading "-" or ".").
+var interfaceName = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_.-]*$`)
 
 // ValidInterfaceName reports whether name is one exact interface name, so
-// that every backend matches exactly that interface (the one rule for the
-// node's --reroute-interface and the pods' reroute annotation).
+// that every backend matches exactly that interface. It is the one rule for
+// the node's --reroute-interface, the pods' interface annotations in the
+// ambient path and in sidecar mode, and the pod-annotation admission policy
+// (deploy/pod-admission.yaml; admission/cases/annotations.json holds both).
 func ValidInterfaceName(name string) error {
 	if name == "" || len(name) > MaxInterfaceNameLen || !interfaceName.MatchString(name) {
-		return fmt.Errorf("%q is not an interface name (1-%d of a-z A-Z 0-9 _ . -, not starting with . or -)", name, MaxInterfaceNameLen)
+		return fmt.Errorf("%q is not an interface name (1-%d of a-z A-Z 0-9 _ . -, starting with a letter)", name, MaxInterfaceNameLen)
 	}
 	return nil
 }

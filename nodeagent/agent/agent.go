@@ -48,6 +48,9 @@ type Ztunnel interface {
 	AddWorkload(ctx context.Context, w ztunnel.Workload, netns *podnetns.Handle) error
 	DelWorkload(ctx context.Context, uid string) error
 	SubscribeSnapshotAcked() (<-chan struct{}, func())
+	// SubscribeStatus is signalled on every change of Status (a ztunnel
+	// connected, acked its snapshot, or left).
+	SubscribeStatus() (<-chan struct{}, func())
 	Status() ztunnel.Status
 }
 
@@ -116,7 +119,20 @@ type Config struct {
 	HandOver func(ctx context.Context) (Successor, error)
 	// HandOverTimeout bounds the handover (DefaultHandOverTimeout when 0).
 	HandOverTimeout time.Duration
+	// ZtunnelGrace is how long the node may be without a ztunnel that
+	// serves it (connected, snapshot acked) before every enabled pod is
+	// Unserved: condition False/ZtunnelUnavailable, so its Services stop
+	// sending it traffic that nothing proxies (served.go). 0 disables it.
+	ZtunnelGrace time.Duration
 }
+
+// DefaultZtunnelGrace covers one ztunnel container restart (kubelet
+// restarts a crashed container at once the first time; ztunnel reconnects
+// and acks its snapshot within a second or two) but not a crash loop
+// (kubelet's back-off waits 10 s, then 20 s, …). A rolling upgrade the way
+// Istio's ztunnel chart does it (maxSurge 1, maxUnavailable 0) has no gap at
+// all. See docs/readiness.md, "When ztunnel is gone".
+const DefaultZtunnelGrace = 5 * time.Second
 
 // DefaultPodConditionType is the pod condition a readiness gate names.
 const DefaultPodConditionType = podmeta.ConditionEnrolled
@@ -137,6 +153,7 @@ func DefaultConfig() Config {
 		IPv6:             iptables.DefaultIPv6,
 		RunDir:           "/var/run/ambientd",
 		MaxParallelAdds:  16,
+		ZtunnelGrace:     DefaultZtunnelGrace,
 	}
 }
 
@@ -209,6 +226,9 @@ type Agent struct {
 	// invalid remembers the invalid annotation values already reported.
 	invalid invalidSeen
 
+	// served follows whether a ztunnel serves the node (served.go).
+	served servedState
+
 	lastAck   atomic.Int64 // unix nanos of the last ztunnel snapshot ack
 	synced    atomic.Bool  // informer caches synced
 	running   atomic.Bool  // rebuild done, workers started
@@ -262,6 +282,9 @@ func New(cfg Config, d Deps) (*Agent, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
+	}
+	if cfg.ZtunnelGrace < 0 {
+		return nil, fmt.Errorf("agent: ztunnel grace %v: want 0 (off) or more", cfg.ZtunnelGrace)
 	}
 	if errs := validation.IsQualifiedName(cfg.PodConditionType); len(errs) > 0 {
 		return nil, fmt.Errorf("agent: pod condition type %q: %s", cfg.PodConditionType, strings.Join(errs, "; "))
@@ -386,12 +409,15 @@ func (a *Agent) Run(ctx context.Context, ready func()) error {
 
 	acked, unsubscribe := a.zt.SubscribeSnapshotAcked()
 	defer unsubscribe()
-	a.wantLoops = int32(a.cfg.Workers) + 1
+	status, unsubscribeStatus := a.zt.SubscribeStatus()
+	defer unsubscribeStatus()
+	a.wantLoops = int32(a.cfg.Workers) + 2
 	// Loops count as live from before they start, so /healthz never sees a
 	// loop "missing" that simply has not been scheduled yet; each one takes
 	// itself off the count when it returns.
 	a.liveLoops.Add(a.wantLoops)
 	wg.Go(func() { a.retryOnSnapshotAck(ctx, acked) })
+	wg.Go(func() { a.followZtunnel(ctx, status) })
 	for range a.cfg.Workers {
 		wg.Go(func() { a.worker(ctx) })
 	}
@@ -424,6 +450,7 @@ func (a *Agent) retryOnSnapshotAck(ctx context.Context, acked <-chan struct{}) {
 			a.lastAck.Store(time.Now().UnixNano())
 			pending := append(a.reg.UIDs(registry.Pending), a.reg.UIDs(registry.Unverified)...)
 			pending = append(pending, a.reg.UIDs(registry.Uncaptured)...)
+			pending = append(pending, a.reg.UIDs(registry.Unserved)...)
 			if len(pending) > 0 {
 				a.log.Info("ztunnel snapshot acked, retrying pending pods", "pending", len(pending))
 			}

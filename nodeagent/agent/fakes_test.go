@@ -36,6 +36,8 @@ type fakeZtunnel struct {
 	dels      []string
 	delErr    error // when set, DelWorkload fails with it
 	subs      []chan struct{}
+	// statusSubs are signalled on connect and disconnect.
+	statusSubs []chan struct{}
 	// source is the agent's snapshot source; Run records what it holds when
 	// the agent starts the ztunnel server (right after its restart rebuild),
 	// as the first snapshot a connecting ztunnel would get.
@@ -71,11 +73,15 @@ func (z *fakeZtunnel) DelWorkload(_ context.Context, uid string) error {
 	return z.delErr
 }
 
-func (z *fakeZtunnel) SubscribeSnapshotAcked() (<-chan struct{}, func()) {
+func (z *fakeZtunnel) SubscribeSnapshotAcked() (<-chan struct{}, func()) { return z.subscribe(&z.subs) }
+
+func (z *fakeZtunnel) SubscribeStatus() (<-chan struct{}, func()) { return z.subscribe(&z.statusSubs) }
+
+func (z *fakeZtunnel) subscribe(to *[]chan struct{}) (<-chan struct{}, func()) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	ch := make(chan struct{}, 1)
-	z.subs = append(z.subs, ch)
+	*to = append(*to, ch)
 	return ch, func() {}
 }
 
@@ -83,9 +89,26 @@ func (z *fakeZtunnel) Status() ztunnel.Status {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	if z.connected {
-		return ztunnel.Status{Connections: 1, SnapshotAcked: true}
+		return ztunnel.Status{Connections: 1, SnapshotAcked: true, Serving: 1}
 	}
 	return ztunnel.Status{}
+}
+
+// disconnect simulates the ztunnel leaving.
+func (z *fakeZtunnel) disconnect() {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.connected = false
+	signalAll(z.statusSubs)
+}
+
+func signalAll(subs []chan struct{}) {
+	for _, ch := range subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (z *fakeZtunnel) Run(ctx context.Context) error {
@@ -104,12 +127,8 @@ func (z *fakeZtunnel) connect() {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	z.connected = true
-	for _, ch := range z.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	signalAll(z.statusSubs)
+	signalAll(z.subs)
 }
 
 func (z *fakeZtunnel) setNack(uid, msg string) {

@@ -8,8 +8,9 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
 
@@ -93,6 +94,35 @@ func (a *Agent) handOver() {
 		log = a.log.Error
 	}
 	log("handover: pods' rules moved to the successor's backend", "moved", moved.Load(), "released", released.Load(), "failed", failed.Load(), "took", time.Since(start).Round(time.Millisecond))
+	a.releaseConditions(ctx)
+}
+
+// releaseConditions writes, at a handover, True/HandedOver on every pod of
+// the node whose condition is False: the successor (Istio's istio-cni)
+// never writes the condition, so a gated pod left False would be NotReady
+// for ever (the no-deadlock rule, gate.go). The annotation stays, for the
+// successor to read. The writes are waited for within the handover's time.
+func (a *Agent) releaseConditions(ctx context.Context) {
+	n := 0
+	for _, obj := range a.podInformer.GetStore().List() {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			continue
+		}
+		cur, _ := a.shows(pod)
+		if want, ok := handedOver(cur); ok {
+			a.status.Set(pod.Namespace, pod.Name, string(pod.UID), want)
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	if err := a.status.Flush(ctx); err != nil {
+		a.log.Error("handover: pods whose condition was False may stay NotReady", "pods", n, "error", err)
+		return
+	}
+	a.log.Info("handover: pods whose condition was False set True (the successor keeps no condition)", "pods", n)
 }
 
 type handOverResult int
@@ -123,14 +153,10 @@ func (a *Agent) handOverPod(ctx context.Context, to Successor, e registry.Entry)
 		log.Info("handover: pod out of the mesh; its rules removed")
 		return handOverReleased
 	}
-	opts, err := podmeta.PodOptions(a.cfg.DNSCapture, pod.Annotations)
-	if err != nil {
-		// Enrolled with options the annotations no longer give: the node's
-		// defaults are the closest; the successor reconciles them.
-		log.Warn("handover: pod annotations invalid; moving its rules with the node's defaults", "error", err)
-		opts = iptables.PodOptions{DNSCapture: a.cfg.DNSCapture}
-	}
-	if err := to.ApplyPod(ctx, e.Netns, opts); err != nil {
+	// The options its rules were built (or last verified) with: what the
+	// pod has. Re-parsing the annotations would lose a value that turned
+	// invalid since, and every option with it.
+	if err := to.ApplyPod(ctx, e.Netns, e.Options); err != nil {
 		log.Error("handover: moving the pod's rules to the successor's backend failed; it keeps ours", "error", err)
 		return handOverFailed
 	}

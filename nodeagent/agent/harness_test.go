@@ -152,13 +152,18 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 	h.zt.source = a.Snapshot
 	// As the daemon does: the informers start once the agent added its
 	// handlers, and the ztunnel server once the agent is ready.
+	// The status writer stops after the agent, as in the daemon (a
+	// handover's last writes go through it).
+	stopWriter := testutil.Run(t, func(ctx context.Context) error {
+		return a.RunStatusWriter(ctx)
+	})
 	stopAgent := testutil.Run(t, func(ctx context.Context) error {
 		deps.Informers.Start(ctx.Done())
-		go a.RunStatusWriter(ctx)
 		return a.Run(ctx, func() { go h.zt.Run(ctx) })
 	})
 	h.stop = func() {
 		stopAgent()
+		stopWriter()
 		deps.Informers.Shutdown()
 	}
 	t.Cleanup(h.stop)

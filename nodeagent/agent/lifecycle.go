@@ -19,12 +19,14 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
 )
 
-// syncEnabled checks an enabled pod: its held netns must still be its
-// current sandbox (see notCurrent), or it leaves that sandbox — pending,
-// probe entry removed, published — and is enrolled again in its new one in
-// this same sync. A pod a closed ztunnel held is handed over to the newest
-// (a fresh Add under the pod's lock: the one writer of what ztunnel
-// carries).
+// syncEnabled checks an enabled (or unserved) pod: its held netns must
+// still be its current sandbox (see notCurrent), or it leaves that sandbox —
+// pending, probe entry removed, published — and is enrolled again in its new
+// one in this same sync. A pod a closed ztunnel held is handed over to the
+// newest (a fresh Add under the pod's lock: the one writer of what ztunnel
+// carries). While no ztunnel serves the node past the grace an enabled pod
+// is Unserved (served.go); once one serves again an unserved pod is Added to
+// it and Enabled.
 func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, e registry.Entry, opts iptables.PodOptions, handover bool) (Outcome, error) {
 	ips := podmeta.IPs(pod)
 	if why := a.notCurrent(e, ips); why != "" {
@@ -53,7 +55,19 @@ func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, p
 			return OutcomeUnknown, fmt.Errorf("pod %s/%s: add probe IPs %v: %w", e.Namespace, e.Name, ips, err)
 		}
 	}
-	if handover {
+	switch {
+	case a.ztunnelOutage():
+		if e.Phase == registry.Enabled {
+			if _, err := a.unserved(e.UID); err != nil {
+				return OutcomeUnknown, err
+			}
+			log.Warn("pod not ready: no ztunnel serves the node", "grace", a.cfg.ZtunnelGrace)
+		}
+		return Pending, nil
+	case e.Phase == registry.Unserved:
+		log.Info("a ztunnel serves the node again; adding the pod to it")
+		return a.activate(ctx, log, e)
+	case handover:
 		log.Info("handing the pod over to the newest ztunnel")
 		return a.activate(ctx, log, e)
 	}
@@ -284,6 +298,9 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	setPending := func(reason string, err error) (Outcome, error) {
 		a.metrics.failure(reason)
 		if _, uerr := a.update(e.UID, func(x *registry.Entry) {
+			if x.Phase == registry.Unserved && reason == "no_ztunnel" {
+				return // the ztunnel that served again is gone again: still unserved
+			}
 			x.Phase, x.LastError, x.Reason = registry.Pending, err.Error(), pendingReason(reason)
 		}); uerr != nil {
 			return OutcomeUnknown, uerr
@@ -314,7 +331,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	if _, err := a.update(e.UID, func(x *registry.Entry) { x.Phase, x.LastError, x.Reason = registry.Enabled, "", "" }); err != nil {
 		return OutcomeUnknown, err
 	}
-	if ack := a.lastAck.Load(); ack != 0 && e.Phase == registry.Pending {
+	if ack := a.lastAck.Load(); ack != 0 && (e.Phase == registry.Pending || e.Phase == registry.Unserved) {
 		a.metrics.ackToEnabled.Observe(time.Since(time.Unix(0, ack)).Seconds())
 	}
 	log.Info("pod enrolled", "ips", e.IPs, "netns", e.Netns.String())

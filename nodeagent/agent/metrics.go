@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
@@ -58,7 +59,10 @@ var (
 	cniOutcomes = []string{"enrolled", "pending", "not-in-mesh", "sidecar", "unknown", "error"}
 	// phases label ambientd_pods (a pod the agent does not hold is absent
 	// and not counted).
-	phases = []registry.Phase{registry.Unverified, registry.Pending, registry.Enabled, registry.Releasing, registry.Uncaptured}
+	phases = []registry.Phase{registry.Unverified, registry.Pending, registry.Enabled, registry.Releasing, registry.Uncaptured, registry.Unserved}
+	// notReadyReasons label ambientd_pods_not_ready: the reasons of a False
+	// pod condition a registered pod can show (status.go).
+	notReadyReasons = []string{ReasonPending, ReasonZtunnelUnavailable, ReasonZtunnelRejected, ReasonRulesFailed, ReasonSandboxChanged, ReasonNetnsNotFound}
 )
 
 // durationBuckets span 0.5 ms .. 12 s: a CNI step takes milliseconds, a
@@ -147,7 +151,9 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 	}
 	m.reg.MustRegister(m.failures, m.retries, m.enrollments, m.cniAdds, m.cniAddTime, m.removals,
 		m.annotations, m.steps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass,
-		&podsCollector{reg: reg, desc: prometheus.NewDesc("ambientd_pods", "Registered pods by lifecycle phase.", []string{"phase"}, nil)},
+		&podsCollector{reg: reg,
+			desc:     prometheus.NewDesc("ambientd_pods", "Registered pods by lifecycle phase.", []string{"phase"}, nil),
+			notReady: prometheus.NewDesc("ambientd_pods_not_ready", "Registered pods whose pod condition is False, by its reason.", []string{"reason"}, nil)},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ambientd_workqueue_depth",
 			Help: "Pod syncs waiting in the agent's workqueue.",
@@ -158,21 +164,30 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 	return m
 }
 
-// podsCollector counts registered pods per phase in one pass at scrape time.
+// podsCollector counts registered pods per phase, and those whose condition
+// is False per reason (derived as statusFor derives it), in one pass at
+// scrape time.
 type podsCollector struct {
-	reg  *registry.Registry
-	desc *prometheus.Desc
+	reg            *registry.Registry
+	desc, notReady *prometheus.Desc
 }
 
-func (c *podsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *podsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <- c.notReady }
 
 func (c *podsCollector) Collect(ch chan<- prometheus.Metric) {
 	n := map[registry.Phase]int{}
+	why := map[string]int{}
 	for _, e := range c.reg.List() {
 		n[e.Phase]++
+		if st, ok := statusFor(e, true); ok && st.Condition.Status == corev1.ConditionFalse {
+			why[st.Condition.Reason]++
+		}
 	}
 	for _, p := range phases {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n[p]), p.String())
+	}
+	for _, r := range notReadyReasons {
+		ch <- prometheus.MustNewConstMetric(c.notReady, prometheus.GaugeValue, float64(why[r]), r)
 	}
 }
 

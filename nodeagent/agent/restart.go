@@ -16,9 +16,10 @@ import (
 // rebuild fills the registry after a restart, so a reconnecting ztunnel
 // never drops a live pod, and verifies instead of trusting:
 //
-//   - this node's running pods annotated enabled or pending, and its other
-//     running pods the policy puts in the mesh (the agent may have died
-//     before their annotation landed), are looked up: state file first
+//   - this node's running pods the policy puts in the mesh, annotated
+//     enabled or pending or not (the agent may have died before their
+//     annotation landed), and those the policy cannot decide about (an API
+//     error) that the state file records, are looked up: state file first
 //     (its netns checked to hold one of the pod's IPs and not to be the
 //     node's), then one /proc pass for the rest. hostNetwork pods are never
 //     candidates, whatever their annotations: the host is never a pod.
@@ -35,10 +36,12 @@ import (
 //   - not found: registered as Uncaptured with no netns (ztunnel gets Keep:
 //     it may serve the pod), never enabled meanwhile; their syncs search
 //     again with backoff and Add them afresh once found.
-//   - Annotated pods out of the mesh are left to their sync, which deletes
-//     their rules; unannotated ones the state file still records (caught
-//     mid-enrollment) have their rules deleted here (cleanStale; a failure
-//     is retried by their sync).
+//   - Pods out of the mesh are never registered, whatever their
+//     annotation says (a pod may claim `enabled` about itself): nothing of
+//     theirs reaches ztunnel. Those the state file still records (they
+//     left the mesh while the agent was down, or were caught mid-enrollment)
+//     have their rules deleted here (cleanStale; a failure is retried by
+//     their sync, which also takes a stale annotation off).
 //
 // The state file drops the records of pods no longer on the node. Finally
 // the probe set is pruned to the pods whose rules are in place, unless the
@@ -77,17 +80,22 @@ func (a *Agent) rebuild(ctx context.Context) {
 			continue // no sandbox network yet: its CNI ADD is still to come
 		}
 		d, err := a.decide(ctx, p)
-		if err != nil {
+		switch ours := a.state != nil && a.state.Has(string(p.UID)); {
+		case err != nil:
 			complete = false
-			if !annotated {
+			if !ours {
 				continue // the reconcile decides again (and retries API errors)
 			}
-		}
-		inMesh := err != nil || d.InMesh // an annotated pod is kept when unsure
-		if !annotated && !inMesh {
+			// The agent's own record says it enrolled the pod: kept
+			// when unsure, so ztunnel keeps serving it.
+		case !d.InMesh:
+			// Never registered on its annotation: any pod may claim
+			// `enabled` about itself (docs/security.md). Rules the agent
+			// put in it are found through its own record (cleanStale).
 			stale = append(stale, p)
 			continue
 		}
+		inMesh := true
 		base, recorded := defaults, false
 		if a.state != nil {
 			if o, ok := a.state.Options(string(p.UID)); ok {
@@ -134,6 +142,11 @@ func (a *Agent) rebuild(ctx context.Context) {
 		switch p.Annotations[podmeta.AnnotationRedirection] {
 		case podmeta.RedirectionEnabled:
 			st = registry.Enabled
+			if c := podCondition(p, a.cfg.PodConditionType); c != nil && c.Status == corev1.ConditionFalse && c.Reason == ReasonZtunnelUnavailable {
+				// Unserved when the agent stopped: no ztunnel has it
+				// until one acks a snapshot (with the pod in it).
+				st, lastErr, reason = registry.Unserved, c.Message, ReasonZtunnelUnavailable
+			}
 		case podmeta.RedirectionPending:
 			st = registry.Pending
 		}
@@ -141,7 +154,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 		case h == nil:
 			st, lastErr, reason = registry.Uncaptured, "network namespace not found after the agent restarted; searching again", ReasonNetnsNotFound
 			missing++
-		case st == registry.Enabled && !viaState[uid] && (recorded[uid] || a.trueOlderThanSandbox(p)):
+		case (st == registry.Enabled || st == registry.Unserved) && !viaState[uid] && (recorded[uid] || a.trueOlderThanSandbox(p)):
 			st, reason = registry.Pending, ReasonSandboxChanged
 			lastErr = "the pod's sandbox changed while the agent was down (its enrolled condition predates it); re-enrolling it"
 		}
@@ -160,7 +173,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 			log.Warn("restoring pod", "error", err)
 			continue
 		}
-		if c.annotated && st.String() == p.Annotations[podmeta.AnnotationRedirection] {
+		if c.annotated && (st.String() == p.Annotations[podmeta.AnnotationRedirection] || st == registry.Unserved) {
 			a.moved.take(uid) // what the pod already shows: nothing to publish
 		}
 		restored++
@@ -172,6 +185,12 @@ func (a *Agent) rebuild(ctx context.Context) {
 		}
 		if h != nil && c.inMesh {
 			verify = append(verify, uid)
+			if !viaState[uid] {
+				// Found by the /proc scan: recorded now, so a later
+				// restart finds it — and cleans it if it left the mesh
+				// meanwhile — through the agent's own record.
+				a.recordNetns(uid, h, c.opts)
+			}
 		}
 	}
 	a.verifyAll(ctx, verify)

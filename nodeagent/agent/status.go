@@ -17,12 +17,19 @@ import (
 const (
 	ReasonEnrolled  = "Enrolled"  // True: ztunnel acked the pod, probe IPs set
 	ReasonNotInMesh = "NotInMesh" // True: removed from the mesh (label/namespace/policy)
+	// True: the node was handed over to another node agent (Istio's
+	// istio-cni, --handover), which keeps no such condition: a gated pod
+	// left False would be NotReady for ever.
+	ReasonHandedOver = "HandedOver"
 	// False: rules in place, ztunnel has not acked the pod yet (an ack
 	// timeout, a restart that has not verified the pod yet).
-	ReasonPending            = "Pending"
-	ReasonZtunnelUnavailable = "ZtunnelUnavailable" // False: no ztunnel connected
-	ReasonZtunnelRejected    = "ZtunnelRejected"    // False: ztunnel refused the pod (nack, snapshot refusal)
-	ReasonRulesFailed        = "RulesFailed"        // False: the pod's rules or its probe entry could not be put in place
+	ReasonPending = "Pending"
+	// False: no ztunnel connected when the pod was to be added, or (the
+	// annotation staying `enabled`) no ztunnel served the node for the
+	// grace after it had the pod (registry.Unserved).
+	ReasonZtunnelUnavailable = "ZtunnelUnavailable"
+	ReasonZtunnelRejected    = "ZtunnelRejected" // False: ztunnel refused the pod (nack, snapshot refusal)
+	ReasonRulesFailed        = "RulesFailed"     // False: the pod's rules or its probe entry could not be put in place
 	// False: the pod's sandbox changed or went (recreated, a DEL of a pod
 	// that still exists, an IP change): not captured until the agent has
 	// enrolled it in its new sandbox.
@@ -63,6 +70,13 @@ func statusFor(e registry.Entry, inMesh bool) (st podstatus.Status, ok bool) {
 		}}, true
 	case registry.Pending:
 		return notCarried(e, ReasonPending, "traffic captured, waiting for ztunnel to take the pod"), true
+	case registry.Unserved:
+		// Still `enabled` (the rules are in place and ztunnel had the
+		// pod; istiod keeps it HBONE-capable, which it is again the
+		// moment a ztunnel serves), but not ready: nothing proxies it.
+		st := notCarried(e, ReasonZtunnelUnavailable, "no ztunnel serves the node: the pod's traffic is captured with no proxy behind it")
+		st.Redirection = podmeta.RedirectionEnabled
+		return st, true
 	case registry.Uncaptured:
 		// The annotation Istio knows for "not carried yet" (istiod treats
 		// only enabled as HBONE-capable); the condition says why.
@@ -78,6 +92,19 @@ func statusFor(e registry.Entry, inMesh bool) (st podstatus.Status, ok bool) {
 		}}, !e.Gone
 	}
 	return podstatus.Status{}, false
+}
+
+// handedOver is what a pod showing cur is left with when the node is
+// handed over to another node agent: a False condition turns True/HandedOver
+// (the annotation kept); ok is false when nothing changes.
+func handedOver(cur podstatus.Status) (podstatus.Status, bool) {
+	if cur.Condition.Status != corev1.ConditionFalse {
+		return podstatus.Status{}, false
+	}
+	return podstatus.Status{Redirection: cur.Redirection, Condition: podstatus.Condition{
+		Status: corev1.ConditionTrue, Reason: ReasonHandedOver, Since: time.Now(),
+		Message: "the node was handed over to another mesh agent (--handover), which does not keep this condition; it was False: " + cur.Condition.Message,
+	}}, true
 }
 
 // notCarried is the status of a pod ztunnel does not carry: pending, the
@@ -130,6 +157,11 @@ func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) 
 		return
 	}
 	a.eventFor(s, after, moved, err)
+	if s.undecided && after.Phase == registry.Absent {
+		// Not known to be out of the mesh: True/NotInMesh could make a
+		// pod that belongs in it Ready uncaptured. Its retry decides.
+		return
+	}
 	want, ok := statusFor(after, s.inMesh)
 	if !ok {
 		return

@@ -28,6 +28,9 @@ type cniInput struct {
 type podSync struct {
 	pod    *corev1.Pod // nil when the pod is gone
 	inMesh bool
+	// undecided: the policy could not decide about the pod (an API
+	// error), so inMesh means nothing.
+	undecided bool
 	// removing: the sync tried to take the pod out of the mesh (an error
 	// then means the removal failed).
 	removing bool
@@ -106,6 +109,7 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 
 	d, err := a.decide(ctx, pod)
 	if err != nil {
+		s.undecided = true
 		a.metrics.failure("api")
 		return OutcomeUnknown, fmt.Errorf("decide about pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
@@ -120,7 +124,7 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		}
 		entry, registered, s.removing = registry.Entry{UID: uid}, false, false
 	}
-	if refused := a.takeRefusal(uid); refused && registered && entry.Phase == registry.Enabled {
+	if refused := a.takeRefusal(uid); refused && registered && (entry.Phase == registry.Enabled || entry.Phase == registry.Unserved) {
 		// A (new) ztunnel refused the pod in its snapshot: it does not
 		// carry it, whatever we believed. Pending (its rules and probe
 		// entry stay: they are in place), and re-added below.
@@ -158,7 +162,7 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	}
 	if registered {
 		switch entry.Phase {
-		case registry.Enabled:
+		case registry.Enabled, registry.Unserved:
 			return a.syncEnabled(ctx, log, s, pod, entry, opts, handover)
 		default: // Unverified, Pending, Uncaptured
 			return a.recapture(ctx, log, s, pod, entry, opts)

@@ -133,10 +133,11 @@ func (a *Agent) VerifyPass(ctx context.Context) {
 	a.pruneProbes(ctx)
 }
 
-// verifyEnrolled verifies the enabled and pending pods one at a time (the
+// verifyEnrolled verifies the enabled, unserved and pending pods one at a time (the
 // drift pass is background work: gentle on the node beats fast).
 func (a *Agent) verifyEnrolled(ctx context.Context) {
 	uids := append(a.reg.UIDs(registry.Enabled), a.reg.UIDs(registry.Pending)...)
+	uids = append(uids, a.reg.UIDs(registry.Unserved)...)
 	for _, uid := range uids {
 		if ctx.Err() != nil {
 			return
@@ -159,7 +160,7 @@ func (a *Agent) repairHost(ctx context.Context) {
 }
 
 // pruneProbes makes the node's probe set hold exactly the IPs of the pods
-// whose rules are in place (registry.ProbeEntry: pending and enabled):
+// whose rules are in place (registry.ProbeEntry: pending, enabled, unserved):
 // entries of pods gone (deleted while the agent was down, an IP since
 // reused by another pod) or that left their sandbox are removed, missing
 // ones added.

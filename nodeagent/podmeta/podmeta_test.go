@@ -100,7 +100,8 @@ func TestPodOptionsStrict(t *testing.T) {
 
 func TestValidInterfaceName(t *testing.T) {
 	for name, ok := range map[string]bool{
-		"tap0": true, "eth0.100": true, "k6t-eth0": true, "_x": true, "0": true, "abcdefghijklmno": true,
+		"tap0": true, "eth0.100": true, "k6t-eth0": true, "x_0": true, "abcdefghijklmno": true,
+		"_x": false, "0": false, "0tap": false, // a letter first: Istio's pattern, the one rule
 		"": false, "+": false, "eth+": false, "*": false, ".": false, "..": false, "-x": false, ".x": false,
 		"abcdefghijklmnop": false, "a b": false, "a/b": false, "a,b": false, "a!": false, "a\n": false, "é": false,
 	} {

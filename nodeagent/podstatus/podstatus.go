@@ -99,6 +99,8 @@ type Patcher struct {
 	mu     sync.Mutex
 	wanted map[Key]want
 	gen    uint64
+	// drained, when not nil, is closed once wanted is empty (Flush).
+	drained chan struct{}
 }
 
 // New returns a Patcher using client.
@@ -209,8 +211,35 @@ func (p *Patcher) next(ctx context.Context) bool {
 	if cur, ok := p.wanted[k]; ok && cur.gen == w.gen {
 		delete(p.wanted, k)
 	}
+	if len(p.wanted) == 0 && p.drained != nil {
+		close(p.drained)
+		p.drained = nil
+	}
 	p.mu.Unlock()
 	return true
+}
+
+// Flush waits until every write queued so far (and since) has landed or
+// been dropped, or ctx ends (its error). Run must be running: an agent
+// that stops writes its last status through it (a handover).
+func (p *Patcher) Flush(ctx context.Context) error {
+	for {
+		p.mu.Lock()
+		if len(p.wanted) == 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		if p.drained == nil {
+			p.drained = make(chan struct{})
+		}
+		ch := p.drained
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("podstatus: %d writes not landed: %w", p.Pending(), ctx.Err())
+		}
+	}
 }
 
 // patchBody is the one write of a pod's status: the annotation and the

@@ -181,3 +181,39 @@ func TestConditionInSameWrite(t *testing.T) {
 		t.Errorf("patch without condition type: %s, %v", body, err)
 	}
 }
+
+// TestFlushWaitsForTheWrites: Flush returns once every queued write landed
+// (here after two refused attempts), and with ctx's error when they cannot
+// land in time.
+func TestFlushWaitsForTheWrites(t *testing.T) {
+	c := fake.NewClientset(pod("a", "1", nil), pod("b", "2", nil))
+	var fails atomic.Int32
+	fails.Store(2)
+	c.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if fails.Add(-1) >= 0 {
+			return true, nil, errors.New("connection refused")
+		}
+		return false, nil, nil
+	})
+	p := New(kubetest.Wrap(c), slog.New(slog.DiscardHandler), Options{BaseDelay: 10 * time.Millisecond, ConditionType: podmeta.ConditionEnrolled})
+	start(t, p)
+	p.Set("ns", "a", "u-1", Status{Redirection: podmeta.RedirectionEnabled})
+	p.Set("ns", "b", "u-2", Status{Redirection: podmeta.RedirectionPending})
+	if err := p.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := annotation(t, c, "a"); v != podmeta.RedirectionEnabled {
+		t.Errorf("a: annotation %q when Flush returned, want enabled", v)
+	}
+	if v, _ := annotation(t, c, "b"); v != podmeta.RedirectionPending {
+		t.Errorf("b: annotation %q when Flush returned, want pending", v)
+	}
+
+	fails.Store(1 << 30) // the API refuses everything from now on
+	p.Set("ns", "a", "u-1", Status{Redirection: podmeta.RedirectionPending})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := p.Flush(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Flush with writes that cannot land = %v, want the deadline", err)
+	}
+}

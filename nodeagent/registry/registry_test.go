@@ -31,16 +31,17 @@ func put(t *testing.T, r *Registry, e Entry) {
 	}
 }
 
-var phases = []Phase{Absent, Unverified, Pending, Enabled, Releasing, Uncaptured}
+var phases = []Phase{Absent, Unverified, Pending, Enabled, Releasing, Uncaptured, Unserved}
 
 // TestTransitions: every allowed move is stored, every other one is refused
 // and leaves the entry as it was.
 func TestTransitions(t *testing.T) {
 	want := map[[2]Phase]bool{
-		{Absent, Unverified}: true, {Absent, Pending}: true, {Absent, Enabled}: true, {Absent, Uncaptured}: true,
+		{Absent, Unverified}: true, {Absent, Pending}: true, {Absent, Enabled}: true, {Absent, Uncaptured}: true, {Absent, Unserved}: true,
 		{Unverified, Pending}: true, {Unverified, Uncaptured}: true, {Unverified, Releasing}: true,
 		{Pending, Enabled}: true, {Pending, Uncaptured}: true, {Pending, Releasing}: true,
-		{Enabled, Pending}: true, {Enabled, Uncaptured}: true, {Enabled, Releasing}: true,
+		{Enabled, Pending}: true, {Enabled, Uncaptured}: true, {Enabled, Releasing}: true, {Enabled, Unserved}: true,
+		{Unserved, Enabled}: true, {Unserved, Pending}: true, {Unserved, Uncaptured}: true, {Unserved, Releasing}: true,
 		{Uncaptured, Pending}: true, {Uncaptured, Releasing}: true,
 		{Releasing, Absent}: true,
 	}
@@ -160,7 +161,7 @@ func TestListSortedAndPhases(t *testing.T) {
 // sandbox.
 func TestProbeEntry(t *testing.T) {
 	for _, p := range phases {
-		if got, want := ProbeEntry(p), p == Pending || p == Enabled; got != want {
+		if got, want := ProbeEntry(p), p == Pending || p == Enabled || p == Unserved; got != want {
 			t.Errorf("ProbeEntry(%v) = %v, want %v", p, got, want)
 		}
 		if p.String() == "unknown" {

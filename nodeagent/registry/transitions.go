@@ -32,6 +32,13 @@ const (
 	// one (nil when it must be found again); no probe entry. Retried: once
 	// the sandbox is found and its rules are in place it is Pending again.
 	Uncaptured
+	// Unserved: as Enabled — our rules and the probe entry in place, ztunnel
+	// acked the pod in this sandbox — but no ztunnel has served the node
+	// (connected with its snapshot acked) for longer than the agent's
+	// grace: the pod's traffic is captured and nobody proxies it. It is in
+	// snapshots (Add); once a ztunnel acked one and took the pod's Add it is
+	// Enabled again.
+	Unserved
 )
 
 // moves lists every phase move; staying in a phase is always allowed.
@@ -39,9 +46,9 @@ const (
 var moves = map[Phase][]Phase{
 	// New pods: CNI ADD or a running pod found later, rules applied
 	// (Pending); a restart's rebuild (Unverified, Pending or Enabled from
-	// the annotation and the sandbox check; Uncaptured for a pod whose
-	// netns is not found).
-	Absent: {Unverified, Pending, Enabled, Uncaptured},
+	// the annotation and the sandbox check; Unserved for an enabled pod
+	// that shows it; Uncaptured for a pod whose netns is not found).
+	Absent: {Unverified, Pending, Enabled, Uncaptured, Unserved},
 	// Rules read back and repaired: activate as a pending pod. Or its
 	// sandbox turns out not to be the pod's (Uncaptured), or it leaves.
 	Unverified: {Pending, Uncaptured, Releasing},
@@ -49,9 +56,14 @@ var moves = map[Phase][]Phase{
 	// repaired (Uncaptured); or the pod leaves.
 	Pending: {Enabled, Uncaptured, Releasing},
 	// A failed re-add, a ztunnel that refused the pod in its snapshot or a
-	// handover (Pending: the rules stay); the sandbox changed or went, or
-	// its rules cannot be repaired (Uncaptured); or the pod leaves.
-	Enabled: {Pending, Uncaptured, Releasing},
+	// handover (Pending: the rules stay); no ztunnel served the node for
+	// the grace (Unserved); the sandbox changed or went, or its rules
+	// cannot be repaired (Uncaptured); or the pod leaves.
+	Enabled: {Pending, Unserved, Uncaptured, Releasing},
+	// A ztunnel acked its snapshot and the pod's Add (Enabled) or refused
+	// it (Pending); the sandbox changed or went, or its rules cannot be
+	// repaired (Uncaptured); or the pod leaves.
+	Unserved: {Enabled, Pending, Uncaptured, Releasing},
 	// Its current sandbox found and captured (Pending), or it leaves.
 	Uncaptured: {Pending, Releasing},
 	// Only a finished release leaves Releasing.
@@ -73,13 +85,15 @@ func canMove(from, to Phase) bool {
 
 // ProbeEntry reports whether a pod in phase p has its IPs in the node's
 // probe set (kubelet's probes SNATed past the capture): exactly while our
-// rules are in place in its current sandbox — Pending and Enabled. This is
-// the one probe rule (docs/readiness.md): the entry goes in with the rules,
-// before ztunnel acks (as Istio does), so a pending pod's liveness probes
-// reach it; readiness is held by the pod condition, not by failing probes.
+// rules are in place in its current sandbox — Pending, Enabled and
+// Unserved. This is the one probe rule (docs/readiness.md): the entry goes
+// in with the rules, before ztunnel acks (as Istio does), so a pending pod's
+// liveness probes reach it; readiness is held by the pod condition, not by
+// failing probes (an unserved pod's liveness probes pass too: restarting it
+// would not bring ztunnel back).
 // It leaves with the rules: a pod whose sandbox changed, or whose rules are
 // gone, never has probes SNATed into an uncaptured sandbox.
-func ProbeEntry(p Phase) bool { return p == Pending || p == Enabled }
+func ProbeEntry(p Phase) bool { return p == Pending || p == Enabled || p == Unserved }
 
 func (p Phase) String() string {
 	switch p {
@@ -95,6 +109,8 @@ func (p Phase) String() string {
 		return "releasing"
 	case Uncaptured:
 		return "uncaptured"
+	case Unserved:
+		return "unserved"
 	}
 	return "unknown"
 }

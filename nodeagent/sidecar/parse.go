@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -113,23 +112,20 @@ func validPortsOrWildcard(v string) error {
 	return nil
 }
 
-// interfaceName is Istio's rule for interface names in these annotations
-// (stricter than the kernel's; also what keeps a name from carrying another
-// rule match).
-var interfaceName = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_.\-]*$`)
-
+// validInterfaces checks a comma-separated interface list with the one
+// interface-name rule (podmeta.ValidInterfaceName, Istio's pattern) and the
+// one list rule of the ambient path and the admission policy (items
+// trimmed, empty ones skipped — where Istio's sidecar path refuses them: a
+// value the policy admits must not fail the pod's ADD for ever), failing
+// with Istio's texts.
 func validInterfaces(v string) error {
-	if v == "" {
-		return nil
-	}
 	for _, i := range strings.Split(v, ",") {
 		i = strings.TrimSpace(i)
 		switch {
 		case i == "":
-			return errors.New("empty interface name")
-		case len(i) > 15:
-			return fmt.Errorf("interface name %q too long (max 15 chars)", i)
-		case !interfaceName.MatchString(i):
+		case len(i) > podmeta.MaxInterfaceNameLen:
+			return fmt.Errorf("interface name %q too long (max %d chars)", i, podmeta.MaxInterfaceNameLen)
+		case podmeta.ValidInterfaceName(i) != nil:
 			return fmt.Errorf("interface name %q contains invalid characters", i)
 		}
 	}

@@ -3,12 +3,15 @@ package sidecar_test
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 
+	admissioncases "github.com/ambientd/ambientd/admission/cases"
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
 )
 
@@ -96,3 +99,41 @@ func TestParseIPv6Decision(t *testing.T) {
 }
 
 func corev1EnvVar(name, value string) corev1.EnvVar { return corev1.EnvVar{Name: name, Value: value} }
+
+// TestInterfaceNamesFollowTheSharedTable: sidecar mode reads a pod's
+// interface lists with the one interface-name rule the ambient path and the
+// pod-annotation admission policy use (admission/cases/annotations.json): a
+// reroute-virtual-interfaces value the policy admits is programmed, one it
+// refuses is refused here too — so no pod is admitted whose CNI ADD then
+// fails for ever. The same rule holds for excludeInterfaces and the
+// deprecated kubevirtInterfaces.
+func TestInterfaceNamesFollowTheSharedTable(t *testing.T) {
+	table, err := admissioncases.LoadAnnotations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, c := sidecarPod(t, "redirect-default", "uid-ifnames")
+	n := 0
+	for _, tc := range table {
+		v, ok := tc.Annotations[podmeta.AnnotationRerouteVirtualInterfaces]
+		if !ok {
+			continue
+		}
+		n++
+		admitted := !slices.Contains(tc.Invalid, podmeta.AnnotationRerouteVirtualInterfaces)
+		for _, key := range []string{podmeta.AnnotationRerouteVirtualInterfaces, podmeta.AnnotationExcludeInterfaces, podmeta.AnnotationKubevirtInterfaces} {
+			p := pod.DeepCopy()
+			p.Annotations[key] = v
+			_, err := sidecar.Parse(p, c.IPs())
+			if admitted && err != nil {
+				t.Errorf("%s: %s=%q is admitted by the policy but refused by sidecar mode (the pod's ADD would fail for ever): %v", tc.Name, key, v, err)
+			}
+			if !admitted && !errors.Is(err, sidecar.ErrInvalidAnnotation) {
+				t.Errorf("%s: %s=%q is refused by the policy but sidecar mode accepts it (%v)", tc.Name, key, v, err)
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("only %d interface-list cases in the shared table", n)
+	}
+}

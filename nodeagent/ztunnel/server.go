@@ -126,6 +126,10 @@ func (c Config) withDefaults() Config {
 type Status struct {
 	Connections   int  // live ztunnel connections (hello received)
 	SnapshotAcked bool // the newest connection has acked its SnapshotSent
+	// Serving counts the live connections that acked their SnapshotSent:
+	// ztunnels that carry the node's pods. During a rolling upgrade the old
+	// one serves while the new one is still taking its snapshot.
+	Serving int
 }
 
 // Server is the agent's ztunnel server. Create it with NewServer and start it
@@ -382,6 +386,11 @@ func (s *Server) Status() Status {
 	st := Status{Connections: len(s.conns)}
 	if n := len(s.conns); n > 0 {
 		st.SnapshotAcked = s.conns[n-1].snapshotAcked.Load()
+	}
+	for _, c := range s.conns {
+		if c.snapshotAcked.Load() {
+			st.Serving++
+		}
 	}
 	return st
 }

@@ -42,6 +42,10 @@ type config struct {
 	out                        string
 	timeout                    time.Duration
 	agentArgs                  string
+	// scenario is "enrollment" (the default) or "ztunnel-outage"
+	// (outage.go), repeated outages times.
+	scenario string
+	outages  int
 }
 
 func main() {
@@ -52,9 +56,11 @@ func main() {
 	flag.StringVar(&c.out, "out", os.Getenv("BENCH_OUT"), "also append the result table to this file (env BENCH_OUT)")
 	flag.DurationVar(&c.timeout, "timeout", envDuration("BENCH_TIMEOUT", 30*time.Minute), "give up after this long (env BENCH_TIMEOUT)")
 	flag.StringVar(&c.agentArgs, "agent-args", os.Getenv("BENCH_AGENT_ARGS"), "extra flags for `ambientd run`, space separated (env BENCH_AGENT_ARGS)")
+	flag.StringVar(&c.scenario, "scenario", envString("BENCH_SCENARIO", "enrollment"), "enrollment, or ztunnel-outage: N enrolled pods, the only ztunnel killed, a new one once all are False (env BENCH_SCENARIO)")
+	flag.IntVar(&c.outages, "outages", envInt("BENCH_OUTAGES", 2), "outages of the ztunnel-outage scenario (env BENCH_OUTAGES)")
 	flag.Parse()
-	if c.pods < 1 || c.pods > 4000 || c.burst < 1 || c.verifyWorkers < 1 {
-		fmt.Fprintln(os.Stderr, "bench: -pods must be 1..4000, -burst and -verify-workers positive")
+	if c.pods < 1 || c.pods > 4000 || c.burst < 1 || c.verifyWorkers < 1 || c.outages < 1 || (c.scenario != "enrollment" && c.scenario != "ztunnel-outage") {
+		fmt.Fprintln(os.Stderr, "bench: -pods must be 1..4000, -burst, -verify-workers and -outages positive, -scenario enrollment or ztunnel-outage")
 		os.Exit(2)
 	}
 	// A /20 holds 4094 pods: host-local never runs out, whatever N.
@@ -62,7 +68,13 @@ func main() {
 	os.Exit(e2eenv.Program(opts, func(ctx context.Context, env *e2eenv.Env) int {
 		ctx, cancel := context.WithTimeout(ctx, c.timeout)
 		defer cancel()
-		res, err := run(ctx, env, c)
+		var res interface{ markdown() string }
+		var err error
+		if c.scenario == "ztunnel-outage" {
+			res, err = runOutage(ctx, env, c)
+		} else {
+			res, err = run(ctx, env, c)
+		}
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 			return 1
@@ -153,18 +165,28 @@ func execCost(ctx context.Context, bin string) time.Duration {
 	return pct(d, .5)
 }
 
-func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
-	r := &result{cfg: c, machine: machine()}
+// startNode starts the ztunnel emulator (netns mode) and the agent with the
+// benchmark's extra flags, and waits until the agent is ready.
+func startNode(ctx context.Context, env *e2eenv.Env, c config) (*e2eenv.Emulator, *e2eenv.Agent, error) {
 	em, err := env.StartEmulator(ctx, e2eenv.EmulatorConfig{NetnsMode: true, Name: "ztunnel"})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	a, err := env.StartAgent(ctx, e2eenv.AgentConfig{Args: strings.Fields(c.agentArgs)})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := a.WaitReady(ctx); err != nil {
-		return nil, fmt.Errorf("agent not ready: %w\n%s", err, a.LogTail(20))
+		return nil, nil, fmt.Errorf("agent not ready: %w\n%s", err, a.LogTail(20))
+	}
+	return em, a, nil
+}
+
+func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
+	r := &result{cfg: c, machine: machine()}
+	em, a, err := startNode(ctx, env, c)
+	if err != nil {
+		return nil, err
 	}
 	r.rss0 = peakRSS(a.Pid())
 	r.rssAnon0, r.rssFile0 = statusKiB(a.Pid(), "RssAnon:"), statusKiB(a.Pid(), "RssFile:")
@@ -575,6 +597,13 @@ func (r *result) markdown() string {
 
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func envString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
 		return v
 	}
 	return def

@@ -273,7 +273,7 @@ func TestAdmissionPolicyTable(t *testing.T) {
 	t.Logf("%d cases: the shipped policy and the Go policy agree", len(e.Cases))
 }
 
-// TestAdmissionAnnotationTable runs admission/cases/annotations.yaml — the
+// TestAdmissionAnnotationTable runs admission/cases/annotations.json — the
 // table the agent's parsing is judged by in admission/cases — against the
 // shipped ValidatingAdmissionPolicy: a (dry-run) pod create with the
 // annotation is accepted exactly for the valid values, and a refusal names

@@ -162,28 +162,38 @@ func isDenied(err error) bool {
 func TestUninstallOnShutdownRule(t *testing.T) {
 	ctx := testutil.Context(t, 3*time.Minute)
 	admin := testEnv.CP.Admin
-	var ds *unstructured.Unstructured
-	for _, o := range renderDeploy(t) {
-		if o.GetKind() == "DaemonSet" {
-			ds = o
+	daemonSet := func() *unstructured.Unstructured {
+		for _, o := range renderDeploy(t) {
+			if o.GetKind() == "DaemonSet" {
+				return o
+			}
 		}
-	}
-	if ds == nil {
 		t.Fatal("no DaemonSet in deploy/")
+		return nil
 	}
+	ds := daemonSet()
 	nsName := "shutdown-" + fmt.Sprint(time.Now().UnixNano()%1e9)
 	if _, err := testEnv.CreateNamespace(ctx, nsName, nil); err != nil {
 		t.Fatal(err)
 	}
+	// Installed with a name prefix, the agent may read its DaemonSet by the
+	// prefixed name only (rbac.yaml's resourceNames follow it): that one
+	// for the install's identity, deploy/'s own name for the environment's.
+	inst := installDeploy(t, ctx, "namePrefix: e2e-shutdown-")
+	mine := daemonSet()
+	mine.SetName(inst.daemonSet)
+	mine.SetNamespace(nsName)
 	ds.SetNamespace(nsName)
 	ds.SetFinalizers([]string{"e2e.ambientd.io/hold"}) // keeps it "being deleted" until removed
 	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
-	if err := serverSideApply(ctx, dyn, mapper, ds, false); err != nil {
-		t.Fatalf("creating the DaemonSet: %v", err)
+	for _, d := range []*unstructured.Unstructured{mine, ds} {
+		if err := serverSideApply(ctx, dyn, mapper, d, false); err != nil {
+			t.Fatalf("creating the DaemonSet %s: %v", d.GetName(), err)
+		}
 	}
 	decide := func(c kube.Interface, proven bool) (bool, string, error) {
 		t.Helper()
-		r := cniinstall.NewShutdownRule(c, nsName, ds.GetName(), testEnv.NodeName)
+		r := cniinstall.NewShutdownRule(c, nsName, mine.GetName(), testEnv.NodeName)
 		if err := r.Probe(ctx); (err == nil) != proven {
 			t.Fatalf("probe with the agent's identity: %v", err)
 		}
@@ -206,7 +216,6 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 		t.Logf("%s: uninstall: %s", what, reason)
 	}
 
-	inst := installDeploy(t, ctx, "namePrefix: e2e-shutdown-")
 	agentCfg := inst.token(t, ctx, testEnv.NodeName)
 	agentClient, err := kube.NewForConfig(agentCfg)
 	if err != nil {
@@ -215,7 +224,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	if u, reason, err := decide(agentClient, true); u || err != nil {
 		t.Fatalf("DaemonSet present: uninstall=%v (%s) err=%v, want leave in place", u, reason, err)
 	}
-	proven := cniinstall.NewShutdownRule(agentClient, nsName, ds.GetName(), testEnv.NodeName)
+	proven := cniinstall.NewShutdownRule(agentClient, nsName, mine.GetName(), testEnv.NodeName)
 	if err := proven.Probe(ctx); err != nil {
 		t.Fatal(err)
 	}

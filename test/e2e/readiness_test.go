@@ -137,15 +137,17 @@ func (pw *podWatch) of(name string) []seenPod {
 
 // checkTogether fails if any version of the pod shows the annotation
 // without the matching condition or the other way round: both come in one
-// write.
+// write. `enabled` goes with True, or with False/ZtunnelUnavailable when no
+// ztunnel served the node for the grace (the rules stay in place).
 func checkTogether(t *testing.T, versions []seenPod) {
 	t.Helper()
 	want := map[string]corev1.ConditionStatus{"pending": corev1.ConditionFalse, "enabled": corev1.ConditionTrue}
 	for _, s := range versions {
 		ann, hasAnn := s.pod.Annotations[annRedirect]
 		c := enrolledCondition(s.pod)
+		unserved := ann == "enabled" && c != nil && c.Status == corev1.ConditionFalse && c.Reason == agent.ReasonZtunnelUnavailable
 		switch {
-		case hasAnn && (c == nil || c.Status != want[ann]):
+		case hasAnn && (c == nil || c.Status != want[ann]) && !unserved:
 			t.Errorf("resourceVersion %s: annotation %q with condition %+v", s.pod.ResourceVersion, ann, c)
 		case !hasAnn && c != nil && c.Reason != agent.ReasonNotInMesh:
 			t.Errorf("resourceVersion %s: condition %+v without the annotation", s.pod.ResourceVersion, c)
@@ -368,18 +370,25 @@ func TestReadinessNodeRetaint(t *testing.T) {
 // waitNodeEventSince waits for an Event of the agent with reason on the
 // node, last seen at or after since (the shared node has Events of earlier
 // tests; Event times have second precision).
-func waitNodeEventSince(t *testing.T, ctx context.Context, node, reason string, since time.Time) {
+// It returns the Event.
+func waitNodeEventSince(t *testing.T, ctx context.Context, node, reason string, since time.Time) corev1.Event {
 	t.Helper()
 	sel := fields.Set{"involvedObject.kind": "Node", "involvedObject.name": node}.AsSelector().String()
+	var found corev1.Event
 	testutil.Until(t, ctx, "node Event "+reason, func() bool {
 		evs, err := testEnv.CP.Admin.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err != nil {
 			return false
 		}
-		return slices.ContainsFunc(evs.Items, func(e corev1.Event) bool {
+		i := slices.IndexFunc(evs.Items, func(e corev1.Event) bool {
 			return e.Reason == reason && e.Source.Component == "ambientd" && !e.LastTimestamp.Time.Before(since.Truncate(time.Second))
 		})
+		if i >= 0 {
+			found = evs.Items[i]
+		}
+		return i >= 0
 	})
+	return found
 }
 
 // TestReadinessRBACRefusals: the agent's identity (deploy/rbac.yaml, the

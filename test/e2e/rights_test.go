@@ -59,6 +59,7 @@ func renderOverlay(t *testing.T, extra string) []*unstructured.Unstructured {
 // ConfigMap, and the admission policy with its binding.
 type agentInstall struct {
 	namespace, serviceAccount string
+	daemonSet                 string // the agent's DaemonSet (not applied: read by name only)
 	policy                    string // the ValidatingAdmissionPolicy's name
 }
 
@@ -76,7 +77,7 @@ func installDeploy(t *testing.T, ctx context.Context, extra string) *agentInstal
 		case "Namespace":
 			continue // never ours to create or delete here
 		case "DaemonSet":
-			a.namespace = o.GetNamespace()
+			a.namespace, a.daemonSet = o.GetNamespace(), o.GetName()
 			a.serviceAccount, _, _ = unstructured.NestedString(o.Object, "spec", "template", "spec", "serviceAccountName")
 			continue
 		case "ValidatingAdmissionPolicy":
@@ -138,9 +139,23 @@ func boolInt(b bool) int {
 // The claims are checked with a SelfSubjectReview.
 func (a *agentInstall) token(t *testing.T, ctx context.Context, node string) *rest.Config {
 	t.Helper()
+	return a.boundToken(t, ctx, node, "Pod")
+}
+
+// boundToken is token with the TokenRequest bound to an object of kind
+// "Pod" (a pod of the ServiceAccount on node) or "Node" (node itself, as
+// `kubectl create token --bound-object-kind Node`): both carry the claim.
+func (a *agentInstall) boundToken(t *testing.T, ctx context.Context, node, kind string) *rest.Config {
+	t.Helper()
 	admin := testEnv.CP.Admin
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}
-	if node != "" {
+	if node != "" && kind == "Node" {
+		n, err := admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: n.Name, UID: n.UID}
+	} else if node != "" {
 		pod, err := admin.CoreV1().Pods(a.namespace).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{GenerateName: a.serviceAccount + "-"},
 			Spec: corev1.PodSpec{
@@ -336,10 +351,19 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 		_, forbidden["create a pod"] = agentClient.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},
 			Spec: corev1.PodSpec{NodeName: mine, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{})
 		_, forbidden["read a secret"] = agentClient.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+		// Its own DaemonSet only (rbac.yaml's resourceNames).
+		_, forbidden["read another DaemonSet"] = agentClient.AppsV1().DaemonSets(inst.namespace).Get(ctx, "kube-proxy", metav1.GetOptions{})
+		_, forbidden["read a DaemonSet of another namespace"] = agentClient.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+		_, forbidden["list DaemonSets"] = agentClient.AppsV1().DaemonSets(inst.namespace).List(ctx, metav1.ListOptions{})
 		for what, err := range forbidden {
 			if !apierrors.IsForbidden(err) {
 				t.Errorf("agent may %s (answer: %v); want forbidden by RBAC", what, err)
 			}
+		}
+		// Its own DaemonSet it may read (not applied here: NotFound is
+		// the answer of a read it is allowed).
+		if _, err := agentClient.AppsV1().DaemonSets(inst.namespace).Get(ctx, inst.daemonSet, metav1.GetOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("agent reading its own DaemonSet %s/%s: %v", inst.namespace, inst.daemonSet, err)
 		}
 
 		// Refused by the admission policy.
@@ -389,6 +413,17 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 		denied["create an Event from another node"] = event(agentClient, other, theirRef)
 		denied["create an Event about another node"] = event(agentClient, mine, corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: other})
 		denied["create an Event without a node claim"] = event(unboundClient, mine, theirRef)
+		// A token bound to the node itself (not to a pod) carries the
+		// claim too: accepted as that node's agent, confined like it.
+		nodeBound, err := kubernetes.NewForConfig(inst.boundToken(t, ctx, mine, "Node"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := patchPod(nodeBound, own.Name, annotate("pending"), "status"); err != nil {
+			t.Errorf("a node-bound token annotating its node's pod: %v", err)
+		}
+		denied["annotate another node's pod with a node-bound token"] = patchPod(nodeBound, theirs.Name, annotate("enabled"), "status")
+		denied["set another node's condition with a node-bound token"] = patchNode(nodeBound, other, condition(nodeready.DefaultConditionType, "True"), "status")
 		kubeletEvent, err := admin.CoreV1().Events(ns).Create(ctx, &corev1.Event{
 			ObjectMeta: metav1.ObjectMeta{GenerateName: "kubelet-"}, InvolvedObject: theirRef,
 			Reason: "Started", Message: "Started container app", Type: corev1.EventTypeNormal,

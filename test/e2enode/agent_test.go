@@ -127,6 +127,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"SidecarNamespaceMigratesToAmbient", r.sidecarNamespaceMigratesToAmbient},
 		{"SidecarBrokenPodDeleted", r.sidecarBrokenPodDeleted},
 		{"GatedPodNotReadyWithoutZtunnel", r.gatedPodNotReadyWithoutZtunnel},
+		{"ZtunnelGoneDropsEndpoints", r.ztunnelGoneDropsEndpoints},
 		{"AdmissionGatesFromPolicy", r.admissionGatesFromPolicy},
 		{"StartupCost", r.startupCost},
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
