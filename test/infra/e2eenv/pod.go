@@ -52,10 +52,10 @@ type Pod struct {
 	// K8S_POD_UID): UID, or a static pod's StaticUID.
 	RuntimeUID  string
 	ContainerID string
-	Netns           ns.NetNS
-	NetnsPath       string
-	IPs             []netip.Addr
-	Result          *current.Result
+	Netns       ns.NetNS
+	NetnsPath   string
+	IPs         []netip.Addr
+	Result      *current.Result
 	// AddDuration is how long the chain's CNI ADD took (libcni, every
 	// plugin of the chain), for benchmarks.
 	AddDuration time.Duration
