@@ -131,6 +131,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"AdmissionGatesFromPolicy", r.admissionGatesFromPolicy},
 		{"StartupCost", r.startupCost},
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
+		{"StaticPods", r.staticPods},
 		{"HostNetworkPodNeverAPod", r.hostNetworkPodNeverAPod},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
