@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -90,7 +91,9 @@ func (r *agentRun) staticPods(t *testing.T, ctx context.Context) {
 
 	// `default`, as monitoring agents and node-local caches run.
 	plainStart := time.Now()
-	deletePod := func() { _ = node.Env.CP.Admin.CoreV1().Pods("default").Delete(context.Background(), "ordinary", metav1.DeleteOptions{}) }
+	deletePod := func() {
+		_ = node.Env.CP.Admin.CoreV1().Pods("default").Delete(context.Background(), "ordinary", metav1.DeleteOptions{})
+	}
 	t.Cleanup(deletePod)
 	if _, err := node.Env.CP.Admin.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "ordinary"}, Spec: appPodSpec()}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -146,6 +149,12 @@ func (r *agentRun) staticPods(t *testing.T, ctx context.Context) {
 		return slices.ContainsFunc(s.Accepted, func(a ztunnelemu.AcceptRecord) bool { return a.UID == uid && a.Port == 15001 && a.OrigDst == outDst })
 	})
 
+	// The node's own tools read what the agent wrote over netlink, on the
+	// node and in the pod (nftables metadata an older nft cannot parse
+	// once crashed it: istio/istio#58492).
+	hostTablesReadable(t, ctx, "", "istio-inpod-probes-v4")
+	hostTablesReadable(t, ctx, netnsPath, "istio-ambient-nat")
+
 	// The agent restarts with only the /proc scan to find the pod.
 	agentPod, err := node.AgentPod(ctx)
 	if err != nil || agentPod == nil {
@@ -195,4 +204,24 @@ func (r *agentRun) staticPods(t *testing.T, ctx context.Context) {
 	// static uid) and deletes the mirror pod; ztunnel drops it.
 	removeStaticPod(t, ctx, ns, "meshed")
 	r.waitEmu(t, ctx, "ztunnel dropped the static pod", func(s ztunnelemu.State) bool { _, ok := s.Workload(uid); return !ok })
+}
+
+// hostTablesReadable runs this machine's `nft list ruleset` and
+// iptables-nft-save in the node netns (netnsPath "") or a pod's: both must
+// exit 0, and nft must show want.
+func hostTablesReadable(t *testing.T, ctx context.Context, netnsPath, want string) {
+	t.Helper()
+	for _, args := range [][]string{{"nft", "list", "ruleset"}, {"nft", "-j", "list", "ruleset"}, {"iptables-nft-save"}, {"ip6tables-nft-save"}} {
+		if netnsPath != "" {
+			args = append([]string{"nsenter", "--net=" + netnsPath, "--"}, args...)
+		}
+		out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: %v\n%s", strings.Join(args, " "), err, out)
+			continue
+		}
+		if slices.Equal(args[len(args)-2:], []string{"list", "ruleset"}) && !strings.Contains(string(out), want) {
+			t.Errorf("%s does not show %s:\n%s", strings.Join(args, " "), want, out)
+		}
+	}
 }
