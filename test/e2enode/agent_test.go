@@ -132,6 +132,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"StartupCost", r.startupCost},
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
 		{"StaticPods", r.staticPods},
+		{"ContainersRestartStayEnrolled", r.containersRestartStayEnrolled},
 		{"HostNetworkPodNeverAPod", r.hostNetworkPodNeverAPod},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
