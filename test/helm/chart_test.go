@@ -217,3 +217,30 @@ func keys[V any](m map[string]V) []string {
 	sort.Strings(ks)
 	return ks
 }
+
+// `helm upgrade` with a value that changes only the ConfigMap (the log
+// level, the handover) changes the pod template too, so the DaemonSet
+// rolls and the agents read the new settings; the same values leave it as
+// it is (no roll for nothing).
+func TestConfigChangeRollsTheAgents(t *testing.T) {
+	template := func(set ...string) string {
+		for _, o := range render(t, chartrender.Options{Set: set}) {
+			if o.GetKind() == "DaemonSet" {
+				m, _, _ := unstructured.NestedMap(o.Object, "spec", "template")
+				b, _ := json.Marshal(m)
+				return string(b)
+			}
+		}
+		t.Fatal("no DaemonSet")
+		return ""
+	}
+	base := template("profile=ambient")
+	if again := template("profile=ambient"); again != base {
+		t.Error("the same values render another pod template")
+	}
+	for _, set := range []string{"logging.level=debug", "ambientd.handover=istio", "excludeNamespaces={kube-system,monitoring}"} {
+		if template("profile=ambient", set) == base {
+			t.Errorf("--set %s: the pod template is unchanged, the agents would not roll", set)
+		}
+	}
+}
