@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/test/infra/build"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
 	"github.com/ambientd/ambientd/test/infra/testutil"
@@ -27,9 +29,9 @@ import (
 
 // helm runs the helm command (built from test/helm's pinned Helm) against
 // the node's control plane, with its own config, cache and data dirs.
-func helm(t *testing.T, ctx context.Context, home string, args ...string) (string, error) {
+func helm(t *testing.T, ctx context.Context, bin, home string, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, node.Bins.Helm, append(args, "--kubeconfig", node.Env.CP.AdminKubeconfig)...)
+	cmd := exec.CommandContext(ctx, bin, append(args, "--kubeconfig", node.Env.CP.AdminKubeconfig)...)
 	cmd.Env = append(cmd.Environ(), "HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_CACHE_HOME="+filepath.Join(home, "cache"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
 	out, err := cmd.CombinedOutput()
 	t.Logf("helm %s (%v):\n%s", strings.Join(args, " "), err, out)
@@ -50,6 +52,11 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	r := &agentRun{pristine: readPristine(t)}
 	t.Cleanup(func() { r.remove(t) })
 	t.Cleanup(func() { agentDiagnostics(t) })
+	// make e2e-node builds it; a `go test` run alone builds it here.
+	bins, err := build.Ensure(ctx, []build.Part{build.Helm}, build.Options{Log: os.Stderr, Name: "the helm test"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	home := t.TempDir()
 	chart := filepath.Join(node.Env.Root, "deploy", "helm", "ambientd")
 	if err := node.ImportImage(ctx, agentImageArchive(t)); err != nil {
@@ -67,7 +74,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		"--set", "pullPolicy=Never",
 		"--set-string", "env.KUBERNETES_SERVICE_HOST=" + u.Hostname(), "--set-string", "env.KUBERNETES_SERVICE_PORT=" + u.Port(),
 	}
-	if _, err := helm(t, ctx, home, append([]string{"install", "ambientd", chart, "-n", "istio-system"}, set...)...); err != nil {
+	if _, err := helm(t, ctx, bins.Helm, home, append([]string{"install", "ambientd", chart, "-n", "istio-system"}, set...)...); err != nil {
 		t.Fatal(err)
 	}
 	r.overlay = "helm" // the cleanup deletes the DaemonSet if a step fails
@@ -124,7 +131,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	if _, err := helm(t, ctx, home, "upgrade", "ambientd", chart, "-n", "istio-system", "--reuse-values", "--set", "logging.level=debug"); err != nil {
+	if _, err := helm(t, ctx, bins.Helm, home, "upgrade", "ambientd", chart, "-n", "istio-system", "--reuse-values", "--set", "logging.level=debug"); err != nil {
 		t.Fatal(err)
 	}
 	if err := nodeenv.Poll(ctx, "the old agent stops serving CNI", 20*time.Millisecond, func(ctx context.Context) (bool, error) {
@@ -176,7 +183,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 
 	// helm uninstall, as docs/install.md gives it, leaves the node as before.
 	start = time.Now()
-	if _, err := helm(t, ctx, home, "uninstall", "ambientd", "-n", "istio-system", "--cascade", "foreground", "--wait"); err != nil {
+	if _, err := helm(t, ctx, bins.Helm, home, "uninstall", "ambientd", "-n", "istio-system", "--cascade", "foreground", "--wait"); err != nil {
 		t.Fatal(err)
 	}
 	if err := nodeenv.Poll(ctx, "agent pod gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
@@ -188,7 +195,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	r.overlay = ""
 	r.nodeLeftAsBefore(t, ctx)
 	t.Logf("helm uninstall -> node as before: %s", time.Since(start).Round(time.Millisecond))
-	if out, err := helm(t, ctx, home, "list", "-n", "istio-system", "-q"); err != nil || strings.TrimSpace(out) != "" {
+	if out, err := helm(t, ctx, bins.Helm, home, "list", "-n", "istio-system", "-q"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("helm list after the uninstall: %q (%v), want no release", out, err)
 	}
 }
