@@ -74,7 +74,9 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		"--set", "pullPolicy=Never",
 		"--set-string", "env.KUBERNETES_SERVICE_HOST=" + u.Hostname(), "--set-string", "env.KUBERNETES_SERVICE_PORT=" + u.Port(),
 	}
-	if _, err := helm(t, ctx, bins.Helm, home, append([]string{"install", "ambientd", chart, "-n", "istio-system"}, set...)...); err != nil {
+	// --take-ownership: the environment's control plane starts with
+	// deploy/rbac.yaml loaded (its agent identity); a cluster has none of it.
+	if _, err := helm(t, ctx, bins.Helm, home, append([]string{"install", "ambientd", chart, "-n", "istio-system", "--take-ownership"}, set...)...); err != nil {
 		t.Fatal(err)
 	}
 	r.overlay = "helm" // the cleanup deletes the DaemonSet if a step fails
