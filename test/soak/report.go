@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -60,15 +61,14 @@ func (r *result) attachLogs() {
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			t := sc.Text()
-			rest, ok := strings.CutPrefix(t, "time=")
-			if !ok {
+			// The agent logs JSON lines (docs/agent.md, "Logging").
+			var rec struct {
+				Time time.Time `json:"time"`
+			}
+			if json.Unmarshal([]byte(t), &rec) != nil || rec.Time.IsZero() {
 				continue
 			}
-			ts, _, _ := strings.Cut(rest, " ")
-			at, err := time.Parse(time.RFC3339Nano, ts)
-			if err != nil {
-				continue
-			}
+			at := rec.Time
 			lines = append(lines, line{at, t})
 		}
 		f.Close()
@@ -135,9 +135,12 @@ func (r *result) summary() string {
 	fmt.Fprintf(&b, "samples: %d in %d rounds; gap between two samples of one pod (outside its churn operations) p50 %v, p99 %v, max %v\n",
 		r.rec.samples.Load(), len(rec.rounds), e2eenv.Percentile(rec.gaps, .5).Round(time.Millisecond),
 		e2eenv.Percentile(rec.gaps, .99).Round(time.Millisecond), e2eenv.Percentile(rec.gaps, 1).Round(time.Millisecond))
-	for _, k := range []string{kindBypass, kindBlackHole} {
-		w := rec.windows[k]
-		fmt.Fprintf(&b, "%s windows (claimed enrolled and direct / dead with a ztunnel serving), judged or not: %d, p50 %v, p99 %v, max %v\n", k, len(w),
+	for _, k := range []struct{ kind, what string }{
+		{kindBypass, "claimed enrolled, a direction direct"},
+		{kindBlackHole, "a direction dead while a ztunnel served"},
+	} {
+		w := rec.windows[k.kind]
+		fmt.Fprintf(&b, "%s windows (%s), within the bound or not: %d, p50 %v, p99 %v, max %v\n", k.kind, k.what, len(w),
 			e2eenv.Percentile(w, .5).Round(time.Millisecond), e2eenv.Percentile(w, .99).Round(time.Millisecond), e2eenv.Percentile(w, 1).Round(time.Millisecond))
 	}
 	fmt.Fprintf(&b, "recovery (end of a storm of faults → every pod in its policy state): %d storms, p50 %v, p99 %v, max %v\n",

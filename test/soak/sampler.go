@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
@@ -196,7 +197,7 @@ func (s *soak) claimsLoop(ctx context.Context) {
 // freshClaims are the latest claims if they were read within the last
 // second; ok is false otherwise (the API is not answering): then nothing is
 // judged on claims this round.
-func (s *soak) freshClaims() (map[string]bool, bool) {
+func (s *soak) freshClaims() (map[string]claim, bool) {
 	s.claimMu.Lock()
 	defer s.claimMu.Unlock()
 	if time.Since(s.claimsAt) > time.Second {
@@ -205,25 +206,40 @@ func (s *soak) freshClaims() (map[string]bool, bool) {
 	return s.lastClaims, true
 }
 
-// claims reads, from the API, which pods say they are enrolled: condition
-// ambient.istio.io/enrolled True, or annotation redirection=enabled; ok is
-// false when the API did not answer.
-func (s *soak) claims(ctx context.Context) (map[string]bool, bool) {
+// claim is what a pod says of itself in the API.
+type claim struct {
+	annotation bool // ambient.istio.io/redirection: enabled
+	condition  bool // ambient.istio.io/enrolled True
+	notInMesh  bool // ... with reason NotInMesh: Ready because out of the mesh
+}
+
+// enrolled: the pod claims to be in the mesh — the annotation says
+// enabled, or the condition is True for any reason but NotInMesh; True
+// with NotInMesh (the agent took the pod out of the mesh on purpose, so a
+// gated pod can be Ready) is a claim of enrollment only when the pod
+// belongs in the mesh by policy (wantMesh): then it is Ready uncaptured.
+func (c claim) enrolled(wantMesh bool) bool {
+	return c.annotation || (c.condition && (!c.notInMesh || wantMesh))
+}
+
+// claims reads, from the API, what every pod claims; ok is false when the
+// API did not answer.
+func (s *soak) claims(ctx context.Context) (map[string]claim, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 	defer cancel()
 	list, err := s.env.CP.Admin.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, false
 	}
-	out := map[string]bool{}
+	out := map[string]claim{}
 	for _, p := range list.Items {
-		claimed := p.Annotations[podmeta.AnnotationRedirection] == podmeta.RedirectionEnabled
-		for _, c := range p.Status.Conditions {
-			if c.Type == podmeta.ConditionEnrolled && c.Status == corev1.ConditionTrue {
-				claimed = true
+		c := claim{annotation: p.Annotations[podmeta.AnnotationRedirection] == podmeta.RedirectionEnabled}
+		for _, pc := range p.Status.Conditions {
+			if pc.Type == podmeta.ConditionEnrolled && pc.Status == corev1.ConditionTrue {
+				c.condition, c.notInMesh = true, pc.Reason == agent.ReasonNotInMesh
 			}
 		}
-		out[string(p.UID)] = claimed
+		out[string(p.UID)] = c
 	}
 	return out, true
 }
@@ -250,7 +266,7 @@ func (s *soak) probe(ctx context.Context, r *podRec) sample {
 	return sample{r: r, at: at, out: out, in: in, ok: true}
 }
 
-func (s *soak) judge(t0 time.Time, results []sample, claims map[string]bool, claimsOK, served bool) {
+func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, claimsOK, served bool) {
 	bound := bypassBound(s.cfg)
 	var counts [numStates]int
 	bypassing := 0
@@ -275,8 +291,11 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]bool, cla
 		j.lastState.Store(int32(st) + 1)
 		pod := r.ns.name + "/" + r.name
 
+		s.mu.Lock()
+		want, since := wantMesh(r), stable(r)
+		s.mu.Unlock()
 		direct := x.out == outDirect || x.in == outDirect
-		claimed := claimsOK && claims[r.uid]
+		claimed := claimsOK && claims[r.uid].enrolled(want)
 		if claimed && direct {
 			bypassing++
 		}
@@ -290,9 +309,6 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]bool, cla
 				Detail: fmt.Sprintf("out=%s in=%s with a ztunnel serving for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), blackHoleBound)})
 		}
 
-		s.mu.Lock()
-		want, since := wantMesh(r), stable(r)
-		s.mu.Unlock()
 		policy := stPlain
 		if want {
 			policy = stMeshed

@@ -84,7 +84,7 @@ type soak struct {
 	rec *recorder
 
 	claimMu    sync.Mutex
-	lastClaims map[string]bool // pod uid → claims enrolled
+	lastClaims map[string]claim // by pod uid
 	claimsAt   time.Time
 }
 
