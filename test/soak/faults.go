@@ -221,6 +221,8 @@ func podRulesWiped(ctx context.Context, s *soak, rng *rand.Rand) (string, error)
 	if r.deleted {
 		return r.name + " (deleted meanwhile)", nil
 	}
+	r.wiping.Store(true)
+	defer r.wiping.Store(false)
 	return r.ns.name + "/" + r.name, r.p.WipeRules()
 }
 

@@ -299,7 +299,9 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 		if claimed && direct {
 			bypassing++
 		}
-		if d, report := j.bypass.observe(s.rec, kindBypass, claimed && direct, x.at, bound); report {
+		if r.wiping.Load() {
+			j.bypass = badRun{} // judged from the end of the wipe
+		} else if d, report := j.bypass.observe(s.rec, kindBypass, claimed && direct, x.at, bound); report {
 			s.rec.violation(violation{At: j.bypass.since, Kind: kindBypass, Pod: pod, UID: r.uid,
 				Detail: fmt.Sprintf("claimed enrolled while out=%s in=%s for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), bound)})
 		}

@@ -55,6 +55,11 @@ type podRec struct {
 	podMode     string
 	stableSince time.Time
 
+	// wiping is set while a pod-rules-wiped fault works on the pod: the
+	// agent is judged on the bypass only from the end of the wipe (on a
+	// loaded machine the iptables calls of one wipe can take seconds).
+	wiping atomic.Bool
+
 	judge judgeState // the sampler's alone
 }
 
@@ -452,12 +457,21 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 	}
 	r.ln.Close()
 	_, err := s.env.RecreateSandbox(ctx, r.p, e2eenv.SandboxOptions{Chain: chain})
+	if err != nil {
+		// The old sandbox is gone and no new one was made (e.g. the ADD
+		// found no agent): the runtime would retry; the soak deletes the
+		// pod instead, so no pod without a sandbox is sampled.
+		s.mu.Lock()
+		delete(s.pods, r.id)
+		s.mu.Unlock()
+		r.deleted = true
+		s.deleted.Add(1)
+		_ = s.env.DeletePod(ctx, r.p) // its sandbox is gone already: only the object matters
+		return err
+	}
 	s.mu.Lock()
 	r.stableSince = time.Now()
 	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
 	return r.listen()
 }
 
