@@ -94,6 +94,20 @@ func (r *recorder) faultEnded(t time.Time) {
 	r.lastFaultEnd, r.windowOpen = t, true
 }
 
+// agentDown: an agent-kill or agent-term fault is in flight (the agent is
+// down or not ready yet): nobody can correct a pod's claim meanwhile, so
+// the bypass bound runs from its end.
+func (r *recorder) agentDown() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.faults {
+		if !f.done && (f.Kind == "agent-kill" || f.Kind == "agent-term") {
+			return true
+		}
+	}
+	return false
+}
+
 // quiet: how long no fault has been in flight at t (0 while one is), when
 // the current recovery window began, and whether it is still open.
 func (r *recorder) quiet(t time.Time) (time.Duration, time.Time, bool) {

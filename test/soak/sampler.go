@@ -271,6 +271,7 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 	var counts [numStates]int
 	bypassing := 0
 	quietFor, windowStart, pendingRecovery := s.rec.quiet(t0)
+	agentDown := s.rec.agentDown()
 	allInPolicy := true
 	for _, x := range results {
 		if x.busy {
@@ -299,8 +300,8 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 		if claimed && direct {
 			bypassing++
 		}
-		if r.wiping.Load() {
-			j.bypass = badRun{} // judged from the end of the wipe
+		if r.wiping.Load() || agentDown {
+			j.bypass = badRun{} // judged from the end of the wipe, or of the agent's restart
 		} else if d, report := j.bypass.observe(s.rec, kindBypass, claimed && direct, x.at, bound); report {
 			s.rec.violation(violation{At: j.bypass.since, Kind: kindBypass, Pod: pod, UID: r.uid,
 				Detail: fmt.Sprintf("claimed enrolled while out=%s in=%s for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), bound)})
