@@ -46,6 +46,7 @@ func run() error {
 		return nil
 	})
 	flag.StringVar(&statusAddr, "status-addr", "", "loopback host:port for the HTTP control API (GET /state, POST/DELETE /nack); empty: off")
+	flag.IntVar(&cfg.MaxRecords, "max-records", 0, "cap of each record list of GET /state (requests, accepted connections), oldest dropped; 0: the library's default")
 	flag.BoolVar(&debug, "debug", false, "debug logging")
 	flag.Parse()
 	if flag.NArg() > 0 {

@@ -78,6 +78,8 @@ var Targets = map[string][]Part{
 	"demo-lite":  ControlPlane,
 	"e2e":        ControlPlane,
 	"bench-e2e":  ControlPlane,
+	"soak":       ControlPlane,
+	"soak-check": ControlPlane,
 	"image":      {Packages, Image},
 	"build":      {Ours},
 	"test":       {Packages, CNIPlugins},
