@@ -276,7 +276,7 @@ func (i *Installer) behindMeta(m confFile, confs []confFile) (bool, error) {
 			return true, fmt.Errorf("removing our copy %s, which would shadow %s: %w", owned.path, m.path, err)
 		}
 		i.step()
-		i.log.Info("removed our owned CNI config: a meta-plugin's config is the runtime's", "path", owned.path, "meta", m.path)
+		i.log.Info("removed our owned CNI config: a meta-plugin's config is the runtime's", "path", owned.path, "primary", m.path)
 		changed = true
 	}
 	return changed, nil
