@@ -9,9 +9,10 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/ambientd/ambientd/cniplugin"
+	"github.com/ambientd/ambientd/cniplugin/procstart"
 )
 
 func main() {
-	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr}
+	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr, Started: procstart.At}
 	skel.PluginMainFuncs(p.Funcs(), cniplugin.SupportedVersions, cniplugin.About)
 }
