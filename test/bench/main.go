@@ -153,7 +153,7 @@ func pluginLog(logFile, namespace string) map[string][]time.Duration {
 	}
 	out := map[string][]time.Duration{}
 	for _, l := range strings.Split(string(b), "\n") {
-		if !strings.Contains(l, `msg="agent answered"`) || !strings.Contains(l, " pod="+namespace+"/") {
+		if !strings.Contains(l, `msg="agent answered"`) || !strings.Contains(l, " namespace="+namespace+" ") {
 			continue
 		}
 		for _, k := range pluginKeys {
