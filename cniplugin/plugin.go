@@ -38,7 +38,7 @@ const ErrAgentRefused uint = 100
 type Plugin struct {
 	Stdout io.Writer
 	Stderr io.Writer
-	// Started is when the process's Go code began (procstart.At); zero
+	// Started is when the process's Go code began (procinit.At); zero
 	// when unknown. It only feeds the timings sent to the agent and logged.
 	Started time.Time
 }

@@ -9,10 +9,10 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/ambientd/ambientd/cniplugin"
-	"github.com/ambientd/ambientd/cniplugin/procstart"
+	"github.com/ambientd/ambientd/cniplugin/procinit"
 )
 
 func main() {
-	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr, Started: procstart.At}
+	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr, Started: procinit.At}
 	skel.PluginMainFuncs(p.Funcs(), cniplugin.SupportedVersions, cniplugin.About)
 }
