@@ -162,10 +162,10 @@ type Program struct {
 var Programs = []Program{
 	{Name: "ambientd", Package: "./cmd/ambientd", Tags: []string{"grpcnotrace"}, Shipped: true},
 	{Name: "ambientd-cni", Package: "./cmd/ambientd-cni", Tags: []string{"grpcnotrace"}, Shipped: true},
-	{Name: "ztunnel-emulator", Package: "./cmd/ztunnel-emulator"},
+	{Name: "ztunnel-emulator", Package: "./test/ztunnel-emulator"},
 	// Our istio-validation (sidecar mode's init container check), the
 	// real-node suite's validation image and the e2e tests' check.
-	{Name: "sidecar-validation", Package: "./cmd/sidecar-validation"},
+	{Name: "sidecar-validation", Package: "./test/sidecar-validation"},
 }
 
 // buildArgs are the go build arguments for p into out.

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // RenderApply returns the iptables-restore --noflush batch that installs the

@@ -9,7 +9,7 @@ import (
 	nft "github.com/google/nftables"
 	mnl "github.com/mdlayher/netlink"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // libraryMessages returns what google/nftables sends for the same objects:

@@ -7,6 +7,6 @@
 //
 // It owns no technology and does no I/O. It must not import anything of
 // ambientd, Kubernetes, netlink or iptables libraries: the technology
-// packages (iptables/xtables, iptables/nftables, iptables/ipset) import it
+// packages (iptables/internal/xtables, iptables/internal/nftables, iptables/internal/ipset) import it
 // and nothing else of ours, and package iptables composes them.
 package rules

@@ -6,7 +6,7 @@ import (
 
 	nft "github.com/google/nftables"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // Supported checks, with one transaction that creates and deletes a scratch

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // saveState is iptables-save output parsed into tables, chains and rules.

@@ -1,6 +1,6 @@
 // Command sidecar-validation is ambientd's implementation of the check
 // Istio's injector runs as a sidecar pod's istio-validation init container
-// (package internal/validation): exit 0 when the pod's traffic is
+// (package test/infra/validation): exit 0 when the pod's traffic is
 // redirected to its proxy, 126 when not. It takes that container's args:
 //
 //	sidecar-validation istio-iptables -p 15001 -z 15006 -u 1337 ... --run-validation --skip-rule-apply
@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/ambientd/ambientd/internal/validation"
+	"github.com/ambientd/ambientd/test/infra/validation"
 )
 
 func main() {

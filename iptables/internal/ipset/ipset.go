@@ -3,8 +3,8 @@
 // created, verified, listed, changed and destroyed over netlink, no process
 // spawned. The host rule that matches them is package xtables'.
 //
-// It may import only the bottom floor, iptables/rules, of ambientd: never a
-// sibling technology package (iptables/xtables, iptables/nftables), never
+// It may import only the bottom floor, iptables/internal/rules, of ambientd: never a
+// sibling technology package (iptables/internal/xtables, iptables/internal/nftables), never
 // package iptables, never Kubernetes.
 package ipset
 
@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // Every function acts on the calling thread's network namespace (the

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // TestHostJumpFirst: the host jump is inserted at position 1; a jump found

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // sidecarCache keeps the prepared sidecar rule sets per options (a node's

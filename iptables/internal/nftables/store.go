@@ -8,7 +8,7 @@ import (
 	nft "github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // store is the probe sets as nftables sets in the node's nat table

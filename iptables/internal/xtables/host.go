@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // Host side: ISTIO_POSTRT jumped from the first position of nat POSTROUTING

@@ -5,7 +5,7 @@ import (
 
 	nft "github.com/google/nftables"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 func podTable(name string, prerouting, output Chain) Table {

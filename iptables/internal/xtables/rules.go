@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // Our chains: ChainPrerouting and ChainOutput in mangle, nat and raw inside

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // Tools are the resolved save and restore programs of one family and
