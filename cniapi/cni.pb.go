@@ -189,8 +189,12 @@ func (x *Pod) GetInterface() string {
 }
 
 type AddPodRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pod           *Pod                   `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pod   *Pod                   `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	// The plugin's own steps before the call, for the agent's per-ADD
+	// breakdown (ambientd_cni_add_step_duration_seconds). Only measurements:
+	// the agent never acts on them.
+	Timings       *PluginTimings `protobuf:"bytes,2,opt,name=timings,proto3" json:"timings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -232,18 +236,96 @@ func (x *AddPodRequest) GetPod() *Pod {
 	return nil
 }
 
+func (x *AddPodRequest) GetTimings() *PluginTimings {
+	if x != nil {
+		return x.Timings
+	}
+	return nil
+}
+
+// PluginTimings are the plugin process's steps before it called the agent.
+type PluginTimings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// From the plugin's first package init (the Go runtime is up) to the
+	// start of its ADD handler: skel, stdin, CNI_* environment.
+	InitNanos int64 `protobuf:"varint,1,opt,name=init_nanos,json=initNanos,proto3" json:"init_nanos,omitempty"`
+	// From the start of the ADD handler to just before the call: config
+	// parse, log file, prevResult conversion.
+	ConfigNanos int64 `protobuf:"varint,2,opt,name=config_nanos,json=configNanos,proto3" json:"config_nanos,omitempty"`
+	// Wall clock (Unix nanoseconds) just before the call: the agent takes
+	// the time from here to its handler as the dial (connect, HTTP/2
+	// preface and settings, request).
+	CallStartUnixNano int64 `protobuf:"varint,3,opt,name=call_start_unix_nano,json=callStartUnixNano,proto3" json:"call_start_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *PluginTimings) Reset() {
+	*x = PluginTimings{}
+	mi := &file_cni_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PluginTimings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PluginTimings) ProtoMessage() {}
+
+func (x *PluginTimings) ProtoReflect() protoreflect.Message {
+	mi := &file_cni_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PluginTimings.ProtoReflect.Descriptor instead.
+func (*PluginTimings) Descriptor() ([]byte, []int) {
+	return file_cni_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PluginTimings) GetInitNanos() int64 {
+	if x != nil {
+		return x.InitNanos
+	}
+	return 0
+}
+
+func (x *PluginTimings) GetConfigNanos() int64 {
+	if x != nil {
+		return x.ConfigNanos
+	}
+	return 0
+}
+
+func (x *PluginTimings) GetCallStartUnixNano() int64 {
+	if x != nil {
+		return x.CallStartUnixNano
+	}
+	return 0
+}
+
 type AddPodResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Outcome Outcome                `protobuf:"varint,1,opt,name=outcome,proto3,enum=ambientd.cni.v1.Outcome" json:"outcome,omitempty"`
 	// Human-readable detail for the plugin's log.
-	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The agent's own time for the call, handler entry to answer, for the
+	// plugin's log (call time minus this is the RPC's cost both ways).
+	AgentNanos    int64 `protobuf:"varint,3,opt,name=agent_nanos,json=agentNanos,proto3" json:"agent_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddPodResponse) Reset() {
 	*x = AddPodResponse{}
-	mi := &file_cni_proto_msgTypes[2]
+	mi := &file_cni_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -255,7 +337,7 @@ func (x *AddPodResponse) String() string {
 func (*AddPodResponse) ProtoMessage() {}
 
 func (x *AddPodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cni_proto_msgTypes[2]
+	mi := &file_cni_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -268,7 +350,7 @@ func (x *AddPodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddPodResponse.ProtoReflect.Descriptor instead.
 func (*AddPodResponse) Descriptor() ([]byte, []int) {
-	return file_cni_proto_rawDescGZIP(), []int{2}
+	return file_cni_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AddPodResponse) GetOutcome() Outcome {
@@ -285,6 +367,13 @@ func (x *AddPodResponse) GetMessage() string {
 	return ""
 }
 
+func (x *AddPodResponse) GetAgentNanos() int64 {
+	if x != nil {
+		return x.AgentNanos
+	}
+	return 0
+}
+
 type DelPodRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pod           *Pod                   `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
@@ -294,7 +383,7 @@ type DelPodRequest struct {
 
 func (x *DelPodRequest) Reset() {
 	*x = DelPodRequest{}
-	mi := &file_cni_proto_msgTypes[3]
+	mi := &file_cni_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +395,7 @@ func (x *DelPodRequest) String() string {
 func (*DelPodRequest) ProtoMessage() {}
 
 func (x *DelPodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cni_proto_msgTypes[3]
+	mi := &file_cni_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +408,7 @@ func (x *DelPodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelPodRequest.ProtoReflect.Descriptor instead.
 func (*DelPodRequest) Descriptor() ([]byte, []int) {
-	return file_cni_proto_rawDescGZIP(), []int{3}
+	return file_cni_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DelPodRequest) GetPod() *Pod {
@@ -337,7 +426,7 @@ type DelPodResponse struct {
 
 func (x *DelPodResponse) Reset() {
 	*x = DelPodResponse{}
-	mi := &file_cni_proto_msgTypes[4]
+	mi := &file_cni_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +438,7 @@ func (x *DelPodResponse) String() string {
 func (*DelPodResponse) ProtoMessage() {}
 
 func (x *DelPodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cni_proto_msgTypes[4]
+	mi := &file_cni_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +451,7 @@ func (x *DelPodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelPodResponse.ProtoReflect.Descriptor instead.
 func (*DelPodResponse) Descriptor() ([]byte, []int) {
-	return file_cni_proto_rawDescGZIP(), []int{4}
+	return file_cni_proto_rawDescGZIP(), []int{5}
 }
 
 var File_cni_proto protoreflect.FileDescriptor
@@ -378,12 +467,20 @@ const file_cni_proto_rawDesc = "" +
 	"\n" +
 	"netns_path\x18\x05 \x01(\tR\tnetnsPath\x12\x10\n" +
 	"\x03ips\x18\x06 \x03(\tR\x03ips\x12\x1c\n" +
-	"\tinterface\x18\a \x01(\tR\tinterface\"7\n" +
+	"\tinterface\x18\a \x01(\tR\tinterface\"q\n" +
 	"\rAddPodRequest\x12&\n" +
-	"\x03pod\x18\x01 \x01(\v2\x14.ambientd.cni.v1.PodR\x03pod\"^\n" +
+	"\x03pod\x18\x01 \x01(\v2\x14.ambientd.cni.v1.PodR\x03pod\x128\n" +
+	"\atimings\x18\x02 \x01(\v2\x1e.ambientd.cni.v1.PluginTimingsR\atimings\"\x82\x01\n" +
+	"\rPluginTimings\x12\x1d\n" +
+	"\n" +
+	"init_nanos\x18\x01 \x01(\x03R\tinitNanos\x12!\n" +
+	"\fconfig_nanos\x18\x02 \x01(\x03R\vconfigNanos\x12/\n" +
+	"\x14call_start_unix_nano\x18\x03 \x01(\x03R\x11callStartUnixNano\"\x7f\n" +
 	"\x0eAddPodResponse\x122\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x18.ambientd.cni.v1.OutcomeR\aoutcome\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"7\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
+	"\vagent_nanos\x18\x03 \x01(\x03R\n" +
+	"agentNanos\"7\n" +
 	"\rDelPodRequest\x12&\n" +
 	"\x03pod\x18\x01 \x01(\v2\x14.ambientd.cni.v1.PodR\x03pod\"\x10\n" +
 	"\x0eDelPodResponse*{\n" +
@@ -410,28 +507,30 @@ func file_cni_proto_rawDescGZIP() []byte {
 }
 
 var file_cni_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cni_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_cni_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_cni_proto_goTypes = []any{
 	(Outcome)(0),           // 0: ambientd.cni.v1.Outcome
 	(*Pod)(nil),            // 1: ambientd.cni.v1.Pod
 	(*AddPodRequest)(nil),  // 2: ambientd.cni.v1.AddPodRequest
-	(*AddPodResponse)(nil), // 3: ambientd.cni.v1.AddPodResponse
-	(*DelPodRequest)(nil),  // 4: ambientd.cni.v1.DelPodRequest
-	(*DelPodResponse)(nil), // 5: ambientd.cni.v1.DelPodResponse
+	(*PluginTimings)(nil),  // 3: ambientd.cni.v1.PluginTimings
+	(*AddPodResponse)(nil), // 4: ambientd.cni.v1.AddPodResponse
+	(*DelPodRequest)(nil),  // 5: ambientd.cni.v1.DelPodRequest
+	(*DelPodResponse)(nil), // 6: ambientd.cni.v1.DelPodResponse
 }
 var file_cni_proto_depIdxs = []int32{
 	1, // 0: ambientd.cni.v1.AddPodRequest.pod:type_name -> ambientd.cni.v1.Pod
-	0, // 1: ambientd.cni.v1.AddPodResponse.outcome:type_name -> ambientd.cni.v1.Outcome
-	1, // 2: ambientd.cni.v1.DelPodRequest.pod:type_name -> ambientd.cni.v1.Pod
-	2, // 3: ambientd.cni.v1.CNIEvents.AddPod:input_type -> ambientd.cni.v1.AddPodRequest
-	4, // 4: ambientd.cni.v1.CNIEvents.DelPod:input_type -> ambientd.cni.v1.DelPodRequest
-	3, // 5: ambientd.cni.v1.CNIEvents.AddPod:output_type -> ambientd.cni.v1.AddPodResponse
-	5, // 6: ambientd.cni.v1.CNIEvents.DelPod:output_type -> ambientd.cni.v1.DelPodResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	3, // 1: ambientd.cni.v1.AddPodRequest.timings:type_name -> ambientd.cni.v1.PluginTimings
+	0, // 2: ambientd.cni.v1.AddPodResponse.outcome:type_name -> ambientd.cni.v1.Outcome
+	1, // 3: ambientd.cni.v1.DelPodRequest.pod:type_name -> ambientd.cni.v1.Pod
+	2, // 4: ambientd.cni.v1.CNIEvents.AddPod:input_type -> ambientd.cni.v1.AddPodRequest
+	5, // 5: ambientd.cni.v1.CNIEvents.DelPod:input_type -> ambientd.cni.v1.DelPodRequest
+	4, // 6: ambientd.cni.v1.CNIEvents.AddPod:output_type -> ambientd.cni.v1.AddPodResponse
+	6, // 7: ambientd.cni.v1.CNIEvents.DelPod:output_type -> ambientd.cni.v1.DelPodResponse
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_cni_proto_init() }
@@ -445,7 +544,7 @@ func file_cni_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cni_proto_rawDesc), len(file_cni_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

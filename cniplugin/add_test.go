@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -21,11 +22,11 @@ import (
 type stubAgent struct {
 	cniapi.UnimplementedCNIEventsServer
 	resp *cniapi.AddPodResponse
-	got  chan *cniapi.Pod
+	got  chan *cniapi.AddPodRequest
 }
 
 func (s *stubAgent) AddPod(_ context.Context, req *cniapi.AddPodRequest) (*cniapi.AddPodResponse, error) {
-	s.got <- req.GetPod()
+	s.got <- req
 	return s.resp, nil
 }
 
@@ -56,16 +57,27 @@ func TestAddInProcess(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			stub := &stubAgent{resp: &cniapi.AddPodResponse{Outcome: tt.outcome}, got: make(chan *cniapi.Pod, 1)}
+			stub := &stubAgent{resp: &cniapi.AddPodResponse{Outcome: tt.outcome, AgentNanos: int64(1234 * time.Microsecond)}, got: make(chan *cniapi.AddPodRequest, 1)}
 			sock := serveStub(t, stub)
 			var stdout, stderr bytes.Buffer
-			p := &Plugin{Stdout: &stdout, Stderr: &stderr}
+			before := time.Now()
+			p := &Plugin{Stdout: &stdout, Stderr: &stderr, Started: before.Add(-5 * time.Millisecond)}
 			err := p.Add(&skel.CmdArgs{
 				ContainerID: "c1", Netns: "/var/run/netns/p", IfName: "eth0",
 				Args:      "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u",
 				StdinData: []byte(`{"cniVersion":"1.0.0","name":"n","type":"ambientd-cni","agentSocket":"` + sock + `","prevResult":` + prev + `}`),
 			})
-			pod := <-stub.got
+			req := <-stub.got
+			pod := req.GetPod()
+			// The plugin's steps travel with the call: init since Started,
+			// the call's start on the wall clock.
+			tm := req.GetTimings()
+			if init := time.Duration(tm.GetInitNanos()); init < 5*time.Millisecond || init > time.Minute {
+				t.Errorf("reported init %v, want at least the 5ms since Started", init)
+			}
+			if cs := time.Unix(0, tm.GetCallStartUnixNano()); cs.Before(before.Truncate(0)) || cs.After(time.Now()) || tm.GetConfigNanos() <= 0 {
+				t.Errorf("reported call start %v (config %v), want between the Add's start %v and its end", cs, time.Duration(tm.GetConfigNanos()), before)
+			}
 			if pod.GetName() != "p" || pod.GetNetnsPath() != "/var/run/netns/p" || strings.Join(pod.GetIps(), ",") != "10.0.0.2/24" || pod.GetInfraContainerId() != "c1" {
 				t.Errorf("agent got %+v", pod)
 			}
@@ -85,8 +97,8 @@ func TestAddInProcess(t *testing.T) {
 			if !strings.Contains(stdout.String(), `"10.0.0.2/24"`) {
 				t.Errorf("stdout %q is not prevResult", stdout.String())
 			}
-			if !strings.Contains(stderr.String(), "agent answered") {
-				t.Errorf("no log on stderr: %q", stderr.String())
+			if l := stderr.String(); !strings.Contains(l, "agent answered") || !strings.Contains(l, " agent=1.234ms ") || !strings.Contains(l, " total=") {
+				t.Errorf("no log of the ADD's breakdown on stderr: %q", l)
 			}
 		})
 	}

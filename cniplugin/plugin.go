@@ -38,6 +38,9 @@ const ErrAgentRefused uint = 100
 type Plugin struct {
 	Stdout io.Writer
 	Stderr io.Writer
+	// Started is when the process's Go code began (procinit.At); zero
+	// when unknown. It only feeds the timings sent to the agent and logged.
+	Started time.Time
 }
 
 // Funcs wires the plugin's commands for skel.PluginMainFuncs.
@@ -48,6 +51,7 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 // Add asks the agent to enroll the pod and returns prevResult unchanged.
 // Non-Kubernetes calls and excluded namespaces pass through untouched.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
+	entered := time.Now()
 	conf, err := parseConfig(args.StdinData)
 	if err != nil {
 		return err
@@ -83,11 +87,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	pod.Ips = podIPs(res)
 
 	start := time.Now()
+	timings := &cniapi.PluginTimings{ConfigNanos: int64(start.Sub(entered)), CallStartUnixNano: start.UnixNano()}
+	if !p.Started.IsZero() {
+		timings.InitNanos = int64(entered.Sub(p.Started))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)
 	defer cancel()
 	var resp *cniapi.AddPodResponse
 	err = callAgent(ctx, conf.AgentSocket, func(c cniapi.CNIEventsClient) (err error) {
-		resp, err = c.AddPod(ctx, &cniapi.AddPodRequest{Pod: pod})
+		resp, err = c.AddPod(ctx, &cniapi.AddPodRequest{Pod: pod, Timings: timings})
 		return err
 	})
 	if err != nil {
@@ -101,8 +109,20 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		log.Error("agent answer without outcome", "error", cerr)
 		return cerr
 	}
-	log.Info("agent answered", "outcome", resp.GetOutcome().String(), "message", resp.GetMessage(), "took", time.Since(start))
-	return p.printPrev(conf)
+	took := time.Since(start)
+	err = p.printPrev(conf)
+	// The breakdown of this process's ADD (docs/metrics.md, "CNI ADD
+	// breakdown"): init and config as sent to the agent, the call (took)
+	// and the agent's part of it, the result printed (reply), and since
+	// the process's Go code began (total; exec and exit are the rest).
+	attrs := []any{"outcome", resp.GetOutcome().String(), "message", resp.GetMessage(), "took", took,
+		"init", time.Duration(timings.InitNanos), "config", time.Duration(timings.ConfigNanos),
+		"agent", time.Duration(resp.GetAgentNanos()), "reply", time.Since(start) - took}
+	if !p.Started.IsZero() {
+		attrs = append(attrs, "total", time.Since(p.Started))
+	}
+	log.Info("agent answered", attrs...)
+	return err
 }
 
 // Del tells the agent the sandbox is gone. It is best effort: a DEL that

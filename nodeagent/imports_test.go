@@ -43,7 +43,7 @@ func TestImports(t *testing.T) {
 				case strings.HasPrefix(dep, "k8s.io/client-go"):
 					return "client-go"
 				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg &&
-					dep != module+"/cniplugin" && dep != module+"/cniapi":
+					dep != module+"/cniplugin" && dep != module+"/cniplugin/procinit" && dep != module+"/cniapi":
 					return "ours, other than the shared CNI API"
 				}
 				return ""

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,4 +72,47 @@ func benchExec(b *testing.B, one func() run) int {
 	b.ReportMetric(ms(took[min(len(took)-1, len(took)*99/100)]), "p99-ms")
 	b.ReportMetric(ms(cpu[len(cpu)/2]), "cpu-median-ms")
 	return len(took)
+}
+
+// BenchmarkPluginAddInstructions counts the instructions one ADD of
+// ambientd-cni executes (exec to exit, the agent answering at once), under
+// valgrind's callgrind: a CPU-work measure for before/after comparisons
+// that a loaded machine does not blur as it blurs wall and CPU time. Go's
+// asynchronous preemption is off for the run (callgrind cannot follow its
+// signals); everything else is the shipped binary as it runs.
+func BenchmarkPluginAddInstructions(b *testing.B) {
+	vg, err := exec.LookPath("valgrind")
+	if err != nil {
+		b.Skipf("needs valgrind (Debian package valgrind): %v", err)
+	}
+	podNS := newNS(b)
+	sock := startAgent(b, &agent{outcome: cniserver.Enrolled})
+	stdin := netconf("1.1.0", fmt.Sprintf(`,"agentSocket":%q`, sock), prevResult(podNS.Path()))
+	env := cniEnv("ADD", podNS.Path(), podArgs)
+	var counts []float64
+	for b.Loop() {
+		out := filepath.Join(b.TempDir(), "callgrind.out")
+		cmd := exec.CommandContext(b.Context(), vg, "--tool=callgrind", "--callgrind-out-file="+out, filepath.Join(binDir, "ambientd-cni"))
+		cmd.Env = []string{"CNI_PATH=" + binDir, "GODEBUG=asyncpreemptoff=1"}
+		for k, v := range env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		cmd.Stdin = bytes.NewReader(stdin)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			b.Fatalf("valgrind ambientd-cni ADD: %v\n%s", err, stderr.String())
+		}
+		_, rest, ok := strings.Cut(stderr.String(), "Collected : ")
+		if !ok {
+			b.Fatalf("no instruction count in callgrind's output:\n%s", stderr.String())
+		}
+		n, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+		if err != nil {
+			b.Fatalf("instruction count %q: %v", rest, err)
+		}
+		counts = append(counts, n)
+	}
+	slices.Sort(counts)
+	b.ReportMetric(counts[len(counts)/2], "instructions/op")
 }

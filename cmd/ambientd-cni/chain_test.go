@@ -150,6 +150,15 @@ func testChain(t *testing.T, cniVersion string) {
 		Name: "web-0", Namespace: "shop", UID: "0b5a3f6e-7d1c-4c59-9d0e-5f1f5a2c7e11",
 		InfraContainerID: "infra-0123456789", NetnsPath: podNS.Path(), IPs: podIPs, Interface: "eth0",
 	}
+	if len(adds) == 1 {
+		// The binary's own steps travel with the call (measurements,
+		// compared apart from the pod's identity).
+		got := adds[0]
+		if got.Plugin.Init <= 0 || got.Plugin.Config <= 0 || got.Plugin.CallStart.IsZero() || got.Plugin.CallStart.After(got.Received) {
+			t.Errorf("plugin timings %+v received %v: want init and config measured, the call started before it was received", got.Plugin, got.Received)
+		}
+		adds[0].Plugin, adds[0].Received = cniserver.PodEvent{}.Plugin, time.Time{}
+	}
 	if len(adds) != 1 || !reflect.DeepEqual(adds[0], want) {
 		t.Errorf("agent got adds %+v, want [%+v]", adds, want)
 	}

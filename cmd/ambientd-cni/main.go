@@ -9,9 +9,10 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/ambientd/ambientd/cniplugin"
+	"github.com/ambientd/ambientd/cniplugin/procinit"
 )
 
 func main() {
-	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr}
+	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr, Started: procinit.At}
 	skel.PluginMainFuncs(p.Funcs(), cniplugin.SupportedVersions, cniplugin.About)
 }

@@ -38,6 +38,7 @@ type runFlags struct {
 	kubeconfig, nodeName, ztunnelSocket, cniSocket  string
 	adminSocket                                     string
 	healthAddr, metricsAddr, hostProc, iptablesMode string
+	pprofAddr                                       string
 	excludeNamespaces, logLevel, runDir             string
 	handover                                        string
 	systemNamespace                                 string
@@ -63,6 +64,7 @@ var envOf = flagEnv{
 	"cni-socket":           "AMBIENTD_CNI_SOCKET",
 	"health-addr":          "AMBIENTD_HEALTH_ADDR",
 	"metrics-addr":         "AMBIENTD_METRICS_ADDR",
+	"pprof-addr":           "AMBIENTD_PPROF_ADDR",
 	"host-proc":            "AMBIENTD_HOST_PROC",
 	"iptables":             "AMBIENTD_IPTABLES",
 	"exclude-namespaces":   admission.EnvExcludeNamespaces,
@@ -113,6 +115,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	fs.StringVar(&f.adminSocket, "admin-socket", admin.DefaultSocketPath, "Unix socket the status command asks (root only)")
 	fs.StringVar(&f.healthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
+	fs.StringVar(&f.pprofAddr, "pprof-addr", "", "address of Go's profiling endpoints (/debug/pprof/); empty = off. They show the agent's memory and goroutines to whoever reaches them: bind to loopback (127.0.0.1:6060)")
 	fs.StringVar(&f.hostProc, "host-proc", def.HostProc, "host /proc, scanned for running pods' network namespaces")
 	fs.StringVar(&f.iptablesMode, "iptables", "auto", "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
 	fs.DurationVar(&f.iptablesLockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
@@ -195,7 +198,10 @@ func (f runFlags) validate() error {
 	if fi, err := os.Stat(f.hostProc); err != nil || !fi.IsDir() {
 		return fmt.Errorf("--host-proc %q: not a readable directory: %v", f.hostProc, err)
 	}
-	for flagName, a := range map[string]string{"--health-addr": f.healthAddr, "--metrics-addr": f.metricsAddr} {
+	for flagName, a := range map[string]string{"--health-addr": f.healthAddr, "--metrics-addr": f.metricsAddr, "--pprof-addr": f.pprofAddr} {
+		if a == "" && flagName == "--pprof-addr" {
+			continue
+		}
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fmt.Errorf("%s %q: want host:port: %w", flagName, a, err)
 		}
@@ -398,6 +404,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		CNISocket:          f.cniSocket,
 		HealthAddr:         f.healthAddr,
 		MetricsAddr:        f.metricsAddr,
+		PprofAddr:          f.pprofAddr,
 		NodeReady:          f.nodeReady,
 		CNIConfDir:         f.install.confDir,
 		PluginInstalled:    pluginInstalled,

@@ -392,6 +392,9 @@ func (a *Agent) enqueueNamespace(obj any) {
 // ctx ends. It returns nil when ctx ends. The registry is closed when Run
 // returns.
 func (a *Agent) Run(ctx context.Context, ready func()) error {
+	if a.state != nil {
+		defer a.state.Close() // last: the journal's descriptor
+	}
 	defer a.reg.Close()
 	defer a.handOver() // after the workers, before the registry closes
 	var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"time"
 )
 
 // PodEvent is one pod sandbox event as the runtime described it to the CNI
@@ -22,6 +23,21 @@ type PodEvent struct {
 	IPs []netip.Prefix
 	// Interface is the pod-side interface name (CNI_IFNAME).
 	Interface string
+	// Plugin is what the plugin process measured before its call, and
+	// Received when the call reached the agent's server; both only feed
+	// ambientd_cni_add_step_duration_seconds (zero: not known).
+	Plugin   PluginTimings
+	Received time.Time
+}
+
+// PluginTimings are the plugin's steps before it called the agent
+// (cniapi.PluginTimings).
+type PluginTimings struct {
+	// Init: the process's Go code began → the plugin's ADD handler.
+	// Config: the handler → just before the call.
+	Init, Config time.Duration
+	// CallStart is the wall clock just before the call.
+	CallStart time.Time
 }
 
 // Outcome is what HandleAdd did with a pod it did not fail.

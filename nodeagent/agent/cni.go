@@ -53,16 +53,23 @@ func (a *Agent) checkEvent(ev PodEvent, add bool) error {
 // the runtime retries the sandbox and the pod never runs uncaptured.
 func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err error) {
 	start := time.Now()
+	ctx, trace := withAddTrace(ctx)
+	trace.plugin(ev)
 	defer func() {
 		l := outcomeLabel(out, err)
+		took := time.Since(start)
 		a.metrics.cniAdds.WithLabelValues(l).Inc()
-		a.metrics.cniAddTime.WithLabelValues(l).Observe(time.Since(start).Seconds())
+		a.metrics.cniAddTime.WithLabelValues(l).Observe(took.Seconds())
+		trace.add("agent", took)
+		a.metrics.observe(trace)
 	}()
 	if err := a.checkEvent(ev, true); err != nil {
 		return OutcomeUnknown, err
 	}
+	trace.add("check", time.Since(start))
+	lookup := time.Now()
 	pod, err := a.lookupPod(ctx, ev)
-	a.metrics.step("lookup", start)
+	a.metrics.step(ctx, "lookup", lookup)
 	if err != nil {
 		a.metrics.failure("pod_unknown")
 		return OutcomeUnknown, err
@@ -71,8 +78,10 @@ func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err er
 		return NotInMesh, nil // a static pod out of the mesh whose mirror pod the API does not show
 	}
 	// The bounded pool: wait for a slot within the caller's deadline.
+	wait := time.Now()
 	select {
 	case a.adds <- struct{}{}:
+		trace.add("queue", time.Since(wait))
 		defer func() { <-a.adds }()
 	case <-ctx.Done():
 		a.metrics.failure("deadline")

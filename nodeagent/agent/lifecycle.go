@@ -126,7 +126,7 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, s *podSync, pod
 	}
 	start := time.Now()
 	h, err := a.openNetns(in.netnsPath)
-	a.metrics.step("netns", start)
+	a.metrics.step(ctx, "netns", start)
 	if err != nil {
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
@@ -245,7 +245,7 @@ func (a *Agent) capture(ctx context.Context, log *slog.Logger, e registry.Entry,
 func (a *Agent) addProbe(ctx context.Context, log *slog.Logger, e registry.Entry) (registry.Entry, error) {
 	start := time.Now()
 	err := a.rules.AddProbeIPs(ctx, e.UID, e.IPs)
-	a.metrics.step("probe_ips", start)
+	a.metrics.step(ctx, "probe_ips", start)
 	if err == nil {
 		return e, nil
 	}
@@ -315,7 +315,7 @@ func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry
 	}
 	start := time.Now()
 	err := a.zt.AddWorkload(ctx, ztunnel.Workload{UID: e.UID, Name: e.Name, Namespace: e.Namespace, ServiceAccount: e.ServiceAccount}, e.Netns)
-	a.metrics.step("ztunnel_ack", start)
+	a.metrics.step(ctx, "ztunnel_ack", start)
 	done(err)
 	if err != nil {
 		reason := "ztunnel"

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -25,6 +26,8 @@ type metrics struct {
 	removals    *prometheus.CounterVec
 	annotations *prometheus.CounterVec
 	steps       *prometheus.HistogramVec
+	// addSteps is each CNI ADD's breakdown (addtrace.go).
+	addSteps *prometheus.HistogramVec
 	// ackToEnabled is the agent's own measure of how fast a pending pod is
 	// enabled once a ztunnel acked its snapshot.
 	ackToEnabled prometheus.Histogram
@@ -69,6 +72,10 @@ var (
 // pod lookup of a pod the API does not know yet takes up to its timeout.
 var durationBuckets = prometheus.ExponentialBuckets(0.0005, 2.5, 12)
 
+// addStepBuckets span 50 µs .. 13 s, finer than durationBuckets: an idle
+// ADD's steps take tens of microseconds to a few milliseconds.
+var addStepBuckets = prometheus.ExponentialBuckets(0.00005, 2, 19)
+
 func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
@@ -105,6 +112,11 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 			Name:    "ambientd_enrollment_step_duration_seconds",
 			Help:    "Duration of enrollment steps, by step.",
 			Buckets: durationBuckets,
+		}, []string{"step"}),
+		addSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ambientd_cni_add_step_duration_seconds",
+			Help:    "Each CNI ADD's steps from the plugin's start to the agent's answer, by step (plugin_init, plugin_config as the plugin reports them; dial; the agent's check, lookup, queue, netns, rules, ztunnel_ack, probe_ips; agent = the agent's whole answer).",
+			Buckets: addStepBuckets,
 		}, []string{"step"}),
 	}
 	m.ackToEnabled = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -146,11 +158,14 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 	for _, s := range steps {
 		m.steps.WithLabelValues(s)
 	}
+	for _, s := range addSteps {
+		m.addSteps.WithLabelValues(s)
+	}
 	for _, r := range []string{"ok", "retry", "dropped"} {
 		m.annotations.WithLabelValues(r)
 	}
 	m.reg.MustRegister(m.failures, m.retries, m.enrollments, m.cniAdds, m.cniAddTime, m.removals,
-		m.annotations, m.steps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass,
+		m.annotations, m.steps, m.addSteps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass,
 		&podsCollector{reg: reg,
 			desc:     prometheus.NewDesc("ambientd_pods", "Registered pods by lifecycle phase.", []string{"phase"}, nil),
 			notReady: prometheus.NewDesc("ambientd_pods_not_ready", "Registered pods whose pod condition is False, by its reason.", []string{"reason"}, nil)},
@@ -193,8 +208,12 @@ func (c *podsCollector) Collect(ch chan<- prometheus.Metric) {
 
 func (m *metrics) failure(reason string) { m.failures.WithLabelValues(reason).Inc() }
 
-func (m *metrics) step(name string, start time.Time) {
-	m.steps.WithLabelValues(name).Observe(time.Since(start).Seconds())
+// step observes an enrollment step that began at start, and adds it to
+// the CNI ADD's breakdown when ctx is an ADD's.
+func (m *metrics) step(ctx context.Context, name string, start time.Time) {
+	d := time.Since(start)
+	m.steps.WithLabelValues(name).Observe(d.Seconds())
+	traceOf(ctx).add(name, d)
 }
 
 // removal counts a pod leaving the mesh; a policy reason (the pod or its

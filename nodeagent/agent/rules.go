@@ -22,7 +22,7 @@ func (a *Agent) writeRules(ctx context.Context, h *podnetns.Handle, opts iptable
 	a.metrics.ruleWrites.Inc()
 	start := time.Now()
 	err := a.rules.ApplyPod(ctx, h, opts)
-	a.metrics.step("rules", start)
+	a.metrics.step(ctx, "rules", start)
 	return err
 }
 

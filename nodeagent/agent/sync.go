@@ -46,7 +46,9 @@ type podSync struct {
 // gRPC carries here): one whose caller gave up fails without touching the
 // pod, rather than enrolling later a sandbox the runtime already abandoned.
 func (a *Agent) sync(ctx context.Context, uid string, in *cniInput) (Outcome, error) {
+	wait := time.Now()
 	unlock, err := a.locks.lockCtx(ctx, uid)
+	traceOf(ctx).add("queue", time.Since(wait))
 	if err != nil {
 		a.metrics.failure("deadline")
 		return OutcomeUnknown, err
@@ -181,7 +183,7 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	}
 	start := time.Now()
 	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: uid, RuntimeUID: a.runtimeUID(pod), IPs: ips})
-	a.metrics.step("netns", start)
+	a.metrics.step(ctx, "netns", start)
 	if err != nil {
 		a.metrics.failure("netns_not_found")
 		log.Warn("cannot find the pod's network namespace", "error", err)

@@ -169,15 +169,23 @@ func (s *Server) Run(ctx context.Context) error {
 
 // AddPod implements cniapi.CNIEventsServer.
 func (s *Server) AddPod(ctx context.Context, req *cniapi.AddPodRequest) (*cniapi.AddPodResponse, error) {
+	start := time.Now()
 	ev, err := podEvent(req.GetPod(), true)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "AddPod: %v", err)
 	}
+	ev.Received = start
+	if t := req.GetTimings(); t != nil {
+		ev.Plugin = agent.PluginTimings{Init: time.Duration(t.GetInitNanos()), Config: time.Duration(t.GetConfigNanos())}
+		if t.GetCallStartUnixNano() > 0 {
+			ev.Plugin.CallStart = time.Unix(0, t.GetCallStartUnixNano())
+		}
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	start := time.Now()
 	out, err := s.h.HandleAdd(ctx, ev)
-	log := s.log.With("namespace", ev.Namespace, "pod", ev.Name, "uid", ev.UID, "took", time.Since(start))
+	took := time.Since(start)
+	log := s.log.With("namespace", ev.Namespace, "pod", ev.Name, "uid", ev.UID, "took", took)
 	if err != nil {
 		st := toStatus(err)
 		log.Warn("CNI ADD failed", "code", st.Code(), "error", st.Message())
@@ -188,7 +196,7 @@ func (s *Server) AddPod(ctx context.Context, req *cniapi.AddPodRequest) (*cniapi
 		return nil, status.Errorf(codes.Internal, "agent handler returned %v without an error", out)
 	}
 	log.Info("CNI ADD handled", "outcome", out.String())
-	return &cniapi.AddPodResponse{Outcome: outcomeProto(out), Message: out.String()}, nil
+	return &cniapi.AddPodResponse{Outcome: outcomeProto(out), Message: out.String(), AgentNanos: int64(took)}, nil
 }
 
 // DelPod implements cniapi.CNIEventsServer.

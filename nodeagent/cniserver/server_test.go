@@ -128,12 +128,17 @@ func TestAddDelRoundTrip(t *testing.T) {
 		Name: "web-0", Namespace: "shop", Uid: "6c1f0f4e-uid", InfraContainerId: "abc123",
 		NetnsPath: "/var/run/netns/cni-1", Ips: []string{"10.1.0.7/24", "fd00::7/64"}, Interface: "eth0",
 	}
-	resp, err := c.AddPod(ctx, &cniapi.AddPodRequest{Pod: pod})
+	callStart := time.Now()
+	timings := &cniapi.PluginTimings{InitNanos: int64(3 * time.Millisecond), ConfigNanos: int64(time.Millisecond), CallStartUnixNano: callStart.UnixNano()}
+	resp, err := c.AddPod(ctx, &cniapi.AddPodRequest{Pod: pod, Timings: timings})
 	if err != nil {
 		t.Fatalf("AddPod: %v", err)
 	}
 	if resp.GetOutcome() != cniapi.Outcome_OUTCOME_ENROLLED {
 		t.Errorf("outcome = %v, want ENROLLED", resp.GetOutcome())
+	}
+	if d := time.Duration(resp.GetAgentNanos()); d <= 0 || d > time.Since(callStart) {
+		t.Errorf("agent time in the answer %v, want within the call (%v)", d, time.Since(callStart))
 	}
 	if _, err := c.DelPod(ctx, &cniapi.DelPodRequest{Pod: &cniapi.Pod{Name: "web-0", Namespace: "shop", Uid: "6c1f0f4e-uid"}}); err != nil {
 		t.Fatalf("DelPod: %v", err)
@@ -146,6 +151,16 @@ func TestAddDelRoundTrip(t *testing.T) {
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
+	if len(rec.adds) == 1 {
+		// The plugin's timings reach the handler as sent, with when the
+		// call arrived (compared apart from the pod's identity).
+		got := rec.adds[0]
+		if got.Plugin.Init != 3*time.Millisecond || got.Plugin.Config != time.Millisecond || !got.Plugin.CallStart.Equal(time.Unix(0, callStart.UnixNano())) ||
+			got.Received.Before(got.Plugin.CallStart) || got.Received.After(time.Now()) {
+			t.Errorf("plugin timings %+v received %v: want init 3ms, config 1ms, call start %v, received after it", got.Plugin, got.Received, callStart)
+		}
+		rec.adds[0].Plugin, rec.adds[0].Received = want.Plugin, want.Received
+	}
 	if len(rec.adds) != 1 || fmt.Sprint(rec.adds[0]) != fmt.Sprint(want) {
 		t.Errorf("adds = %+v, want [%+v]", rec.adds, want)
 	}

@@ -36,6 +36,9 @@ type Config struct {
 	ZtunnelAllowedUIDs []uint32
 	// HealthAddr serves /healthz and /readyz; MetricsAddr serves /metrics.
 	HealthAddr, MetricsAddr string
+	// PprofAddr serves Go's profiling endpoints under /debug/pprof/
+	// (empty: off).
+	PprofAddr string
 	// NodeReady configures the node condition and the taint controller
 	// (its NodeName defaults to Agent.NodeName).
 	NodeReady nodeready.Config
@@ -190,6 +193,9 @@ func (n *Node) components() []Component {
 	}
 	if n.cfg.MetricsAddr != "" {
 		cs = append(cs, HTTP("--metrics-addr server", n.cfg.MetricsAddr, promhttp.HandlerFor(n.agent.Metrics(), promhttp.HandlerOpts{})))
+	}
+	if n.cfg.PprofAddr != "" {
+		cs = append(cs, HTTP("--pprof-addr server", n.cfg.PprofAddr, pprofHandler()))
 	}
 	cs = append(cs, n.sidecar...)
 	return append(cs,

@@ -1,6 +1,7 @@
 package podnetns
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,17 +29,40 @@ type Record struct {
 // State is a small file of Records by pod uid. It lives in the agent's run
 // directory (tmpfs): after a reboot it is gone, as the namespaces are. On a
 // restart it is tried before the /proc scan, which cannot find pods whose
-// runtime keeps no process in the sandbox netns. Every change rewrites the
-// file atomically (temporary file, then rename).
+// runtime keeps no process in the sandbox netns.
+//
+// The file is a journal, one JSON line per change ({"uid":…,"record":…};
+// no record: deleted), so a pod's CNI ADD appends one line in one write
+// instead of rewriting every pod's record. When the journal holds more
+// than twice the live records (plus a margin) it is compacted: rewritten
+// atomically (temporary file, then rename) with one line per live record.
+// A file of older agents (one JSON object of records by uid) is read, and
+// replaced by a journal at the first change.
 type State struct {
 	path string
 	mu   sync.Mutex
 	m    map[string]Record
+	// f is the journal open for appending (nil: the next change compacts),
+	// lines how many lines it holds.
+	f     *os.File
+	lines int
 }
+
+// change is one journal line.
+type change struct {
+	UID    string  `json:"uid"`
+	Record *Record `json:"record,omitempty"`
+}
+
+// compactMargin is how many superseded lines the journal may hold beyond
+// the live records before it is compacted.
+const compactMargin = 64
 
 // OpenState loads the state file at path (missing: empty). A file that
 // cannot be parsed is an error, with an empty State that overwrites it at
-// the first change, so a corrupt file costs only the fallback to /proc.
+// the first change, so a corrupt file costs only the fallback to /proc. A
+// last line cut short after good ones (the agent died in its write) is
+// dropped.
 func OpenState(path string) (*State, error) {
 	s := &State{path: path, m: map[string]Record{}}
 	b, err := os.ReadFile(path)
@@ -48,11 +72,42 @@ func OpenState(path string) (*State, error) {
 	if err != nil {
 		return s, fmt.Errorf("podnetns: read state %s: %w", path, err)
 	}
-	if err := json.Unmarshal(b, &s.m); err != nil {
-		s.m = map[string]Record{}
-		return s, fmt.Errorf("podnetns: parse state %s: %w", path, err)
+	var old map[string]Record
+	if json.Unmarshal(b, &old) == nil {
+		if old != nil {
+			s.m = old
+		}
+		return s, nil // an older agent's file: the first change compacts
+	}
+	lines := bytes.Split(b, []byte("\n"))
+	read := 0
+	for i, l := range lines {
+		if len(bytes.TrimSpace(l)) == 0 {
+			continue
+		}
+		var c change
+		if err := json.Unmarshal(l, &c); err != nil || c.UID == "" {
+			if i == len(lines)-1 && read > 0 {
+				break // an append cut short: the first change compacts
+			}
+			s.m = map[string]Record{}
+			return s, fmt.Errorf("podnetns: parse state %s line %d: %w", path, i+1, errors.Join(err, errNoUID(c.UID)))
+		}
+		read++
+		if c.Record == nil {
+			delete(s.m, c.UID)
+		} else {
+			s.m[c.UID] = *c.Record
+		}
 	}
 	return s, nil
+}
+
+func errNoUID(uid string) error {
+	if uid == "" {
+		return errors.New("a change without a uid")
+	}
+	return nil
 }
 
 // Put records uid's namespace as h, and the options its rules have.
@@ -62,8 +117,9 @@ func (s *State) Put(uid string, h *Handle, opts iptables.PodOptions) error {
 	if r, ok := s.m[uid]; ok && r.Path == h.Path() && r.Inode == h.Inode() && r.Options != nil && *r.Options == opts {
 		return nil
 	}
-	s.m[uid] = Record{Path: h.Path(), Inode: h.Inode(), Options: &opts}
-	return s.writeLocked()
+	r := Record{Path: h.Path(), Inode: h.Inode(), Options: &opts}
+	s.m[uid] = r
+	return s.appendLocked(change{UID: uid, Record: &r})
 }
 
 // Options returns the capture options recorded for uid.
@@ -85,7 +141,7 @@ func (s *State) Delete(uid string) error {
 		return nil
 	}
 	delete(s.m, uid)
-	return s.writeLocked()
+	return s.appendLocked(change{UID: uid})
 }
 
 // Has reports whether uid has a record.
@@ -112,7 +168,7 @@ func (s *State) Retain(keep func(uid string) bool) ([]string, error) {
 		return nil, nil
 	}
 	slices.Sort(dropped)
-	return dropped, s.writeLocked()
+	return dropped, s.compactLocked()
 }
 
 // Open opens the namespace recorded for uid, only if the path still holds
@@ -137,10 +193,36 @@ func (s *State) Open(uid string) (*Handle, bool) {
 	return h, true
 }
 
-func (s *State) writeLocked() error {
-	b, err := json.Marshal(maps.Clone(s.m))
+// appendLocked writes c to the journal in one write, or compacts the
+// journal (which then holds c) when it is not open or too long.
+func (s *State) appendLocked(c change) error {
+	if s.f == nil || s.lines >= 2*len(s.m)+compactMargin {
+		return s.compactLocked()
+	}
+	b, err := json.Marshal(c)
 	if err != nil {
 		return fmt.Errorf("podnetns: encode state: %w", err)
+	}
+	if _, err := s.f.Write(append(b, '\n')); err != nil {
+		s.closeLocked() // a failed or short write: the next change compacts
+		return fmt.Errorf("podnetns: append to state %s: %w", s.path, err)
+	}
+	s.lines++
+	return nil
+}
+
+// compactLocked replaces the file with one line per live record and opens
+// it for appending.
+func (s *State) compactLocked() error {
+	s.closeLocked()
+	var b []byte
+	for _, uid := range slices.Sorted(maps.Keys(s.m)) {
+		r := s.m[uid]
+		l, err := json.Marshal(change{UID: uid, Record: &r})
+		if err != nil {
+			return fmt.Errorf("podnetns: encode state: %w", err)
+		}
+		b = append(append(b, l...), '\n')
 	}
 	if err := os.MkdirAll(filepath.Dir(s.path), 0o700); err != nil {
 		return fmt.Errorf("podnetns: state dir: %w", err)
@@ -152,5 +234,25 @@ func (s *State) writeLocked() error {
 	if err := os.Rename(tmp, s.path); err != nil {
 		return fmt.Errorf("podnetns: replace state %s: %w", s.path, err)
 	}
+	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("podnetns: open state %s: %w", s.path, err)
+	}
+	s.f, s.lines = f, len(s.m)
+	return nil
+}
+
+func (s *State) closeLocked() {
+	if s.f != nil {
+		s.f.Close()
+		s.f = nil
+	}
+}
+
+// Close closes the journal; a later change opens it again.
+func (s *State) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closeLocked()
 	return nil
 }

@@ -16,6 +16,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -44,6 +46,17 @@ type config struct {
 	// (outage.go), repeated outages times.
 	scenario string
 	outages  int
+	// interleave alternates the baseline and ours burst by burst (each
+	// baseline burst deleted before the next burst of ours), so both see
+	// the same machine load; off: the whole baseline first.
+	interleave bool
+	// profileDir, when set, receives the agent's CPU profile over the
+	// ambient pods' creation and its allocation profile after it (the
+	// agent runs with --pprof-addr).
+	profileDir     string
+	profileSeconds int
+	pprofAddr      string // the agent's --pprof-addr, set by run
+	first          int    // createPods: index of the first pod
 }
 
 func main() {
@@ -56,6 +69,9 @@ func main() {
 	flag.StringVar(&c.agentArgs, "agent-args", os.Getenv("BENCH_AGENT_ARGS"), "extra flags for `ambientd run`, space separated (env BENCH_AGENT_ARGS)")
 	flag.StringVar(&c.scenario, "scenario", e2eenv.EnvString("BENCH_SCENARIO", "enrollment"), "enrollment, or ztunnel-outage: N enrolled pods, the only ztunnel killed, a new one once all are False (env BENCH_SCENARIO)")
 	flag.IntVar(&c.outages, "outages", e2eenv.EnvInt("BENCH_OUTAGES", 2), "outages of the ztunnel-outage scenario (env BENCH_OUTAGES)")
+	flag.BoolVar(&c.interleave, "interleave", e2eenv.EnvBool("BENCH_INTERLEAVE"), "alternate baseline and ambient bursts in one run instead of the whole baseline first (env BENCH_INTERLEAVE)")
+	flag.StringVar(&c.profileDir, "profile", os.Getenv("BENCH_PROFILE"), "write the agent's CPU profile of the ambient creation and its allocation profile to this directory (env BENCH_PROFILE)")
+	flag.IntVar(&c.profileSeconds, "profile-seconds", e2eenv.EnvInt("BENCH_PROFILE_SECONDS", 30), "length of the CPU profile from the first ambient pod on (env BENCH_PROFILE_SECONDS)")
 	flag.Parse()
 	if c.pods < 1 || c.pods > 4000 || c.burst < 1 || c.verifyWorkers < 1 || c.outages < 1 || (c.scenario != "enrollment" && c.scenario != "ztunnel-outage") {
 		fmt.Fprintln(os.Stderr, "bench: -pods must be 1..4000, -burst, -verify-workers and -outages positive, -scenario enrollment or ztunnel-outage")
@@ -118,29 +134,120 @@ type result struct {
 	execLoP, execLoM, execBrP, execBrM, execOursAdd []time.Duration
 	rssAnon0, rssFile0, rssAnon1, rssFile1          int64   // KiB, ready with 0 pods / N enrolled
 	heap0, heap1                                    float64 // go_memstats_heap_inuse_bytes: 0 pods, N enrolled
+	// addSteps is ambientd_cni_add_step_duration_seconds by step over the
+	// ambient pods' ADDs; plugin the plugin's own breakdown from its log.
+	addSteps map[string]histogram
+	plugin   map[string][]time.Duration
+	cpuPods  time.Duration // agent CPU per ambient pod (create + enable)
 }
 
-// pluginCalls reads how long each of our plugin's agent calls for pods of
-// namespace took, from the plugin's log ("agent answered ... took=").
-func pluginCalls(logFile, namespace string) []time.Duration {
+// pluginLog reads our plugin's per-ADD breakdown for pods of namespace
+// from its log ("agent answered": init, config, took = the agent call,
+// agent = the agent's part of it, reply, total), by key.
+func pluginLog(logFile, namespace string) map[string][]time.Duration {
 	b, err := os.ReadFile(logFile)
 	if err != nil {
 		return nil
 	}
-	var out []time.Duration
+	out := map[string][]time.Duration{}
 	for _, l := range strings.Split(string(b), "\n") {
-		if !strings.Contains(l, `msg="agent answered"`) || !strings.Contains(l, " pod="+namespace+"/") {
+		if !strings.Contains(l, `msg="agent answered"`) || !strings.Contains(l, " namespace="+namespace+" ") {
 			continue
 		}
-		_, took, ok := strings.Cut(l, " took=")
-		if !ok {
-			continue
-		}
-		if d, err := time.ParseDuration(strings.Fields(took)[0]); err == nil {
-			out = append(out, d)
+		for _, k := range pluginKeys {
+			_, v, ok := strings.Cut(l, " "+k+"=")
+			if !ok {
+				continue
+			}
+			if d, err := time.ParseDuration(strings.Fields(v)[0]); err == nil {
+				out[k] = append(out[k], d)
+			}
 		}
 	}
 	return out
+}
+
+// pluginKeys are the duration keys of the plugin's "agent answered" line.
+var pluginKeys = []string{"init", "config", "took", "agent", "reply", "total"}
+
+// addStepNames are the steps of ambientd_cni_add_step_duration_seconds.
+var addStepNames = []string{"plugin_init", "plugin_config", "dial", "check", "lookup", "queue", "netns", "rules", "ztunnel_ack", "probe_ips", "agent"}
+
+// histogram is one series of a Prometheus histogram: cumulative bucket
+// counts by upper bound, count and sum.
+type histogram struct {
+	le     []float64
+	counts []float64
+	count  float64
+	sum    float64
+}
+
+func (h histogram) mean() time.Duration {
+	if h.count == 0 {
+		return 0
+	}
+	return time.Duration(h.sum / h.count * float64(time.Second))
+}
+
+// quantile estimates the q-quantile as Prometheus' histogram_quantile does
+// (linear within the bucket).
+func (h histogram) quantile(q float64) time.Duration {
+	if h.count == 0 {
+		return 0
+	}
+	rank := q * h.count
+	lower, prev := 0.0, 0.0
+	for i, le := range h.le {
+		if h.counts[i] >= rank {
+			if math.IsInf(le, 1) {
+				return time.Duration(lower * float64(time.Second))
+			}
+			frac := (rank - prev) / max(h.counts[i]-prev, 1e-9)
+			return time.Duration((lower + (le-lower)*frac) * float64(time.Second))
+		}
+		lower, prev = le, h.counts[i]
+	}
+	return time.Duration(lower * float64(time.Second))
+}
+
+// histograms reads every series of histogram name from the agent's
+// /metrics, keyed by the value of label.
+func histograms(ctx context.Context, a *e2eenv.Agent, name, label string) map[string]histogram {
+	body, err := a.Metrics(ctx)
+	if err != nil {
+		return nil
+	}
+	out := map[string]histogram{}
+	for _, l := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(l, name+"_") {
+			continue
+		}
+		key := labelValue(l, label)
+		h := out[key]
+		sp := strings.LastIndexByte(l, ' ')
+		v, _ := strconv.ParseFloat(l[sp+1:], 64)
+		switch {
+		case strings.HasPrefix(l, name+"_bucket{"):
+			le, _ := strconv.ParseFloat(labelValue(l, "le"), 64)
+			h.le, h.counts = append(h.le, le), append(h.counts, v)
+		case strings.HasPrefix(l, name+"_sum{"):
+			h.sum = v
+		case strings.HasPrefix(l, name+"_count{"):
+			h.count = v
+		}
+		out[key] = h
+	}
+	return out
+}
+
+// labelValue is the value of label in one exposition line ("" if absent).
+func labelValue(line, label string) string {
+	_, rest, ok := strings.Cut(line, label+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
 }
 
 // enrollment steps of ambientd_enrollment_step_duration_seconds, in order.
@@ -170,7 +277,11 @@ func startNode(ctx context.Context, env *e2eenv.Env, c config) (*e2eenv.Emulator
 	if err != nil {
 		return nil, nil, err
 	}
-	a, err := env.StartAgent(ctx, e2eenv.AgentConfig{Args: strings.Fields(c.agentArgs)})
+	args := strings.Fields(c.agentArgs)
+	if c.pprofAddr != "" {
+		args = append(args, "--pprof-addr="+c.pprofAddr)
+	}
+	a, err := env.StartAgent(ctx, e2eenv.AgentConfig{Args: args})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -182,6 +293,16 @@ func startNode(ctx context.Context, env *e2eenv.Env, c config) (*e2eenv.Emulator
 
 func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 	r := &result{cfg: c, machine: e2eenv.Machine()}
+	if c.profileDir != "" {
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		c.pprofAddr = addr
+		if err := os.MkdirAll(c.profileDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	em, a, err := startNode(ctx, env, c)
 	if err != nil {
 		return nil, err
@@ -196,32 +317,69 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 		return nil, err
 	}
 
-	// Baseline: the same chain without our plugin, same bursts, same run.
-	step(fmt.Sprintf("baseline: %d pods through the chain without ambientd-cni", c.pods))
-	plain, durs, errs := createPods(ctx, env, "bench-plain", env.PlainChain, c)
-	if errs > 0 {
-		return nil, fmt.Errorf("baseline: %d of %d pods failed", errs, c.pods)
-	}
-	r.plainAdd = durs
-	r.execLoP, r.execBrP = env.PlainChain.ExecDurations("loopback", "ADD"), env.PlainChain.ExecDurations("bridge", "ADD")
-	if err := deletePods(ctx, env, plain, c.burst); err != nil {
-		return nil, err
-	}
-
-	// Ambient pods through the chain with our plugin.
-	step(fmt.Sprintf("ambient: %d pods through the chain with ambientd-cni", c.pods))
 	cpu0 := cpuOf(a.Pid())
-	start := time.Now()
-	pods, durs, errs := createPods(ctx, env, "bench", nil, c)
-	r.createWall = time.Since(start)
-	r.meshAdd, r.addErrors = durs, errs
-	if errs > 0 {
-		return nil, fmt.Errorf("ambient: %d of %d CNI ADDs failed", errs, c.pods)
+	var profile func() error
+	if c.profileDir != "" {
+		profile = startCPUProfile(ctx, c)
 	}
+	var pods []*e2eenv.Pod
+	var start time.Time
+	if c.interleave {
+		// Baseline and ours burst by burst: each baseline burst through
+		// the chain without our plugin, deleted, then a burst of ours.
+		step(fmt.Sprintf("interleaved: %d pods without ambientd-cni and %d with it, bursts of %d", c.pods, c.pods, c.burst))
+		start = time.Now()
+		for first := 0; first < c.pods; first += c.burst {
+			n := min(c.burst, c.pods-first)
+			plain, durs, errs := createBurst(ctx, env, "bench-plain", env.PlainChain, first, n)
+			if errs > 0 {
+				return nil, fmt.Errorf("baseline: %d of %d pods failed", errs, n)
+			}
+			r.plainAdd = append(r.plainAdd, durs...)
+			if err := deletePods(ctx, env, plain, c.burst); err != nil {
+				return nil, err
+			}
+			ours, durs, errs := createBurst(ctx, env, "bench", nil, first, n)
+			if errs > 0 {
+				return nil, fmt.Errorf("ambient: %d of %d CNI ADDs failed", errs, n)
+			}
+			pods, r.meshAdd = append(pods, ours...), append(r.meshAdd, durs...)
+		}
+		r.createWall = time.Since(start)
+	} else {
+		// Baseline: the same chain without our plugin, same bursts, same run.
+		step(fmt.Sprintf("baseline: %d pods through the chain without ambientd-cni", c.pods))
+		plain, durs, errs := createPods(ctx, env, "bench-plain", env.PlainChain, c)
+		if errs > 0 {
+			return nil, fmt.Errorf("baseline: %d of %d pods failed", errs, c.pods)
+		}
+		r.plainAdd = durs
+		if err := deletePods(ctx, env, plain, c.burst); err != nil {
+			return nil, err
+		}
+
+		// Ambient pods through the chain with our plugin.
+		step(fmt.Sprintf("ambient: %d pods through the chain with ambientd-cni", c.pods))
+		cpu0 = cpuOf(a.Pid())
+		start = time.Now()
+		pods, durs, errs = createPods(ctx, env, "bench", nil, c)
+		r.createWall = time.Since(start)
+		r.meshAdd, r.addErrors = durs, errs
+		if errs > 0 {
+			return nil, fmt.Errorf("ambient: %d of %d CNI ADDs failed", errs, c.pods)
+		}
+	}
+	r.execLoP, r.execBrP = env.PlainChain.ExecDurations("loopback", "ADD"), env.PlainChain.ExecDurations("bridge", "ADD")
 	if err := waitEnabled(ctx, env, a, c.pods, start, r); err != nil {
 		return nil, err
 	}
 	r.cpu1, r.rss1 = cpuOf(a.Pid())-cpu0, peakRSS(a.Pid())
+	r.cpuPods = r.cpu1 / time.Duration(c.pods)
+	if profile != nil {
+		if err := profile(); err != nil {
+			return nil, err
+		}
+	}
 	r.rssAnon1, r.rssFile1 = statusKiB(a.Pid(), "RssAnon:"), statusKiB(a.Pid(), "RssFile:")
 	r.heap1 = metric(ctx, a, "go_memstats_heap_inuse_bytes", "")
 	r.execLoM, r.execBrM = env.Chain.ExecDurations("loopback", "ADD"), env.Chain.ExecDurations("bridge", "ADD")
@@ -236,7 +394,9 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 			r.steps[st] = time.Duration(sum / n * float64(time.Second))
 		}
 	}
-	r.pluginCall = pluginCalls(env.CNIPluginLog, "bench")
+	r.plugin = pluginLog(env.CNIPluginLog, "bench")
+	r.pluginCall = r.plugin["took"]
+	r.addSteps = histograms(ctx, a, "ambientd_cni_add_step_duration_seconds", "step")
 	r.execOurs = execCost(ctx, env.Bins.CNIPlugin)
 	r.execBridge = execCost(ctx, filepath.Join(env.Bins.CNIRefDir, "bridge"))
 
@@ -289,7 +449,62 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 	return r, nil
 }
 
+// freeAddr is a free loopback TCP address.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// startCPUProfile starts the agent's CPU profile of c.profileSeconds; the
+// func it returns waits for it, writes it (cpu.pprof) and the allocation
+// and heap profiles of that moment (allocs.pprof, heap.pprof) to
+// c.profileDir.
+func startCPUProfile(ctx context.Context, c config) func() error {
+	done := make(chan error, 1)
+	fetch := func(path, file string, timeout time.Duration) error {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+c.pprofAddr+path, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return fmt.Errorf("pprof %s: %w", path, err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("pprof %s: %s", path, resp.Status)
+		}
+		f, err := os.Create(filepath.Join(c.profileDir, file))
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, resp.Body)
+		return errors.Join(err, f.Close())
+	}
+	go func() {
+		done <- fetch(fmt.Sprintf("/debug/pprof/profile?seconds=%d", c.profileSeconds), "cpu.pprof", time.Duration(c.profileSeconds)*time.Second+time.Minute)
+	}()
+	return func() error {
+		if err := <-done; err != nil {
+			return err
+		}
+		return errors.Join(fetch("/debug/pprof/allocs", "allocs.pprof", time.Minute), fetch("/debug/pprof/heap", "heap.pprof", time.Minute))
+	}
+}
+
 func step(s string) { fmt.Fprintf(os.Stderr, "bench: %s (%s)\n", s, time.Now().Format(time.TimeOnly)) }
+
+// createBurst creates n pods p-<first>… at once in namespace through
+// chain (nil: the env's chain with our plugin).
+func createBurst(ctx context.Context, env *e2eenv.Env, namespace string, chain *e2eenv.Chain, first, n int) ([]*e2eenv.Pod, []time.Duration, int) {
+	return createPods(ctx, env, namespace, chain, config{pods: first + n, burst: n, first: first})
+}
 
 // createPods creates c.pods pods in namespace through chain (nil: the env's
 // chain with our plugin), c.burst at once per burst, and returns them with
@@ -301,7 +516,7 @@ func createPods(ctx context.Context, env *e2eenv.Env, namespace string, chain *e
 		durs  []time.Duration
 		fails atomic.Int32
 	)
-	for first := 0; first < c.pods; first += c.burst {
+	for first := c.first; first < c.pods; first += c.burst {
 		var wg sync.WaitGroup
 		for i := first; i < min(first+c.burst, c.pods); i++ {
 			wg.Go(func() {
@@ -506,6 +721,9 @@ func (r *result) markdown() string {
 	n := r.cfg.pods
 	fmt.Fprintf(&b, "\n### %d pods, bursts of %d — %s\n\n", n, r.cfg.burst, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "Machine: %s. iptables backend: %s.", r.machine, r.mode)
+	if r.cfg.interleave {
+		b.WriteString(" Baseline and ours interleaved burst by burst.")
+	}
 	if r.cfg.agentArgs != "" {
 		fmt.Fprintf(&b, " Agent flags: `%s`.", r.cfg.agentArgs)
 	}
@@ -524,6 +742,20 @@ func (r *result) markdown() string {
 	row("each plugin process's ADD as libcni ran it (exec to exit), p50: loopback / bridge without → with our plugin / ambientd-cni",
 		fmt.Sprintf("%s → %s / %s → %s / %s", ms(pct(r.execLoP, .5)), ms(pct(r.execLoM, .5)), ms(pct(r.execBrP, .5)), ms(pct(r.execBrM, .5)), ms(pct(r.execOursAdd, .5))))
 	row("agent's own time per enrolled ADD (mean of ambientd_cni_add_duration_seconds)", ms(r.agentAddMean))
+	var bd []string
+	for _, name := range addStepNames {
+		h := r.addSteps[name]
+		bd = append(bd, fmt.Sprintf("%s %s / %s", name, ms(h.quantile(.5)), ms(h.mean())))
+	}
+	row("CNI ADD breakdown, ambientd_cni_add_step_duration_seconds by step: p50 (from the buckets) / mean", strings.Join(bd, ", "))
+	var pl []string
+	for _, k := range pluginKeys {
+		pl = append(pl, k+" "+ms(pct(r.plugin[k], .5)))
+	}
+	if ours, total := pct(r.execOursAdd, .5), pct(r.plugin["total"], .5); total > 0 {
+		pl = append(pl, "exec to Go code + exit (libcni's exec-to-exit p50 − total p50) "+ms(ours-total))
+	}
+	row("our plugin's own breakdown per ADD, p50, from its log (init: Go code → ADD handler; config; took: the agent call, agent: the agent's part of it; reply: printing the result; total: since its Go code began)", strings.Join(pl, ", "))
 	var st []string
 	for _, name := range stepNames {
 		st = append(st, name+" "+ms(r.steps[name]))
@@ -534,7 +766,7 @@ func (r *result) markdown() string {
 	row("create all N (API object, sandbox, chain, status Running)", sec(r.createWall))
 	row("first create → all N enabled in the agent (ambientd_pods)", sec(r.allEnabledAgent))
 	row("first create → all N annotated enabled (API)", sec(r.allAnnotated))
-	row("agent CPU during create + enable", sec(r.cpu1))
+	row("agent CPU during create + enable (of the ambient pods; interleaved: the whole run); per ambient pod", sec(r.cpu1)+"; "+ms(r.cpuPods))
 	row("agent peak RSS (VmHWM): ready with 0 pods → with N enrolled", fmt.Sprintf("%.1f MiB → %.1f MiB", float64(r.rss0)/1024, float64(r.rss1)/1024))
 	row("agent RSS ready with 0 pods → with N enrolled: anonymous (heap, stacks) / file-backed (its executable's pages, shared and reclaimable)",
 		fmt.Sprintf("%.1f / %.1f MiB → %.1f / %.1f MiB", float64(r.rssAnon0)/1024, float64(r.rssFile0)/1024, float64(r.rssAnon1)/1024, float64(r.rssFile1)/1024))

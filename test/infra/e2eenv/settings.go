@@ -33,3 +33,9 @@ func EnvDuration(name string, def time.Duration) time.Duration {
 	}
 	return def
 }
+
+// EnvBool is name's value as a bool, or false.
+func EnvBool(name string) bool {
+	v, _ := strconv.ParseBool(os.Getenv(name))
+	return v
+}
