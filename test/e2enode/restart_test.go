@@ -36,33 +36,48 @@ func (r *agentRun) containersRestartStayEnrolled(t *testing.T, ctx context.Conte
 		Action:    corev1.ContainerRestartRuleActionRestartAllContainers,
 		ExitCodes: &corev1.ContainerRestartRuleOnExitCodes{Operator: corev1.ContainerRestartRuleOnExitCodesOpIn, Values: []int32{137}}, // SIGKILL
 	}}
+	// A second container: RestartAllContainers restarts it too, a single
+	// container's restart does not.
+	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "second", Image: nodeenv.PauseImage, ImagePullPolicy: corev1.PullNever})
 	created, netnsPath := startPod(t, ctx, ns, pod)
 	uid := string(created.UID)
 	ino := inode(t, netnsPath)
 	st := r.waitEmu(t, ctx, "workload "+uid, func(s ztunnelemu.State) bool { _, ok := s.Workload(uid); return ok })
 	ops := opsFor(st, uid)
 
+	restartsOf := func(p *corev1.Pod, name string) int32 {
+		for _, s := range p.Status.ContainerStatuses {
+			if s.Name == name {
+				return s.RestartCount
+			}
+		}
+		return -1
+	}
 	for _, c := range []struct {
-		what string
-		sig  syscall.Signal
+		what       string
+		sig        syscall.Signal
+		allRestart bool
 	}{
-		{"the app container restarted (SIGTERM: its own restart policy)", syscall.SIGTERM},
-		{"all containers restarted in place (SIGKILL: RestartAllContainers)", syscall.SIGKILL},
+		{"the app container restarted (SIGTERM: its own restart policy)", syscall.SIGTERM, false},
+		{"all containers restarted in place (SIGKILL: RestartAllContainers)", syscall.SIGKILL, true},
 	} {
 		p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		restarts := p.Status.ContainerStatuses[0].RestartCount
+		restarts, second := restartsOf(p, "app"), restartsOf(p, "second")
 		killed := time.Now()
 		if err := syscall.Kill(processIn(t, ino, "httpapp"), c.sig); err != nil {
 			t.Fatal(err)
 		}
 		p, err = waitPod(ctx, ns, "web", func(p *corev1.Pod) bool {
-			return len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].RestartCount > restarts && podReady(p)
+			return restartsOf(p, "app") > restarts && (!c.allRestart || restartsOf(p, "second") > second) && podReady(p)
 		})
 		if err != nil {
 			t.Fatalf("%s: %v; %s", c.what, err, describe(p))
+		}
+		if !c.allRestart && restartsOf(p, "second") != second {
+			t.Errorf("%s: the second container restarted too", c.what)
 		}
 		t.Logf("%s -> Ready again: %s", c.what, time.Since(killed).Round(time.Millisecond))
 		if now, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP)); err != nil || inode(t, now) != ino {
