@@ -7,7 +7,7 @@ PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 
-.PHONY: all build deps test e2e e2e-node e2e-switch bench bench-e2e soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
+.PHONY: all build deps test deploy-manifests e2e e2e-node e2e-switch bench bench-e2e soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
 
 all: build
 
@@ -24,6 +24,12 @@ deps:
 test:
 	@$(ENSURE) test
 	$(GO) test -race -count=1 $(PKGS)
+	cd test/helm && $(GO) test -count=1 ./...
+
+# The manifests of deploy/ from the Helm chart deploy/helm/ambientd (their
+# one source; test/helm fails when they differ).
+deploy-manifests:
+	cd test/helm && $(GO) run ./cmd/deploy-manifests -deploy ../../deploy
 
 # End-to-end: real kube-apiserver + etcd, the real CNI chain, the agent.
 e2e:
@@ -125,6 +131,7 @@ lint:
 	$(GO) vet -tags e2e ./test/...
 	$(GO) vet -tags e2enode ./test/...
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
+	cd test/helm && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)
 
 # The README's test command: everything CI checks.

@@ -132,6 +132,9 @@ type Installer struct {
 	log *slog.Logger
 	mu  sync.Mutex // one pass or uninstall at a time
 	bin binState   // under mu
+	// copied is the primary config the owned file was last copied from
+	// (under mu).
+	copied string
 
 	hmu    sync.Mutex
 	health health
@@ -163,6 +166,9 @@ type health struct {
 	since    time.Time
 	failures int
 	mode     string // how changes are noticed: "inotify" or "polling: <why>"
+	// withdrawn names the primary config whose withdrawal removed our
+	// copy, until a primary is back.
+	withdrawn string
 }
 
 // New validates cfg and returns the installer; nothing is touched yet.
@@ -400,9 +406,16 @@ func (i *Installer) convert(c confFile) error {
 // entry; a .conf converted to a conflist comes back) — in that order, so
 // that the runtime never sees a config without our plugin.
 func (i *Installer) ensureOwned(confs []confFile) (bool, error) {
-	p, err := i.primary(confs)
+	p, meta, err := i.ownedCandidate(confs)
+	if errors.Is(err, ErrNoConfig) {
+		return i.withdraw(confs, err)
+	}
 	if err != nil {
 		return false, err
+	}
+	i.setWithdrawn("")
+	if meta {
+		return i.behindMeta(p, confs)
 	}
 	if p.name < i.cfg.OwnedName {
 		return false, fmt.Errorf("owned config %s would not be used: %s sorts before it; choose an owned name that sorts first", i.cfg.OwnedName, p.name)
@@ -450,6 +463,9 @@ func (i *Installer) ensureOwned(confs []confFile) (bool, error) {
 		return false, fmt.Errorf("copying %s: %w", p.path, err)
 	}
 	changed, err := i.writeOwned(want, ownedAttrs(p.snap.attrs), p.path)
+	if err == nil {
+		i.copied = p.name
+	}
 	if err != nil || cleanup == nil {
 		return changed, err
 	}
@@ -539,7 +555,17 @@ func (i *Installer) Check() error {
 	}
 	active, err := runtimeChoice(i.cfg.ConfDir, confs)
 	if err != nil {
+		if w := i.withdrawnPrimary(); w != "" && errors.Is(err, ErrNoConfig) {
+			return fmt.Errorf("the primary CNI config %s was withdrawn: our copy of it is removed too, so the runtime no longer gets that network through us; waiting for a primary CNI config: %w", w, err)
+		}
 		return err
+	}
+	if metaPlugin(active.data) {
+		// Multus: our plugin once, last, in what one ADD runs.
+		if n, last := i.runsUs(active.data); n != 1 || !last {
+			return fmt.Errorf("runtime's config %s (a meta-plugin) runs %s %d times per ADD (last: %v), want once, last", active.path, i.cfg.Entry.Type, n, last)
+		}
+		return nil
 	}
 	hint := ""
 	if i.cfg.ConfName != "" && active.name != i.cfg.ConfName {

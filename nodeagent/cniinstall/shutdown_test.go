@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ambientd/ambientd/test/infra/kubetest"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // The decision rule only (pure logic over API objects); the e2e suite reads
@@ -70,11 +72,15 @@ func TestUninstallOnShutdown(t *testing.T) {
 	}
 }
 
-// When the API refuses the agent at shutdown: 401 (its ServiceAccount is
-// gone) and 403 (its binding is gone) mean uninstall, but only when the
-// agent could read its DaemonSet before (else the deployment never granted
-// it, and a refusal proves nothing); a namespace being deleted means
-// uninstall; an API that does not answer means keep.
+// When the API refuses the agent at shutdown (401: its token or
+// ServiceAccount is gone; 403: its binding is gone), what the agent last
+// saw of its DaemonSet through its watch decides: seen deleted or being
+// deleted → uninstall; seen alive and selecting the node → keep (a
+// force-deleted agent pod or a recreated ServiceAccount while the DaemonSet
+// stays: a replacement is coming, and removing the plugin would let ambient
+// pods start uncaptured under it). Without a first read a refusal proves
+// nothing; a namespace being deleted means uninstall; an API that does not
+// answer means keep.
 func TestShutdownRuleWhenTheAPIRefuses(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "ambientd", Namespace: "istio-system"}}
@@ -86,18 +92,30 @@ func TestShutdownRuleWhenTheAPIRefuses(t *testing.T) {
 	unauthorized := apierrors.NewUnauthorized("Unauthorized")
 	forbidden := apierrors.NewForbidden(gr, "ambientd", errors.New("RBAC: not allowed"))
 	unavailable := apierrors.NewServiceUnavailable("etcd down")
+	dsDeleting := func(c *fake.Clientset) error {
+		d := ds.DeepCopy()
+		d.DeletionTimestamp, d.Finalizers = &now, []string{"foregroundDeletion"}
+		_, err := c.AppsV1().DaemonSets("istio-system").Update(context.Background(), d, metav1.UpdateOptions{})
+		return err
+	}
+	dsDeleted := func(c *fake.Clientset) error {
+		return c.AppsV1().DaemonSets("istio-system").Delete(context.Background(), "ambientd", metav1.DeleteOptions{})
+	}
 	cases := []struct {
 		name      string
 		ns        *corev1.Namespace
-		probeErr  error // answer to the probe at start
-		err       error // answer at shutdown, to every read
+		probeErr  error                       // answer to the probe at start
+		meanwhile func(*fake.Clientset) error // what the watch sees before shutdown
+		err       error                       // answer at shutdown, to every read
 		want      bool
 		wantError bool
 	}{
 		{name: "upgrade", ns: ns, want: false},
 		{name: "namespace being deleted", ns: deleting, want: true},
-		{name: "ServiceAccount deleted (401)", ns: ns, err: unauthorized, want: true},
-		{name: "binding deleted (403)", ns: ns, err: forbidden, want: true},
+		{name: "agent pod force-deleted or ServiceAccount recreated (401), DaemonSet stays", ns: ns, err: unauthorized, want: false},
+		{name: "binding deleted (403), DaemonSet stays", ns: ns, err: forbidden, want: false},
+		{name: "ServiceAccount deleted (401), then the DaemonSet (foreground)", ns: ns, meanwhile: dsDeleting, err: unauthorized, want: true},
+		{name: "binding deleted (403), then the DaemonSet", ns: ns, meanwhile: dsDeleted, err: forbidden, want: true},
 		{name: "401 without a first read", ns: ns, probeErr: unauthorized, err: unauthorized, wantError: true},
 		{name: "403 without a first read", ns: ns, probeErr: forbidden, err: forbidden, wantError: true},
 		{name: "API unavailable", ns: ns, err: unavailable, wantError: true},
@@ -117,6 +135,22 @@ func TestShutdownRuleWhenTheAPIRefuses(t *testing.T) {
 			if err := r.Probe(context.Background()); (err == nil) != (tc.probeErr == nil) {
 				t.Fatalf("probe: %v, want error %v", err, tc.probeErr)
 			}
+			if tc.meanwhile != nil {
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { defer close(done); _ = r.follow(ctx, "") }()
+				before := r.seen.Load()
+				testutil.Eventually(t, "the watch is established", 5*time.Second, func() bool {
+					// the fake's watch starts delivering once registered
+					return len(c.Fake.Actions()) > 0 && hasWatch(c)
+				})
+				if err := tc.meanwhile(c); err != nil {
+					t.Fatal(err)
+				}
+				testutil.Eventually(t, "the watch saw the change", 5*time.Second, func() bool { return r.seen.Load() != before })
+				cancel()
+				<-done
+			}
 			answer.Store(&tc.err)
 			got, reason, err := r.Decide(context.Background())
 			if tc.wantError {
@@ -128,6 +162,16 @@ func TestShutdownRuleWhenTheAPIRefuses(t *testing.T) {
 			if err != nil || got != tc.want || reason == "" {
 				t.Fatalf("uninstall=%v (%q) err=%v, want %v", got, reason, err, tc.want)
 			}
+			t.Logf("uninstall=%v: %s", got, reason)
 		})
 	}
+}
+
+func hasWatch(c *fake.Clientset) bool {
+	for _, a := range c.Fake.Actions() {
+		if a.GetVerb() == "watch" {
+			return true
+		}
+	}
+	return false
 }

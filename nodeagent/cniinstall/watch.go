@@ -352,3 +352,15 @@ func (g *loopGuard) repaired(now time.Time) (n int, fighting bool) {
 }
 
 func (g *loopGuard) delay() time.Duration { return g.backoff }
+
+func (i *Installer) setWithdrawn(name string) {
+	i.hmu.Lock()
+	defer i.hmu.Unlock()
+	i.health.withdrawn = name
+}
+
+func (i *Installer) withdrawnPrimary() string {
+	i.hmu.Lock()
+	defer i.hmu.Unlock()
+	return i.health.withdrawn
+}

@@ -131,10 +131,11 @@ type ConfigMapInterface interface {
 	Getter[*corev1.ConfigMap]
 }
 
-// DaemonSetInterface: the agent reads its own DaemonSet (the uninstall
-// rule, cniinstall.ShutdownRule).
+// DaemonSetInterface: the agent reads and watches its own DaemonSet (the
+// uninstall rule, cniinstall.ShutdownRule).
 type DaemonSetInterface interface {
 	Getter[*appsv1.DaemonSet]
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
 // NewScheme returns a scheme with the API groups the agent uses (core/v1,

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -153,12 +154,17 @@ func isDenied(err error) bool {
 
 // TestUninstallOnShutdownRule reads a real DaemonSet (deploy/'s, created
 // for real) with the agent's own identity (a pod-bound token of deploy/'s
-// ServiceAccount, installed with a name prefix): present and selecting the
-// node → upgrade (leave everything). Then what `kubectl delete -k deploy/`
-// does first: the binding deleted (403) → uninstall; the ServiceAccount
-// deleted (401) → uninstall. An identity that never could read the
-// DaemonSet → keep (a refusal proves nothing). Namespace being deleted,
-// DaemonSet being deleted, DaemonSet gone → uninstall.
+// ServiceAccount, installed with a name prefix), the rule watching it as the
+// running agent does: present and selecting the node → upgrade (leave
+// everything). The agent pod force-deleted (its bound token dies with it:
+// 401) while the DaemonSet stays → keep: a replacement is coming, and
+// removing the plugin under it would let ambient pods start uncaptured.
+// Then what `kubectl delete -k deploy/` does, in its order, back to back,
+// to a replacement agent: the binding deleted (403), the ServiceAccount
+// deleted (401), the DaemonSet deleted → uninstall, because the watch
+// opened before the identity went still delivers the deletion. An identity that never could
+// read the DaemonSet → keep (a refusal proves nothing). Namespace being
+// deleted, DaemonSet being deleted, DaemonSet gone → uninstall.
 func TestUninstallOnShutdownRule(t *testing.T) {
 	ctx := testutil.Context(t, 3*time.Minute)
 	admin := testEnv.CP.Admin
@@ -183,6 +189,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	mine := daemonSet()
 	mine.SetName(inst.daemonSet)
 	mine.SetNamespace(nsName)
+	mine.SetFinalizers([]string{"e2e.ambientd.io/hold"})
 	ds.SetNamespace(nsName)
 	ds.SetFinalizers([]string{"e2e.ambientd.io/hold"}) // keeps it "being deleted" until removed
 	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
@@ -191,6 +198,11 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 			t.Fatalf("creating the DaemonSet %s: %v", d.GetName(), err)
 		}
 	}
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = admin.AppsV1().DaemonSets(nsName).Patch(c, mine.GetName(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+	})
 	decide := func(c kube.Interface, proven bool) (bool, string, error) {
 		t.Helper()
 		r := cniinstall.NewShutdownRule(c, nsName, mine.GetName(), testEnv.NodeName)
@@ -215,8 +227,37 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 		}
 		t.Logf("%s: uninstall: %s", what, reason)
 	}
+	// waitKeep calls decide until the identity is refused (the reason
+	// contains want) and checks that the answer is keep.
+	waitKeep := func(what string, r *cniinstall.ShutdownRule, want string) {
+		t.Helper()
+		var u bool
+		var reason string
+		var err error
+		if werr := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			u, reason, err = r.Decide(ctx)
+			return strings.Contains(reason, want), nil
+		}); werr != nil || u || err != nil {
+			t.Fatalf("%s: uninstall=%v (%s) err=%v (wait: %v), want keep, refused: %s", what, u, reason, err, werr, want)
+		}
+		t.Logf("%s: keep: %s", what, reason)
+	}
+	// watching starts the rule as the running agent does (Probe, then a
+	// watch held open until the test ends).
+	watching := func(c kube.Interface) *cniinstall.ShutdownRule {
+		t.Helper()
+		r := cniinstall.NewShutdownRule(c, nsName, mine.GetName(), testEnv.NodeName)
+		if err := r.Probe(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); r.Watch(wctx, testutil.Logger(t, slog.LevelDebug)) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return r
+	}
 
-	agentCfg := inst.token(t, ctx, testEnv.NodeName)
+	agentCfg, agentPod := inst.podToken(t, ctx, testEnv.NodeName)
 	agentClient, err := kube.NewForConfig(agentCfg)
 	if err != nil {
 		t.Fatal(err)
@@ -224,21 +265,32 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	if u, reason, err := decide(agentClient, true); u || err != nil {
 		t.Fatalf("DaemonSet present: uninstall=%v (%s) err=%v, want leave in place", u, reason, err)
 	}
-	proven := cniinstall.NewShutdownRule(agentClient, nsName, mine.GetName(), testEnv.NodeName)
-	if err := proven.Probe(ctx); err != nil {
+	// The agent pod force-deleted; its DaemonSet stays.
+	forced := watching(agentClient)
+	if err := admin.CoreV1().Pods(inst.namespace).Delete(ctx, agentPod, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}); err != nil {
 		t.Fatal(err)
 	}
-	// The binding goes first, then the ServiceAccount (kubectl deletes in
-	// the kustomization's order: ServiceAccount, roles, bindings, ...; each
-	// alone must mean uninstall).
+	waitKeep("agent pod force-deleted, DaemonSet stays", forced, "credentials are no longer accepted")
+
+	// The replacement agent, then the uninstall in kubectl's order.
+	replCfg, _ := inst.podToken(t, ctx, testEnv.NodeName)
+	replClient, err := kube.NewForConfig(replCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proven := watching(replClient)
+	testutil.Until(t, ctx, "the rule watching its DaemonSet", proven.Watching)
+	// kubectl's order, back to back: binding, ServiceAccount, DaemonSet.
 	if err := admin.RbacV1().ClusterRoleBindings().Delete(ctx, "e2e-shutdown-ambientd", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitDecision("binding deleted", proven, "rights are gone")
 	if err := admin.CoreV1().ServiceAccounts(inst.namespace).Delete(ctx, inst.serviceAccount, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitDecision("ServiceAccount deleted", proven, "credentials are no longer accepted")
+	if err := admin.AppsV1().DaemonSets(nsName).Delete(ctx, mine.GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitDecision("then the DaemonSet deleted", proven, "being deleted")
 
 	// An identity that could never read the DaemonSet: its refusal at
 	// shutdown is no sign of an uninstall.

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
@@ -176,4 +178,67 @@ func TestInstallerUnreadyUntilItWorks(t *testing.T) {
 	if !strings.Contains(a.Logs(), "CNI installer working again") {
 		t.Errorf("the agent did not log its recovery:\n%s", a.LogTail(30))
 	}
+}
+
+// TestPrimaryWithdrawnIsFollowed: bin/ambientd run --install-cni (owned
+// mode) beside a primary CNI that withdraws its config (a CNI uninstall or
+// migration) and later a new primary that writes its own. Within 10 s of
+// the withdrawal our copy is gone too — the runtime no longer gets the
+// withdrawn network through us — and /readyz, the node condition and
+// `ambientd status` all say the primary was withdrawn; within 10 s of the
+// new primary's file the runtime uses our copy of it, our plugin last, and
+// the agent is ready again.
+func TestPrimaryWithdrawnIsFollowed(t *testing.T) {
+	root := t.TempDir()
+	binDir, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	primary := filepath.Join(confDir, "10-calico.conflist")
+	if err := os.WriteFile(primary, []byte(`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"calico"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := newScenario(t, "withdraw", agentArgs("--install-cni", "--cni-bin-dir="+binDir, "--cni-conf-dir="+confDir,
+		"--cni-bin-source="+testEnv.Bins.CNIPlugin, "--daemonset-namespace="+e2eenv.AgentNamespace,
+		"--node-condition-resync=200ms"))
+	ctx, node := s.ctx, testEnv.NodeName
+	if err := daemon.PluginInConfDir(confDir, "ambientd-cni"); err != nil {
+		t.Fatalf("not installed at start: %v", err)
+	}
+
+	if err := os.Remove(primary); err != nil {
+		t.Fatal(err)
+	}
+	withdrawn := time.Now()
+	testutil.Eventually(t, "the runtime has no config through us", 10*time.Second, func() bool {
+		_, err := cniinstall.RuntimeConfig(confDir)
+		return errors.Is(err, cniinstall.ErrNoConfig)
+	})
+	t.Logf("primary withdrawn -> our copy gone: %s", time.Since(withdrawn).Round(time.Millisecond))
+	says := func(msg string) bool { return strings.Contains(msg, "10-calico.conflist was withdrawn") }
+	n := waitNode(t, ctx, node, "condition False/PluginNotInstalled naming the withdrawn primary", func(n *corev1.Node) bool {
+		c := nodeCondition(n)
+		return c != nil && c.Status == corev1.ConditionFalse && c.Reason == nodeready.ReasonPluginNotInstalled && says(c.Message)
+	})
+	t.Logf("node condition within %s: %s", time.Since(withdrawn).Round(time.Millisecond), nodeCondition(n).Message)
+	if err := s.agent.WaitReady(testutil.Context(t, 2*time.Second)); err == nil || !says(err.Error()) {
+		t.Errorf("/readyz after the withdrawal: %v, want it to name the withdrawn primary", err)
+	}
+	if st := statusJSON(t, ctx); !says(strings.Join(st.NotReady, "; ")) {
+		t.Errorf("ambientd status not ready = %q, want it to name the withdrawn primary", st.NotReady)
+	}
+
+	if err := os.WriteFile(filepath.Join(confDir, "05-cilium.conflist"), []byte(`{"cniVersion":"1.0.0","name":"cilium","plugins":[{"type":"cilium-cni"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	testutil.Eventually(t, "the runtime uses our copy of the new primary", 10*time.Second, func() bool {
+		rc, err := cniinstall.RuntimeConfig(confDir)
+		return err == nil && strings.Join(rc.Types, ",") == "cilium-cni,ambientd-cni"
+	})
+	t.Logf("new primary -> used with our plugin last: %s", time.Since(back).Round(time.Millisecond))
+	if err := s.agent.WaitReady(ctx); err != nil {
+		t.Fatalf("not ready with the new primary: %v", err)
+	}
+	waitNode(t, ctx, node, "condition True again", conditionIs(corev1.ConditionTrue, nodeready.ReasonReady))
 }

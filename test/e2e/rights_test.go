@@ -139,7 +139,15 @@ func boolInt(b bool) int {
 // The claims are checked with a SelfSubjectReview.
 func (a *agentInstall) token(t *testing.T, ctx context.Context, node string) *rest.Config {
 	t.Helper()
-	return a.boundToken(t, ctx, node, "Pod")
+	cfg, _ := a.podToken(t, ctx, node)
+	return cfg
+}
+
+// podToken is token, and the name of the agent pod the token is bound to
+// (deleting the pod invalidates the token, as for a real agent pod).
+func (a *agentInstall) podToken(t *testing.T, ctx context.Context, node string) (*rest.Config, string) {
+	t.Helper()
+	return a.boundTokenPod(t, ctx, node, "Pod")
 }
 
 // boundToken is token with the TokenRequest bound to an object of kind
@@ -147,6 +155,13 @@ func (a *agentInstall) token(t *testing.T, ctx context.Context, node string) *re
 // `kubectl create token --bound-object-kind Node`): both carry the claim.
 func (a *agentInstall) boundToken(t *testing.T, ctx context.Context, node, kind string) *rest.Config {
 	t.Helper()
+	cfg, _ := a.boundTokenPod(t, ctx, node, kind)
+	return cfg
+}
+
+func (a *agentInstall) boundTokenPod(t *testing.T, ctx context.Context, node, kind string) (*rest.Config, string) {
+	t.Helper()
+	podName := ""
 	admin := testEnv.CP.Admin
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}
 	if node != "" && kind == "Node" {
@@ -170,6 +185,7 @@ func (a *agentInstall) boundToken(t *testing.T, ctx context.Context, node, kind 
 			_ = admin.CoreV1().Pods(a.namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
 		})
 		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+		podName = pod.Name
 	}
 	tr, err := admin.CoreV1().ServiceAccounts(a.namespace).CreateToken(ctx, a.serviceAccount, req, metav1.CreateOptions{})
 	if err != nil {
@@ -190,7 +206,7 @@ func (a *agentInstall) boundToken(t *testing.T, ctx context.Context, node, kind 
 	if got := u.Extra["authentication.kubernetes.io/node-name"]; u.Username != want || (node == "" && len(got) != 0) || (node != "" && (len(got) != 1 || got[0] != node)) {
 		t.Fatalf("token authenticates as %s with node-name %v, want %s with %q", u.Username, got, want, node)
 	}
-	return cfg
+	return cfg, podName
 }
 
 // TestAgentRightsOwnNodeOnly checks deploy/'s RBAC and admission policy as

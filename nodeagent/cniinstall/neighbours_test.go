@@ -1,0 +1,356 @@
+package cniinstall
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ambientd/ambientd/test/infra/multusemu"
+	"github.com/ambientd/ambientd/test/infra/testutil"
+)
+
+// The conf dir with other writers that follow their documented rules: the
+// installer and each of them must reach a fixed point (no file changes any
+// more), with the runtime running the node's meta-plugin (Multus) when
+// there is one, and our plugin exactly once per ADD, last.
+
+const calicoConflist = `{
+  "name": "k8s-pod-network",
+  "cniVersion": "1.0.0",
+  "plugins": [
+    {"type": "calico", "mtu": 1440},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`
+
+// effectiveChain is what one ADD runs through the runtime's config: its
+// plugins in order, a Multus plugin replaced by what it runs (its
+// delegates, each a config or a conflist, as Multus's thin plugin does
+// for its cluster network), marked "multus(" … ")".
+func effectiveChain(t *testing.T, dir string) (file string, chain []string) {
+	t.Helper()
+	confs, err := listConfs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := runtimeChoice(dir, confs)
+	if err != nil {
+		t.Fatalf("runtime's config: %v", err)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(c.data, &v); err != nil {
+		t.Fatal(err)
+	}
+	return c.name, expand(v)
+}
+
+func expand(conf map[string]any) []string {
+	plugins, ok := conf["plugins"].([]any)
+	if !ok {
+		plugins = []any{conf}
+	}
+	var out []string
+	for _, p := range plugins {
+		pm, _ := p.(map[string]any)
+		typ, _ := pm["type"].(string)
+		if typ != "multus" {
+			out = append(out, typ)
+			continue
+		}
+		out = append(out, "multus(")
+		for _, d := range pm["delegates"].([]any) {
+			dm, _ := d.(map[string]any)
+			out = append(out, expand(dm)...)
+		}
+		out = append(out, ")")
+	}
+	return out
+}
+
+// nested reports a Multus that runs inside a Multus.
+func nested(chain []string) bool {
+	depth := 0
+	for _, p := range chain {
+		switch p {
+		case "multus(":
+			if depth++; depth > 1 {
+				return true
+			}
+		case ")":
+			depth--
+		}
+	}
+	return false
+}
+
+// confDirSnapshot is every config file of dir, name → text.
+func confDirSnapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		if !slices.Contains(confExtensions, filepath.Ext(e.Name())) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // replaced meanwhile: the next look sees it
+		}
+		out[e.Name()] = string(b)
+	}
+	return out
+}
+
+// waitFixedPoint waits (at most within) until the conf dir has not changed
+// for quiet, and returns how long that took and the files then.
+func waitFixedPoint(t *testing.T, dir string, within, quiet time.Duration) (time.Duration, map[string]string) {
+	t.Helper()
+	start := time.Now()
+	last, since := confDirSnapshot(t, dir), time.Now()
+	for time.Since(start) < within+quiet {
+		time.Sleep(50 * time.Millisecond)
+		now := confDirSnapshot(t, dir)
+		if !mapsEqual(now, last) {
+			last, since = now, time.Now()
+			continue
+		}
+		if time.Since(since) >= quiet {
+			return since.Sub(start), now
+		}
+	}
+	t.Fatalf("the conf dir still changes %s after the start; last:\n%s", within, dump(last))
+	return 0, nil
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func dump(files map[string]string) string {
+	var b strings.Builder
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		b.WriteString("== " + n + "\n" + files[n] + "\n")
+	}
+	return b.String()
+}
+
+// runMultus runs one life of Multus's thin auto-config writer beside the
+// installer; stop ends it (Multus removes its file as it exits).
+func runMultus(t *testing.T, dir string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	w := &multusemu.Thin{Dir: dir}
+	go func() { done <- w.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("multus: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// assertMultusChain: the runtime runs Multus (its secondary networks are
+// not bypassed), no Multus inside a Multus, our plugin exactly once and last,
+// and readiness agrees.
+func assertMultusChain(t *testing.T, i *Installer, dir string, files map[string]string) {
+	t.Helper()
+	name, chain := effectiveChain(t, dir)
+	t.Logf("runtime's config %s runs %v", name, chain)
+	if !slices.Contains(chain, "multus(") {
+		t.Errorf("the runtime's config %s bypasses Multus: %v\n%s", name, chain, dump(files))
+	}
+	if nested(chain) {
+		t.Errorf("Multus nests inside itself in %s: %v\n%s", name, chain, dump(files))
+	}
+	for n, text := range files {
+		var v map[string]any
+		if json.Unmarshal([]byte(text), &v) == nil && nested(expand(v)) {
+			t.Errorf("%s nests Multus inside itself:\n%s", n, text)
+		}
+	}
+	real := slices.DeleteFunc(slices.Clone(chain), func(s string) bool { return s == "multus(" || s == ")" })
+	if n := strings.Count(strings.Join(real, " ")+" ", "ambientd-cni "); n != 1 || real[len(real)-1] != "ambientd-cni" {
+		t.Errorf("our plugin runs %d times per ADD (chain %v), want once, last", n, chain)
+	}
+	if err := i.Check(); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+}
+
+// Multus (thin plugin, auto-config) starts beside a running agent — it
+// takes the lexically first file as its master, which is our owned copy —
+// and later restarts (regenerates from scratch). Each time, within 10 s both
+// writers stop changing files, no config nests Multus in itself, the
+// runtime runs Multus, and our plugin runs exactly once per ADD, last.
+func TestMultusReachesAFixedPoint(t *testing.T) {
+	h := newHostTree(t)
+	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
+	i := h.installer(t)
+	runInstaller(t, i)
+	waitInstalled(t, i, "installed before Multus")
+
+	stop := runMultus(t, h.conf)
+	took, files := waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	t.Logf("Multus started beside the agent: fixed point after %s", took.Round(time.Millisecond))
+	assertMultusChain(t, i, h.conf, files)
+
+	stop() // Multus restarts: its file goes, then it regenerates from scratch
+	runMultus(t, h.conf)
+	took, files = waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	t.Logf("Multus restarted: fixed point after %s", took.Round(time.Millisecond))
+	assertMultusChain(t, i, h.conf, files)
+
+	// The primary rewrites its file (a Calico upgrade): it reaches the
+	// runtime through Multus, still with our plugin once.
+	writeFile(t, h.path("10-calico.conflist"), strings.Replace(calicoConflist, "1440", "1400", 1), 0o644)
+	took, files = waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	t.Logf("primary rewritten: fixed point after %s", took.Round(time.Millisecond))
+	assertMultusChain(t, i, h.conf, files)
+	_, chainText := effectiveChain(t, h.conf)
+	if !strings.Contains(dump(files), `1400`) {
+		t.Errorf("the primary's new text does not reach the runtime (%v):\n%s", chainText, dump(files))
+	}
+}
+
+// Multus already runs (its file is there) when the agent installs for the
+// first time: the same fixed point.
+func TestMultusBeforeTheAgent(t *testing.T) {
+	h := newHostTree(t)
+	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
+	runMultus(t, h.conf)
+	testutil.Eventually(t, "Multus wrote its file", 10*time.Second, func() bool { return exists(h.path("00-multus.conflist")) })
+	i := h.installer(t)
+	runInstaller(t, i)
+	took, files := waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	t.Logf("fixed point after %s", took.Round(time.Millisecond))
+	assertMultusChain(t, i, h.conf, files)
+}
+
+// copyFirst is an installer that copies the lexically first valid config
+// (other than its own) into its own file, with its entry last — what an
+// installer with an owned copy does (Istio's owned config, Kuma's CNI).
+func copyFirst(t *testing.T, dir, own, typ string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			time.Sleep(100 * time.Millisecond)
+			confs, err := listConfs(dir)
+			if err != nil {
+				continue
+			}
+			c, err := runtimeChoice(dir, confs, own)
+			if err != nil || !c.list {
+				continue
+			}
+			stripped, _, err := removeEntries(c.data, typ)
+			if err != nil {
+				continue
+			}
+			want, err := appendEntry(stripped, map[string]string{"type": typ})
+			if err != nil {
+				continue
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, own)); err == nil && string(b) == string(want) {
+				continue
+			}
+			_ = os.WriteFile(filepath.Join(dir, own)+".tmp", want, 0o600)
+			_ = os.Rename(filepath.Join(dir, own)+".tmp", filepath.Join(dir, own))
+		}
+	}()
+}
+
+// Another installer that copies the first file: whichever of the two
+// copies sorts first, the dir reaches a fixed point and nobody's copy
+// grows; ours does not copy a file that already holds our plugin.
+func TestCopyFirstInstallerReachesAFixedPoint(t *testing.T) {
+	for _, own := range []string{"02-other.conflist", "00-aaa-other.conflist"} {
+		t.Run(own, func(t *testing.T) {
+			h := newHostTree(t)
+			writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
+			i := h.installer(t)
+			runInstaller(t, i)
+			copyFirst(t, h.conf, own, "other-cni")
+			took, files := waitFixedPoint(t, h.conf, 10*time.Second, 2*time.Second)
+			t.Logf("fixed point after %s", took.Round(time.Millisecond))
+			for n, text := range files {
+				if c := strings.Count(text, `"ambientd-cni"`); c > 1 {
+					t.Errorf("%s holds our plugin %d times:\n%s", n, c, text)
+				}
+				if c := strings.Count(text, `"other-cni"`); c > 1 {
+					t.Errorf("%s holds the other plugin %d times:\n%s", n, c, text)
+				}
+			}
+			ours := files[DefaultOwnedName]
+			if strings.Contains(ours, "other-cni") {
+				t.Errorf("our copy took the other installer's copy of ours:\n%s", ours)
+			}
+		})
+	}
+}
+
+// The primary withdraws its config (a CNI uninstall, a migration): within
+// seconds our copy is gone too (the runtime no longer gets the withdrawn
+// network through us) and Check says why; a new primary's file is then
+// picked up, with our plugin last.
+func TestPrimaryWithdrawnAndReplaced(t *testing.T) {
+	h := newHostTree(t)
+	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
+	i := h.installer(t)
+	runInstaller(t, i)
+	waitInstalled(t, i, "installed")
+
+	if err := os.Remove(h.path("10-calico.conflist")); err != nil {
+		t.Fatal(err)
+	}
+	gone := time.Now()
+	testutil.Eventually(t, "our copy of the withdrawn primary gone", 10*time.Second, func() bool { return !exists(h.path(DefaultOwnedName)) })
+	t.Logf("primary removed -> our copy removed: %s", time.Since(gone).Round(time.Millisecond))
+	err := i.Check()
+	if err == nil || !strings.Contains(err.Error(), "withdrawn") || !strings.Contains(err.Error(), "10-calico.conflist") {
+		t.Fatalf("Check after the primary withdrew = %v, want it to say the primary 10-calico.conflist withdrew", err)
+	}
+	t.Logf("Check: %v", err)
+
+	writeFile(t, h.path("05-cilium.conflist"), `{"cniVersion":"1.0.0","name":"cilium","plugins":[{"type":"cilium-cni"}]}`, 0o600)
+	back := time.Now()
+	waitInstalled(t, i, "the new primary picked up")
+	t.Logf("new primary -> installed: %s", time.Since(back).Round(time.Millisecond))
+	name, types := runtimeView(t, h.conf)
+	if name != DefaultOwnedName || !slices.Equal(types, []string{"cilium-cni", "ambientd-cni"}) {
+		t.Fatalf("runtime uses %s %v, want our copy of the new primary, our plugin last", name, types)
+	}
+}
