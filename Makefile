@@ -7,11 +7,12 @@ PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 
-.PHONY: all build deps test e2e e2e-node e2e-switch bench bench-e2e demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
+.PHONY: all build deps test deploy-manifests e2e e2e-node e2e-switch bench bench-e2e soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
 
 all: build
 
-# bin/ambientd, bin/ambientd-cni, bin/ztunnel-emulator (build flags:
+# bin/ambientd, bin/ambientd-cni (shipped: cmd/), bin/ztunnel-emulator and
+# bin/sidecar-validation (test stand-ins: test/) (build flags:
 # test/infra/build.Programs).
 build:
 	@$(ENSURE) build
@@ -23,6 +24,12 @@ deps:
 test:
 	@$(ENSURE) test
 	$(GO) test -race -count=1 $(PKGS)
+	cd test/helm && $(GO) test -count=1 ./...
+
+# The manifests of deploy/ from the Helm chart deploy/helm/ambientd (their
+# one source; test/helm fails when they differ).
+deploy-manifests:
+	cd test/helm && $(GO) run ./cmd/deploy-manifests -deploy ../../deploy
 
 # End-to-end: real kube-apiserver + etcd, the real CNI chain, the agent.
 e2e:
@@ -57,6 +64,17 @@ image-test:
 # containerd, the DaemonSet from deploy/, the ztunnel emulator).
 demo:
 	@hack/demo.sh
+
+# The soak under faults (docs/soak.md): pod churn and random faults on the
+# e2e environment, judged by an invariant sampler; fails on any violation.
+# SOAK_DURATION=30m SOAK_PODS=24 SOAK_SEED=1 make soak
+soak:
+	hack/soak.sh
+
+# The 60-second soak of check (fixed seed; fails on any violation) and the
+# proof that its sampler catches a bypass (drift pass off, rules wiped).
+soak-check:
+	hack/soak-check.sh
 
 # The lighter demo: control plane + the CNI chain driven by libcni, no kubelet
 # (needs only kube-apiserver and etcd: ~12 minutes cold instead of ~20).
@@ -113,10 +131,11 @@ lint:
 	$(GO) vet -tags e2e ./test/...
 	$(GO) vet -tags e2enode ./test/...
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
+	cd test/helm && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)
 
 # The README's test command: everything CI checks.
-check: lint test e2e e2e-node image-test fresh-check
+check: lint test e2e soak-check e2e-node image-test fresh-check
 
 clean:
 	rm -rf bin

@@ -32,12 +32,14 @@ check() {
   (cd "$dir" && AMBIENTD_CHECK_ONLY=1 "$@") || { echo "fresh-check: FAIL: make $name alone on a fresh clone would not find what it needs" >&2; exit 1; }
 }
 
-# The control plane set: e2e, demo-lite, bench-e2e.
+# The control plane set: e2e, demo-lite, bench-e2e, soak, soak-check.
 fresh e2e
 d="$scratch_root/e2e"
 check e2e "$d" go test -tags e2e -count=1 -run '^$' ./test/e2e/
 check demo-lite "$d" go run ./test/demolite
 check bench-e2e "$d" go run ./test/bench
+check soak "$d" go run ./test/soak
+check soak-check "$d" go test -tags e2e -count=1 -run '^$' ./test/soak/
 
 # The real-node set: e2e-node, demo and e2e-switch.
 fresh e2e-node

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/ambientd/ambientd/iptables/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
 )
 
 // istioNFTPod is a pod as Istio's agent (1.28+, native nftables, IPv6 and

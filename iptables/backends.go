@@ -3,10 +3,10 @@ package iptables
 import (
 	"context"
 
-	"github.com/ambientd/ambientd/iptables/ipset"
-	"github.com/ambientd/ambientd/iptables/nftables"
-	"github.com/ambientd/ambientd/iptables/rules"
-	"github.com/ambientd/ambientd/iptables/xtables"
+	"github.com/ambientd/ambientd/iptables/internal/ipset"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 )
 
 // newBackend builds the backend of mode. primary: the families the config

@@ -4,9 +4,9 @@ import (
 	"context"
 	"slices"
 
-	"github.com/ambientd/ambientd/iptables/ipset"
-	"github.com/ambientd/ambientd/iptables/nftables"
-	"github.com/ambientd/ambientd/iptables/xtables"
+	"github.com/ambientd/ambientd/iptables/internal/ipset"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 )
 
 // choose resolves ModeAuto in the current (node) namespace.

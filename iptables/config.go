@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ambientd/ambientd/iptables/nftables"
-	"github.com/ambientd/ambientd/iptables/rules"
-	"github.com/ambientd/ambientd/iptables/xtables"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 )
 
 // Mode selects the rule backend.

@@ -12,10 +12,10 @@
 // The rule code has three floors, and imports point down only:
 //
 //	iptables            (this package) Manager, backend choice and state, policy route
-//	iptables/xtables    iptables-restore text, save parsing, host rules   \
-//	iptables/nftables   nftables over netlink, Istio's istio-ambient-*    | technologies:
-//	iptables/ipset      the iptables backends' probe ipsets               / never each other
-//	iptables/rules      families, marks, ports, options, Drift, interfaces
+//	iptables/internal/xtables    iptables-restore text, save parsing, host rules   \
+//	iptables/internal/nftables   nftables over netlink, Istio's istio-ambient-*    | technologies:
+//	iptables/internal/ipset      the iptables backends' probe ipsets               / never each other
+//	iptables/internal/rules      families, marks, ports, options, Drift, interfaces
 //
 // Chain, set, mark and address values are the ones Istio's node agent uses,
 // so pods and nodes it set up are recognised and can be adopted. Nothing

@@ -1,9 +1,9 @@
 package iptables
 
 import (
-	"github.com/ambientd/ambientd/iptables/nftables"
-	"github.com/ambientd/ambientd/iptables/rules"
-	"github.com/ambientd/ambientd/iptables/xtables"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 )
 
 // The shared vocabulary (package rules) and the rule sets as data (packages
@@ -22,12 +22,6 @@ const (
 	HBONEPort    = rules.HBONEPort
 	DNSPort      = rules.DNSPort
 
-	// ChainPrerouting and ChainOutput are our chains in mangle, nat and raw
-	// inside the pod; ChainPostrouting is ours in the node's nat table.
-	ChainPrerouting  = xtables.ChainPrerouting
-	ChainOutput      = xtables.ChainOutput
-	ChainPostrouting = xtables.ChainPostrouting
-
 	// ProbeSetV4 and ProbeSetV6 are the node's sets of pod IPs that get
 	// probe SNAT.
 	ProbeSetV4 = rules.ProbeSetV4
@@ -39,12 +33,9 @@ const (
 	NFTTableRaw    = nftables.TableRaw
 )
 
-// ProbeSNATv4 and ProbeSNATv6 are the source addresses kubelet probes are
-// rewritten to on the node; the in-pod rules let them through uncaptured.
-var (
-	ProbeSNATv4 = rules.ProbeSNATv4
-	ProbeSNATv6 = rules.ProbeSNATv6
-)
+// ProbeSNATv4 is the source address kubelet probes are rewritten to on an
+// IPv4 node; the in-pod rules let it through uncaptured.
+var ProbeSNATv4 = rules.ProbeSNATv4
 
 type (
 	// Family is an address family: IPv4 (iptables) or IPv6 (ip6tables).
@@ -55,24 +46,14 @@ type (
 	// Drift is the difference between the rules a pod (or the node) should
 	// have and the rules it has, one readable line per rule.
 	Drift = rules.Drift
-	// Backend is what the Manager delegates to: one technology's apply,
-	// verify, delete, host rules and probe sets.
-	Backend = rules.Backend
-
 	// RuleSet is the iptables backends' rule set (chains, jumps, rules per
-	// family), rendered to iptables-restore text; Rule and Jump are its
-	// parts.
+	// family), rendered to iptables-restore text.
 	RuleSet = xtables.RuleSet
-	Rule    = xtables.Rule
-	Jump    = xtables.Jump
 	// NFTRuleSet is the nftables backend's rule set (inet tables, chains,
-	// rules), rendered as `nft list` prints it; NFTTable, NFTChain, NFTSet
-	// and NFTRule are its parts.
+	// rules), rendered as `nft list` prints it; NFTChain is one of its
+	// chains.
 	NFTRuleSet = nftables.RuleSet
-	NFTTable   = nftables.Table
 	NFTChain   = nftables.Chain
-	NFTSet     = nftables.Set
-	NFTRule    = nftables.Rule
 )
 
 const (

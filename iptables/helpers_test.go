@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/iptables/xtables"
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 

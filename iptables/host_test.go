@@ -12,7 +12,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 

@@ -9,7 +9,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/iptables/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 )
 
 // TestHostEarlierTerminalRule: a node whose nat POSTROUTING already holds a
@@ -58,10 +59,10 @@ func TestHostRulesDriftRepair(t *testing.T) {
 		ipt := tool(IPv4, mode, "")
 		return []breakage{
 			{"jump deleted", func(t *testing.T, n ns.NetNS) {
-				nsRun(t, n, ipt, "-w", "-t", "nat", "-D", "POSTROUTING", "-j", ChainPostrouting)
+				nsRun(t, n, ipt, "-w", "-t", "nat", "-D", "POSTROUTING", "-j", xtables.ChainPostrouting)
 			}, "missing: iptables -t nat -I POSTROUTING 1 -j ISTIO_POSTRT"},
 			{"snat rule flushed", func(t *testing.T, n ns.NetNS) {
-				nsRun(t, n, ipt, "-w", "-t", "nat", "-F", ChainPostrouting)
+				nsRun(t, n, ipt, "-w", "-t", "nat", "-F", xtables.ChainPostrouting)
 			}, "missing: iptables -t nat -A ISTIO_POSTRT -p tcp -m owner --socket-exists"},
 			{"terminal rule put first", func(t *testing.T, n ns.NetNS) {
 				nsRun(t, n, ipt, "-w", "-t", "nat", "-I", "POSTROUTING", "1", "-p", "tcp", "-j", "ACCEPT")
@@ -167,9 +168,9 @@ add element inet istio-ambient-nat istio-inpod-probes-v4 { 10.77.0.2 comment "ui
 					nsRun(t, node, "ipset", "create", f.ProbeSet(), "hash:ip", "family", fam, "comment")
 					ipt := tool(f, mode, "")
 					nsRun(t, node, ipt, "-w", "-t", "nat", "-A", "POSTROUTING", "-p", "udp", "-j", "ACCEPT")
-					nsRun(t, node, ipt, "-w", "-t", "nat", "-N", ChainPostrouting)
-					nsRun(t, node, ipt, "-w", "-t", "nat", "-I", "POSTROUTING", "1", "-j", ChainPostrouting)
-					nsRun(t, node, ipt, "-w", "-t", "nat", "-A", ChainPostrouting, "-m", "owner", "--socket-exists", "-p", "tcp",
+					nsRun(t, node, ipt, "-w", "-t", "nat", "-N", xtables.ChainPostrouting)
+					nsRun(t, node, ipt, "-w", "-t", "nat", "-I", "POSTROUTING", "1", "-j", xtables.ChainPostrouting)
+					nsRun(t, node, ipt, "-w", "-t", "nat", "-A", xtables.ChainPostrouting, "-m", "owner", "--socket-exists", "-p", "tcp",
 						"-m", "set", "--match-set", f.ProbeSet(), "dst", "-j", "SNAT", "--to-source", f.ProbeSNAT().String())
 				}
 				nsRun(t, node, "ipset", "add", ProbeSetV4, "10.77.0.2", "comment", "uid-istio")

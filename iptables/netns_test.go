@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -102,12 +103,12 @@ func testPodRules(t *testing.T, mode Mode, c goldenCase) {
 	// Drift behind our back: a rule deleted, a stray rule added, the ip rule gone.
 	last := rs.V4[len(rs.V4)-1]
 	for _, r := range rs.V4 {
-		if r.Table == "nat" && r.Chain == ChainOutput {
+		if r.Table == "nat" && r.Chain == xtables.ChainOutput {
 			last = r
 		}
 	}
 	nsRun(t, pod, tool(IPv4, mode, ""), append([]string{"-w", "-t", last.Table, "-D", last.Chain}, last.Args...)...)
-	nsRun(t, pod, tool(IPv4, mode, ""), "-w", "-t", "mangle", "-A", ChainPrerouting, "-p", "sctp", "-j", "ACCEPT")
+	nsRun(t, pod, tool(IPv4, mode, ""), "-w", "-t", "mangle", "-A", xtables.ChainPrerouting, "-p", "sctp", "-j", "ACCEPT")
 	nsRun(t, pod, "ip", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100")
 	// VerifyPod names exactly that; apply repairs it.
 	checkDriftRepaired(t, m, pod, c.opts,

@@ -9,7 +9,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/iptables/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ambientd/ambientd/iptables/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
 )
 
 // TestNFTDeletedTableRepaired: a pod's nat table deleted behind our back

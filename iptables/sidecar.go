@@ -7,7 +7,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/iptables/rules"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 )
 
 // Sidecar mode (docs/sidecar.md): the rules Istio's istio-cni programs for

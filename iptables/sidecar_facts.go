@@ -1,42 +1,29 @@
 package iptables
 
 import (
-	"github.com/ambientd/ambientd/iptables/nftables"
-	"github.com/ambientd/ambientd/iptables/rules"
-	"github.com/ambientd/ambientd/iptables/xtables"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 )
 
 // Sidecar mode (docs/sidecar.md): the vocabulary and rule sets of the
 // sidecar rules, re-exported so callers need only this package.
 
 const (
-	SidecarOutboundPort = rules.SidecarOutboundPort
-	SidecarInboundPort  = rules.SidecarInboundPort
-	SidecarTunnelPort   = rules.SidecarTunnelPort
-	SidecarDNSPort      = rules.SidecarDNSPort
-	SidecarProbePort    = rules.SidecarProbePort
-	SidecarTProxyMark   = rules.SidecarTProxyMark
-	SidecarOutboundMark = rules.SidecarOutboundMark
-	SidecarTProxyTable  = rules.SidecarTProxyTable
-	DefaultProxyID      = rules.DefaultProxyID
+	SidecarTProxyMark  = rules.SidecarTProxyMark
+	SidecarTProxyTable = rules.SidecarTProxyTable
+	DefaultProxyID     = rules.DefaultProxyID
 
 	InterceptRedirect = rules.InterceptRedirect
 	InterceptTProxy   = rules.InterceptTProxy
 
 	// The sidecar chains of the iptables backends and tables of the
 	// nftables backend (Istio's names).
-	ChainSidecarInbound    = xtables.ChainSidecarInbound
-	ChainSidecarRedirect   = xtables.ChainSidecarRedirect
-	ChainSidecarInRedirect = xtables.ChainSidecarInRedirect
-	ChainSidecarOutput     = xtables.ChainSidecarOutput
-	NFTTableSidecarNat     = nftables.TableSidecarNat
-	NFTTableSidecarMangle  = nftables.TableSidecarMangle
-	NFTTableSidecarRaw     = nftables.TableSidecarRaw
+	ChainSidecarRedirect  = xtables.ChainSidecarRedirect
+	NFTTableSidecarNat    = nftables.TableSidecarNat
+	NFTTableSidecarMangle = nftables.TableSidecarMangle
+	NFTTableSidecarRaw    = nftables.TableSidecarRaw
 )
-
-// SidecarAlwaysExcludedInboundPorts are excluded from every pod's inbound
-// capture (Istio's 15020, 15021, 15090).
-var SidecarAlwaysExcludedInboundPorts = rules.SidecarAlwaysExcludedInboundPorts
 
 type (
 	// SidecarOptions is what a pod's sidecar rules depend on.

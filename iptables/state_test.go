@@ -10,7 +10,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/iptables/nftables"
+	"github.com/ambientd/ambientd/iptables/internal/nftables"
 )
 
 // autoIn runs NewManager with ModeAuto inside node and returns the mode.

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/ambientd/ambientd/iptables/ipset"
-	"github.com/ambientd/ambientd/iptables/rules"
-	"github.com/ambientd/ambientd/iptables/xtables"
+	"github.com/ambientd/ambientd/iptables/internal/ipset"
+	"github.com/ambientd/ambientd/iptables/internal/rules"
+	"github.com/ambientd/ambientd/iptables/internal/xtables"
 )
 
 // Successor names the node agent that takes a node over when ambientd

@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/ambientd/ambientd/iptables/internal/rules"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -43,7 +44,7 @@ type plan struct {
 
 var plans = []plan{
 	{IPv4, podIP, peerIP, spoofIP, ProbeSNATv4, "tcp4", "udp4", "127.0.0.1"},
-	{IPv6, podIP6, peerIP6, spoofIP6, ProbeSNATv6, "tcp6", "udp6", "::1"},
+	{IPv6, podIP6, peerIP6, spoofIP6, rules.ProbeSNATv6, "tcp6", "udp6", "::1"},
 }
 
 const appPort, peerPort = 8080, 9090

@@ -1,6 +1,6 @@
 // Package nodeagent_test holds the fitness tests of the node agent's
 // architecture: who may import whom (docs/architecture.md), and facts that two
-// rooms must agree on.
+// packages must agree on.
 package nodeagent_test
 
 import (
@@ -29,7 +29,7 @@ func deps(t *testing.T, pkg string) []string {
 
 // TestImports: the plugin imports no client-go and nothing of the agent but
 // the API it shares; ztunnelproto imports no Kubernetes and nothing of ours
-// (iptables and its floors: TestRuleFloors); the agent core imports no gRPC.
+// (iptables and its layers: TestRuleLayers); the agent core imports no gRPC.
 func TestImports(t *testing.T) {
 	tests := []struct {
 		pkgs []string
@@ -52,12 +52,12 @@ func TestImports(t *testing.T) {
 		{
 			// The istio-validation stand-in runs in a pod's init container
 			// as the proxy's uid: the contract only, nothing of the agent.
-			pkgs: []string{"cmd/sidecar-validation", "internal/validation"},
+			pkgs: []string{"test/sidecar-validation", "test/infra/validation"},
 			forbidden: func(pkg, dep string) string {
 				switch {
 				case strings.HasPrefix(dep, "k8s.io/"), strings.HasPrefix(dep, "sigs.k8s.io/"):
 					return "Kubernetes"
-				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg && dep != module+"/internal/validation":
+				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg && dep != module+"/test/infra/validation":
 					return "ours"
 				}
 				return ""
@@ -192,53 +192,43 @@ func TestAgentBinaryLean(t *testing.T) {
 	}
 }
 
-// ruleFloors are the packages of the rule code (iptables/doc.go) and what
-// each may import of ours besides itself.
-var ruleFloors = map[string][]string{
-	// top: the face the agent uses; anything of the rule code.
+// ruleLayers are the packages of the rule code (iptables/doc.go) and what
+// each may import of ours besides itself. Outside iptables/ only the package
+// iptables itself can be imported: the compiler enforces that (internal/).
+var ruleLayers = map[string][]string{
+	// top: the API package the agent uses; anything of the rule code.
 	"iptables": {"iptables/"},
 	// bottom: the shared vocabulary; nothing of ours.
-	"iptables/rules": nil,
-	// middle: one package per technology; the bottom floor only, never a
+	"iptables/internal/rules": nil,
+	// middle: one package per technology; the bottom layer only, never a
 	// sibling.
-	"iptables/xtables":  {"iptables/rules"},
-	"iptables/nftables": {"iptables/rules"},
-	"iptables/ipset":    {"iptables/rules"},
+	"iptables/internal/xtables":  {"iptables/internal/rules"},
+	"iptables/internal/nftables": {"iptables/internal/rules"},
+	"iptables/internal/ipset":    {"iptables/internal/rules"},
 }
 
 // technologyLibs are the libraries of the rule technologies, which the
-// bottom floor must not import.
+// bottom layer must not import.
 var technologyLibs = []string{"github.com/google/nftables", "github.com/mdlayher/", "github.com/vishvananda/",
 	"github.com/coreos/go-iptables", "github.com/containernetworking/"}
 
-// TestRuleFloors pins the floors of the rule code: every package under
-// iptables/ is on a floor (a new one must be added here); none imports
+// TestRuleLayers pins the layers of the rule code: every package under
+// iptables/ is on a layer (a new one must be added here); none imports
 // Kubernetes or anything of ours outside iptables/; the technology packages
-// import nothing of ours but the bottom floor (so never each other); the
-// bottom floor imports no netlink or iptables library; and no shipped
-// package outside iptables/ reaches past its face to a floor below.
-func TestRuleFloors(t *testing.T) {
+// import nothing of ours but the bottom layer (so never each other); and the
+// bottom layer imports no netlink or iptables library.
+func TestRuleLayers(t *testing.T) {
 	testutil.RequireBinary(t, "go")
-	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"/...").Output()
+	out, err := exec.Command("go", "list", module+"/iptables/...").Output()
 	if err != nil {
-		t.Fatalf("go list %s/...: %v", module, err)
+		t.Fatalf("go list %s/iptables/...: %v", module, err)
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.Fields(line)
-		pkg := strings.TrimPrefix(f[0], module+"/")
-		if pkg == "iptables" || strings.HasPrefix(pkg, "iptables/") {
-			if _, ok := ruleFloors[pkg]; !ok {
-				t.Errorf("%s is on no floor of the rule code: add it to ruleFloors (and to iptables/doc.go)", pkg)
-			}
-			continue
-		}
-		for _, imp := range f[1:] {
-			if strings.HasPrefix(imp, module+"/iptables/") {
-				t.Errorf("%s imports %s: outside iptables/, use the package iptables (its face)", pkg, imp)
-			}
+	for _, pkg := range strings.Fields(string(out)) {
+		if _, ok := ruleLayers[strings.TrimPrefix(pkg, module+"/")]; !ok {
+			t.Errorf("%s is on no layer of the rule code: add it to ruleLayers (and to iptables/doc.go)", pkg)
 		}
 	}
-	for pkg, allowed := range ruleFloors {
+	for pkg, allowed := range ruleLayers {
 		t.Run(pkg, func(t *testing.T) {
 			for _, dep := range deps(t, pkg) {
 				ours := strings.TrimPrefix(dep, module+"/")
@@ -247,14 +237,40 @@ func TestRuleFloors(t *testing.T) {
 					t.Errorf("%s imports %s (Kubernetes)", pkg, dep)
 				case ours == pkg:
 				case ours == dep: // not ours
-					if pkg == "iptables/rules" && slices.ContainsFunc(technologyLibs, func(l string) bool { return strings.HasPrefix(dep, l) }) {
-						t.Errorf("%s imports %s (the bottom floor owns no technology)", pkg, dep)
+					if pkg == "iptables/internal/rules" && slices.ContainsFunc(technologyLibs, func(l string) bool { return strings.HasPrefix(dep, l) }) {
+						t.Errorf("%s imports %s (the bottom layer owns no technology)", pkg, dep)
 					}
 				case !slices.ContainsFunc(allowed, func(a string) bool { return ours == a || strings.HasSuffix(a, "/") && strings.HasPrefix(ours, a) }):
-					t.Errorf("%s imports %s (ours; this floor may import only %v)", pkg, dep, allowed)
+					t.Errorf("%s imports %s (ours; this layer may import only %v)", pkg, dep, allowed)
 				}
 			}
 		})
+	}
+}
+
+// TestCmdIsWhatShips: cmd/ holds exactly the programs the image ships
+// (build.Programs marked Shipped, each built by a Dockerfile line, checked
+// in TestAgentBinaryLean); test stand-ins and build tools live under test/
+// and hack/.
+func TestCmdIsWhatShips(t *testing.T) {
+	testutil.RequireBinary(t, "go")
+	out, err := exec.Command("go", "list", module+"/cmd/...").Output()
+	if err != nil {
+		t.Fatalf("go list ./cmd/...: %v", err)
+	}
+	var cmd, shipped []string
+	for _, pkg := range strings.Fields(string(out)) {
+		cmd = append(cmd, "./"+strings.TrimPrefix(pkg, module+"/"))
+	}
+	for _, p := range build.Programs {
+		if p.Shipped {
+			shipped = append(shipped, p.Package)
+		}
+	}
+	slices.Sort(cmd)
+	slices.Sort(shipped)
+	if !slices.Equal(cmd, shipped) {
+		t.Errorf("go list ./cmd/... = %v, the shipped programs (build.Programs) = %v", cmd, shipped)
 	}
 }
 

@@ -1,5 +1,5 @@
 // Command mkimage writes the agent's image archive from directory trees (see
-// internal/imagebuild and hack/image.sh). It prints the image digest.
+// hack/imagebuild and hack/image.sh). It prints the image digest.
 //
 //	mkimage --layer rootfs=DIR --layer ambientd=DIR --tag REF --out FILE
 //
@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/imagebuild"
+	"github.com/ambientd/ambientd/hack/imagebuild"
 )
 
 type layerFlag []imagebuild.Layer

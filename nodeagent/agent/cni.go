@@ -67,6 +67,9 @@ func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err er
 		a.metrics.failure("pod_unknown")
 		return OutcomeUnknown, err
 	}
+	if pod == nil {
+		return NotInMesh, nil // a static pod out of the mesh whose mirror pod the API does not show
+	}
 	// The bounded pool: wait for a slot within the caller's deadline.
 	select {
 	case a.adds <- struct{}{}:
@@ -101,9 +104,17 @@ func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
 	uids := a.reg.FindByName(ev.Namespace, ev.Name)
 	switch {
 	case ev.UID != "":
-		uids = uids[:0]
+		// The runtime's uid: the pod's, or the static uid of a mirror
+		// pod registered under its API uid.
+		named := uids
+		uids = nil
 		if _, ok := a.reg.Get(ev.UID); ok {
 			uids = append(uids, ev.UID)
+		}
+		for _, uid := range named {
+			if uid != ev.UID && a.runtimeUIDOf(uid) == ev.UID {
+				uids = append(uids, uid)
+			}
 		}
 	case len(uids) > 1:
 		// No uid from the runtime and several pods of that name (a

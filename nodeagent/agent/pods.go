@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 )
 
@@ -59,4 +60,28 @@ func (a *Agent) decide(ctx context.Context, pod *corev1.Pod) (policy.Decision, e
 		return policy.Decision{}, err
 	}
 	return a.cfg.Policy.Decide(pod, labels), nil
+}
+
+// runtimeUID returns the uid the container runtime knows pod by — what a
+// CNI event carries as K8S_POD_UID and the pod's cgroup is named after: a
+// mirror pod's static uid (podmeta.StaticUID), else the pod's API uid. A
+// claim of a uid that is another pod's in the API is refused: a pod could
+// otherwise have that pod's sandbox enrolled as itself.
+func (a *Agent) runtimeUID(pod *corev1.Pod) string {
+	if uid, ok := podmeta.StaticUID(pod, a.cfg.NodeName); ok {
+		if other := a.podByUID(uid); other == nil || other.UID == pod.UID {
+			return uid
+		}
+		a.podLog(pod.Namespace, pod.Name, string(pod.UID)).Warn("mirror pod claims the uid of another pod; not believed", "reason", "config.mirror "+uid)
+	}
+	return string(pod.UID)
+}
+
+// runtimeUIDOf is runtimeUID of the cached pod with API uid uid (uid itself
+// when the cache does not have it).
+func (a *Agent) runtimeUIDOf(uid string) string {
+	if p := a.podByUID(uid); p != nil {
+		return a.runtimeUID(p)
+	}
+	return uid
 }

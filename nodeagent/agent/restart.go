@@ -107,7 +107,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 			continue // never enrollable as it is; the reconcile reports it
 		}
 		cands = append(cands, candidate{pod: p, annotated: annotated, inMesh: inMesh, opts: opts})
-		targets = append(targets, podnetns.Target{UID: string(p.UID), IPs: podmeta.IPs(p)})
+		targets = append(targets, podnetns.Target{UID: string(p.UID), RuntimeUID: a.runtimeUID(p), IPs: podmeta.IPs(p)})
 	}
 	start := time.Now()
 	if a.state != nil {

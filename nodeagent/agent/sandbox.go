@@ -111,7 +111,7 @@ func (a *Agent) ensureNetns(ctx context.Context, e registry.Entry) (registry.Ent
 	if e.Netns != nil {
 		return e, nil
 	}
-	found, _, err := a.findNetns(ctx, []podnetns.Target{{UID: e.UID, IPs: e.IPs}})
+	found, _, err := a.findNetns(ctx, []podnetns.Target{{UID: e.UID, RuntimeUID: a.runtimeUIDOf(e.UID), IPs: e.IPs}})
 	h := found[e.UID]
 	if err == nil && h == nil {
 		err = fmt.Errorf("pod %s/%s (IPs %v): %w", e.Namespace, e.Name, e.IPs, podnetns.ErrNotFound)

@@ -180,7 +180,7 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		return OutcomeUnknown, nil // retrying cannot help; the next pod update will
 	}
 	start := time.Now()
-	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: uid, IPs: ips})
+	h, err := a.finder.FindOne(ctx, podnetns.Target{UID: uid, RuntimeUID: a.runtimeUID(pod), IPs: ips})
 	a.metrics.step("netns", start)
 	if err != nil {
 		a.metrics.failure("netns_not_found")

@@ -26,8 +26,21 @@ import (
 
 // Target is a pod to look for.
 type Target struct {
+	// UID keys the result.
 	UID string
-	IPs []netip.Addr
+	// RuntimeUID is the uid the pod's cgroup is named after, when it is
+	// not UID: a static pod runs under its manifest's uid, while the API
+	// (and the agent) know it by its mirror pod's.
+	RuntimeUID string
+	IPs        []netip.Addr
+}
+
+// cgroupUID is the uid t's cgroup names.
+func (t Target) cgroupUID() string {
+	if t.RuntimeUID != "" {
+		return t.RuntimeUID
+	}
+	return t.UID
 }
 
 // Finder scans HostProc (usually /proc, or /host/proc in a container).
@@ -152,7 +165,8 @@ func (f *Finder) Find(ctx context.Context, targets []Target) (map[string]*Handle
 		if t.UID == "" {
 			continue
 		}
-		wants = append(wants, &want{t: t, needles: [2]string{t.UID, strings.ReplaceAll(t.UID, "-", "_")}, tried: map[uint64]bool{}})
+		cg := t.cgroupUID()
+		wants = append(wants, &want{t: t, needles: [2]string{cg, strings.ReplaceAll(cg, "-", "_")}, tried: map[uint64]bool{}})
 	}
 	closeAll := func() {
 		for _, h := range found {

@@ -387,3 +387,60 @@ func BenchmarkCurrent(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/check")
 }
+
+// TestFindRefusesANetnsWithoutThePodsIP: a process in the pod's cgroup that
+// lives in another network namespace (one the pod's container joined, or a
+// foreign process placed in the pod's cgroup) does not make that namespace
+// the pod's: the scan accepts a namespace only if it holds one of the pod's
+// IPs (as Istio's finder does since istio/istio#61211), and keeps looking for
+// the one that does. Real namespaces, real addresses.
+func TestFindRefusesANetnsWithoutThePodsIP(t *testing.T) {
+	podIP, otherIP := netip.MustParseAddr("10.99.0.21"), netip.MustParseAddr("10.99.0.22")
+	_, foreignPid := addrNetns(t, otherIP) // another pod's sandbox
+	root := t.TempDir()
+	fakeCgroup(t, root, 10, uidA, foreignPid) // listed first: scanned first
+	if h, err := New(root).FindOne(context.Background(), Target{UID: uidA, IPs: []netip.Addr{podIP}}); err == nil {
+		h.Close()
+		t.Fatalf("the scan returned %v, a netns without the pod's IP %v", h, podIP)
+	} else if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("FindOne: %v, want ErrNotFound", err)
+	}
+	podNS, podPid := addrNetns(t, podIP)
+	fakeCgroup(t, root, 11, uidA, podPid)
+	h, err := New(root).FindOne(context.Background(), Target{UID: uidA, IPs: []netip.Addr{podIP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if !h.SameAs(podNS.Path()) {
+		t.Errorf("found %v, want the pod's netns %s", h, podNS.Path())
+	}
+	if h, err := New(root).FindOne(context.Background(), Target{UID: uidA}); err == nil {
+		h.Close()
+		t.Errorf("a pod without IPs to check was found (%v)", h)
+	}
+}
+
+// TestFindByRuntimeUID: a static pod's cgroup names the uid the kubelet
+// runs it under, not its mirror pod's API uid; the scan looks for
+// RuntimeUID and keys the result by UID.
+func TestFindByRuntimeUID(t *testing.T) {
+	const static = "6a1b2c3d4e5f60718293a4b5c6d7e8f9"
+	p := newFakeProc(t)
+	p.add(5, "0::/kubepods/besteffort/pod"+static+"/c\n", "10.0.0.5")
+	f := New(p.root)
+	f.addrs = fileAddrs
+	got, err := f.Find(context.Background(), []Target{{UID: uidA, RuntimeUID: static, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.5")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range got {
+		defer h.Close()
+	}
+	if got[uidA] == nil || len(got) != 1 {
+		t.Fatalf("found %v, want the static pod under its API uid", got)
+	}
+	if got, _ := f.Find(context.Background(), []Target{{UID: uidA, IPs: []netip.Addr{netip.MustParseAddr("10.0.0.5")}}}); len(got) != 0 {
+		t.Errorf("found by its API uid %v, which no cgroup names", got)
+	}
+}

@@ -19,11 +19,11 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/internal/validation"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
 	"github.com/ambientd/ambientd/test/infra/testutil"
+	"github.com/ambientd/ambientd/test/infra/validation"
 )
 
 // istioValidation is bin/istio-validation (ISTIO_VALIDATION overrides),

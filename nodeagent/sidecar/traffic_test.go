@@ -20,11 +20,11 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ambientd/ambientd/internal/validation"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
 	"github.com/ambientd/ambientd/test/infra/testutil"
+	"github.com/ambientd/ambientd/test/infra/validation"
 )
 
 // helperEnv makes the test binary a helper (TestMain): run as the proxy's

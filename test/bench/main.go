@@ -21,8 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,14 +48,14 @@ type config struct {
 
 func main() {
 	var c config
-	flag.IntVar(&c.pods, "pods", envInt("BENCH_PODS", 100), "pods to create (env BENCH_PODS)")
-	flag.IntVar(&c.burst, "burst", envInt("BENCH_BURST", 50), "pods created at once in each burst (env BENCH_BURST)")
-	flag.IntVar(&c.verifyWorkers, "verify-workers", envInt("BENCH_VERIFY_WORKERS", 4), "pods verified at once in the verification pass (env BENCH_VERIFY_WORKERS)")
+	flag.IntVar(&c.pods, "pods", e2eenv.EnvInt("BENCH_PODS", 100), "pods to create (env BENCH_PODS)")
+	flag.IntVar(&c.burst, "burst", e2eenv.EnvInt("BENCH_BURST", 50), "pods created at once in each burst (env BENCH_BURST)")
+	flag.IntVar(&c.verifyWorkers, "verify-workers", e2eenv.EnvInt("BENCH_VERIFY_WORKERS", 4), "pods verified at once in the verification pass (env BENCH_VERIFY_WORKERS)")
 	flag.StringVar(&c.out, "out", os.Getenv("BENCH_OUT"), "also append the result table to this file (env BENCH_OUT)")
-	flag.DurationVar(&c.timeout, "timeout", envDuration("BENCH_TIMEOUT", 30*time.Minute), "give up after this long (env BENCH_TIMEOUT)")
+	flag.DurationVar(&c.timeout, "timeout", e2eenv.EnvDuration("BENCH_TIMEOUT", 30*time.Minute), "give up after this long (env BENCH_TIMEOUT)")
 	flag.StringVar(&c.agentArgs, "agent-args", os.Getenv("BENCH_AGENT_ARGS"), "extra flags for `ambientd run`, space separated (env BENCH_AGENT_ARGS)")
-	flag.StringVar(&c.scenario, "scenario", envString("BENCH_SCENARIO", "enrollment"), "enrollment, or ztunnel-outage: N enrolled pods, the only ztunnel killed, a new one once all are False (env BENCH_SCENARIO)")
-	flag.IntVar(&c.outages, "outages", envInt("BENCH_OUTAGES", 2), "outages of the ztunnel-outage scenario (env BENCH_OUTAGES)")
+	flag.StringVar(&c.scenario, "scenario", e2eenv.EnvString("BENCH_SCENARIO", "enrollment"), "enrollment, or ztunnel-outage: N enrolled pods, the only ztunnel killed, a new one once all are False (env BENCH_SCENARIO)")
+	flag.IntVar(&c.outages, "outages", e2eenv.EnvInt("BENCH_OUTAGES", 2), "outages of the ztunnel-outage scenario (env BENCH_OUTAGES)")
 	flag.Parse()
 	if c.pods < 1 || c.pods > 4000 || c.burst < 1 || c.verifyWorkers < 1 || c.outages < 1 || (c.scenario != "enrollment" && c.scenario != "ztunnel-outage") {
 		fmt.Fprintln(os.Stderr, "bench: -pods must be 1..4000, -burst, -verify-workers and -outages positive, -scenario enrollment or ztunnel-outage")
@@ -183,7 +181,7 @@ func startNode(ctx context.Context, env *e2eenv.Env, c config) (*e2eenv.Emulator
 }
 
 func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
-	r := &result{cfg: c, machine: machine()}
+	r := &result{cfg: c, machine: e2eenv.Machine()}
 	em, a, err := startNode(ctx, env, c)
 	if err != nil {
 		return nil, err
@@ -441,23 +439,10 @@ func ready(ctx context.Context, a *e2eenv.Agent) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// metric reads one sample of the agent's /metrics (0 when absent).
+// metric reads one sample of the agent's /metrics (0 when absent or unreadable).
 func metric(ctx context.Context, a *e2eenv.Agent, name, labels string) float64 {
-	body, err := a.Metrics(ctx)
-	if err != nil {
-		return 0
-	}
-	prefix := name
-	if labels != "" {
-		prefix += "{" + labels + "}"
-	}
-	for _, l := range strings.Split(body, "\n") {
-		if rest, ok := strings.CutPrefix(l, prefix+" "); ok {
-			v, _ := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			return v
-		}
-	}
-	return 0
+	v, _ := a.Metric(ctx, name, labels)
+	return v
 }
 
 // lastSnapshotSize is how many Adds/Keeps the newest ztunnel connection got
@@ -510,39 +495,7 @@ func statusKiB(pid int, key string) int64 {
 	return 0
 }
 
-func machine() string {
-	mem := "?"
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(l, "MemTotal:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-				mem = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
-			}
-		}
-	}
-	kernel, _ := exec.Command("uname", "-r").Output()
-	model := "?"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(l, "model name"); ok {
-				model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(rest), ":"))
-				break
-			}
-		}
-	}
-	load, _ := os.ReadFile("/proc/loadavg")
-	return fmt.Sprintf("%d CPUs (%s), %s RAM, kernel %s, %s; load average at start %s",
-		runtime.NumCPU(), model, mem, strings.TrimSpace(string(kernel)), runtime.Version(), strings.Join(strings.Fields(string(load))[:3], " "))
-}
-
-func pct(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[int(float64(len(s)-1)*p+0.5)]
-}
+func pct(d []time.Duration, p float64) time.Duration { return e2eenv.Percentile(d, p) }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 
@@ -593,25 +546,4 @@ func (r *result) markdown() string {
 	row("removal of all N (CNI DEL + sandbox + object) → agent holds none", sec(r.removal))
 	row("agent CPU from restart through removal; peak RSS after restart", fmt.Sprintf("%s; %.1f MiB", sec(r.cpu2), float64(r.rss2)/1024))
 	return b.String()
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return v
-	}
-	return def
-}
-
-func envString(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func envDuration(name string, def time.Duration) time.Duration {
-	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
-		return v
-	}
-	return def
 }

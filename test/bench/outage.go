@@ -166,7 +166,7 @@ func statusWrites(ctx context.Context, a *e2eenv.Agent) float64 {
 }
 
 func runOutage(ctx context.Context, env *e2eenv.Env, c config) (*outageResult, error) {
-	r := &outageResult{cfg: c, machine: machine(), grace: agent.DefaultZtunnelGrace.String()}
+	r := &outageResult{cfg: c, machine: e2eenv.Machine(), grace: agent.DefaultZtunnelGrace.String()}
 	em, a, err := startNode(ctx, env, c)
 	if err != nil {
 		return nil, err

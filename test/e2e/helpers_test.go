@@ -15,9 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"sort"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -382,34 +380,14 @@ func netnsInode(t *testing.T, p *e2eenv.Pod) uint64 {
 	return st.Ino
 }
 
-var counters = regexp.MustCompile(`\[\d+:\d+\]`)
-
-// podRules returns our rules inside the pod's netns (iptables-save of both
-// variants, only lines naming the ISTIO_ chains, counters stripped).
+// podRules returns our rules inside the pod's netns (e2eenv's Pod.Rules).
 func podRules(t *testing.T, p *e2eenv.Pod) string {
 	t.Helper()
-	var out []string
-	for _, tool := range []string{"iptables-legacy-save", "iptables-nft-save"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			continue
-		}
-		var buf bytes.Buffer
-		err := p.Do(func() error {
-			cmd := exec.Command(tool)
-			cmd.Stdout = &buf
-			cmd.Stderr = &buf
-			return cmd.Run()
-		})
-		if err != nil {
-			t.Fatalf("%s in pod %s/%s: %v: %s", tool, p.Namespace, p.Name, err, buf.String())
-		}
-		for _, l := range strings.Split(buf.String(), "\n") {
-			if strings.Contains(l, "ISTIO_") && !strings.HasPrefix(l, "#") {
-				out = append(out, tool+": "+counters.ReplaceAllString(l, ""))
-			}
-		}
+	r, err := p.Rules()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return strings.Join(out, "\n")
+	return r
 }
 
 // outsideAddr is an address in the pod subnet that nobody holds: routable
@@ -432,23 +410,11 @@ func informerPods(t *testing.T, ctx context.Context, a *e2eenv.Agent) int {
 // exact label text (e.g. `reason="rules"`), or "" for an unlabelled metric.
 func metricValue(t *testing.T, ctx context.Context, a *e2eenv.Agent, name, labels string) float64 {
 	t.Helper()
-	body, err := a.Metrics(ctx)
+	v, err := a.Metric(ctx, name, labels)
 	if err != nil {
 		t.Fatal(err)
 	}
-	prefix := name
-	if labels != "" {
-		prefix += "{" + labels + "}"
-	}
-	for _, l := range strings.Split(body, "\n") {
-		if rest, ok := strings.CutPrefix(l, prefix+" "); ok {
-			var v float64
-			if _, err := fmt.Sscan(rest, &v); err == nil {
-				return v
-			}
-		}
-	}
-	return 0
+	return v
 }
 
 // runPluginAdd execs bin/ambientd-cni directly (as the runtime would, as the

@@ -8,7 +8,6 @@ package e2e
 // handovers and IPv6.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -30,29 +29,12 @@ import (
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
-// wipeRules flushes and deletes every chain of the nat, mangle and raw
-// tables in the pod's netns, with every iptables variant present (IPv4 and
-// IPv6): what a sandbox recreated without our plugin, or a NET_ADMIN
-// container flushing its tables, leaves behind.
+// wipeRules wipes the pod's rules (e2eenv's Pod.WipeRules) and checks none
+// of ours is left.
 func wipeRules(t *testing.T, p *e2eenv.Pod) {
 	t.Helper()
-	for _, tool := range []string{"iptables-legacy", "iptables-nft", "ip6tables-legacy", "ip6tables-nft"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			continue
-		}
-		for _, table := range []string{"nat", "mangle", "raw"} {
-			for _, op := range []string{"-F", "-X"} {
-				var buf bytes.Buffer
-				err := p.Do(func() error {
-					cmd := exec.Command(tool, "-w", "-t", table, op)
-					cmd.Stdout, cmd.Stderr = &buf, &buf
-					return cmd.Run()
-				})
-				if err != nil {
-					t.Fatalf("%s -t %s %s in pod %s: %v: %s", tool, table, op, p.Name, err, buf.String())
-				}
-			}
-		}
+	if err := p.WipeRules(); err != nil {
+		t.Fatal(err)
 	}
 	if r := podRules(t, p); r != "" {
 		t.Fatalf("rules left after wiping pod %s:\n%s", p.Name, r)

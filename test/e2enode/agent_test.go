@@ -131,6 +131,8 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"AdmissionGatesFromPolicy", r.admissionGatesFromPolicy},
 		{"StartupCost", r.startupCost},
 		{"SandboxRecreatedStaysEnrolled", r.sandboxRecreatedStaysEnrolled},
+		{"StaticPods", r.staticPods},
+		{"ContainersRestartStayEnrolled", r.containersRestartStayEnrolled},
 		{"HostNetworkPodNeverAPod", r.hostNetworkPodNeverAPod},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},

@@ -31,7 +31,7 @@ import (
 // with the images swapped for local ones: the app image, a stand-in
 // istio-proxy (listeners on 15001/15006 that answer with where a connection
 // landed, health on 15021) and our istio-validation as the validation
-// image (internal/validation; make istio-oracle-check proves it judges as
+// image (test/infra/validation; make istio-oracle-check proves it judges as
 // Istio's does).
 
 // sidecarManifest is the golden case's pod (injected, or the input pod

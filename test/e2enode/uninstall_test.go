@@ -191,27 +191,7 @@ func (r *agentRun) uninstallLeavesNodeAsBefore(t *testing.T, ctx context.Context
 	}
 	t.Logf("the agent's shutdown decision: %s", decision)
 	// No waiting beyond the pod: the agent uninstalled before it exited.
-	if got := []byte(conflist(t)); string(got) != string(r.pristine.conflist) {
-		t.Errorf("conflist after the uninstall differs from before the install:\nbefore:\n%s\nafter:\n%s", r.pristine.conflist, got)
-	}
-	// The whole conf dir: the agent's own conflist (its default mode) gone
-	// too, nothing else left or changed.
-	if got := confDirFiles(t); !maps.EqualFunc(got, r.pristine.confDir, bytes.Equal) {
-		names := func(m map[string][]byte) []string { return slices.Sorted(maps.Keys(m)) }
-		t.Errorf("CNI conf dir after the uninstall differs from before the install: files %v, before %v (or contents changed)", names(got), names(r.pristine.confDir))
-	}
-	if _, err := os.Stat(filepath.Join(node.CNIBinDir, "ambientd-cni")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("ambientd-cni still in the node's bin dir after the uninstall (%v)", err)
-	}
-	for _, args := range [][]string{{"iptables-legacy-save", "-t", "nat"}, {"iptables-nft-save", "-t", "nat"}, {"nft", "list", "tables"}} {
-		if _, err := exec.LookPath(args[0]); err != nil {
-			continue
-		}
-		out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
-		if err != nil || strings.Contains(string(out), "ISTIO_POSTRT") || strings.Contains(string(out), "istio-ambient") {
-			t.Errorf("host probe rules left after the uninstall: %s (%v):\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	r.nodeLeftAsBefore(t, ctx)
 	t.Logf("uninstall command -> node as before: %s", time.Since(start).Round(time.Millisecond))
 
 	// Istio's namespace and what is in it are untouched.
@@ -242,4 +222,33 @@ func (r *agentRun) uninstallLeavesNodeAsBefore(t *testing.T, ctx context.Context
 		t.Fatalf("a new pod in default after the uninstall: %v", err)
 	}
 	t.Logf("new pod in default after the uninstall: %s", describe(p))
+}
+
+// nodeLeftAsBefore: the node's CNI conf dir is byte for byte what it was
+// before the first install (the conflist and every other file), the plugin
+// binary and the host probe rules are gone. Checked right after the
+// uninstall command returned: the agent uninstalled before it exited.
+func (r *agentRun) nodeLeftAsBefore(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if got := []byte(conflist(t)); string(got) != string(r.pristine.conflist) {
+		t.Errorf("conflist after the uninstall differs from before the install:\nbefore:\n%s\nafter:\n%s", r.pristine.conflist, got)
+	}
+	// The whole conf dir: the agent's own conflist (its default mode) gone
+	// too, nothing else left or changed.
+	if got := confDirFiles(t); !maps.EqualFunc(got, r.pristine.confDir, bytes.Equal) {
+		names := func(m map[string][]byte) []string { return slices.Sorted(maps.Keys(m)) }
+		t.Errorf("CNI conf dir after the uninstall differs from before the install: files %v, before %v (or contents changed)", names(got), names(r.pristine.confDir))
+	}
+	if _, err := os.Stat(filepath.Join(node.CNIBinDir, "ambientd-cni")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("ambientd-cni still in the node's bin dir after the uninstall (%v)", err)
+	}
+	for _, args := range [][]string{{"iptables-legacy-save", "-t", "nat"}, {"iptables-nft-save", "-t", "nat"}, {"nft", "list", "tables"}} {
+		if _, err := exec.LookPath(args[0]); err != nil {
+			continue
+		}
+		out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
+		if err != nil || strings.Contains(string(out), "ISTIO_POSTRT") || strings.Contains(string(out), "istio-ambient") {
+			t.Errorf("host probe rules left after the uninstall: %s (%v):\n%s", strings.Join(args, " "), err, out)
+		}
+	}
 }

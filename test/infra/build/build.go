@@ -42,6 +42,10 @@ const (
 	ControllerManager Part = "kube-controller-manager"
 	Scheduler         Part = "kube-scheduler"
 	Kubectl           Part = "kubectl"
+	// Helm is the helm command, built from the test-only module test/helm
+	// at the version it pins for the chart's tests (make e2e-node installs
+	// the chart with it).
+	Helm Part = "helm"
 
 	// CNIPlugins are the CNI reference plugins loopback, bridge and
 	// host-local at the version go.mod pins (the pod network of every test
@@ -70,10 +74,12 @@ var (
 // keeps the two in step.
 var Targets = map[string][]Part{
 	"demo":       Node,
-	"e2e-node":   Node,
+	"e2e-node":   append(slices.Clone(Node), Helm),
 	"demo-lite":  ControlPlane,
 	"e2e":        ControlPlane,
 	"bench-e2e":  ControlPlane,
+	"soak":       ControlPlane,
+	"soak-check": ControlPlane,
 	"image":      {Packages, Image},
 	"build":      {Ours},
 	"test":       {Packages, CNIPlugins},
@@ -103,6 +109,7 @@ var cold = map[Part]time.Duration{
 	ControllerManager: 70 * time.Second,
 	Scheduler:         20 * time.Second,
 	Kubectl:           45 * time.Second,
+	Helm:              200 * time.Second,
 	CNIPlugins:        30 * time.Second,
 	Ours:              90 * time.Second,
 	Image:             60 * time.Second,
@@ -115,6 +122,7 @@ var titles = map[Part]string{
 	CNIPlugins:   "CNI reference plugins (loopback, bridge, host-local)",
 	Ours:         "ambientd, ambientd-cni, ztunnel-emulator, sidecar-validation (bin/)",
 	Image:        "the agent image (bin/ambientd-image.tar)",
+	Helm:         "helm (the Helm command, from the module proxy: test/helm)",
 	"modules":    "the Go modules of Kubernetes and etcd (download)",
 }
 
@@ -162,10 +170,10 @@ type Program struct {
 var Programs = []Program{
 	{Name: "ambientd", Package: "./cmd/ambientd", Tags: []string{"grpcnotrace"}, Shipped: true},
 	{Name: "ambientd-cni", Package: "./cmd/ambientd-cni", Tags: []string{"grpcnotrace"}, Shipped: true},
-	{Name: "ztunnel-emulator", Package: "./cmd/ztunnel-emulator"},
+	{Name: "ztunnel-emulator", Package: "./test/ztunnel-emulator"},
 	// Our istio-validation (sidecar mode's init container check), the
 	// real-node suite's validation image and the e2e tests' check.
-	{Name: "sidecar-validation", Package: "./cmd/sidecar-validation"},
+	{Name: "sidecar-validation", Package: "./test/sidecar-validation"},
 }
 
 // buildArgs are the go build arguments for p into out.
@@ -191,7 +199,9 @@ type Binaries struct {
 	// The real node: kubelet, kube-controller-manager, kube-scheduler and
 	// kubectl (KubeDir), containerd, ctr, the runc shim and runc (Debian).
 	Kubelet, ControllerManager, Scheduler, Kubectl string
-	Containerd, Ctr, Runc, Shim                    string
+	// Helm is the helm command (.cache/helm/VERSION/helm).
+	Helm                        string
+	Containerd, Ctr, Runc, Shim string
 	// CNIRefDir holds the reference plugins loopback, bridge, host-local.
 	CNIRefDir string
 	// Ours, in bin/.
@@ -211,6 +221,10 @@ func Locate(root string) (Binaries, error) {
 	if err != nil {
 		return Binaries{}, err
 	}
+	helm, err := helmPath(root)
+	if err != nil {
+		return Binaries{}, err
+	}
 	if d := os.Getenv(EnvKubeBinDir); d != "" {
 		kube = d
 	}
@@ -219,8 +233,8 @@ func Locate(root string) (Binaries, error) {
 		KubeDir: kube, Etcd: filepath.Join(kube, "etcd"), KubeAPIServer: filepath.Join(kube, "kube-apiserver"),
 		Kubelet: filepath.Join(kube, "kubelet"), ControllerManager: filepath.Join(kube, "kube-controller-manager"),
 		Scheduler: filepath.Join(kube, "kube-scheduler"), Kubectl: filepath.Join(kube, "kubectl"),
-		CNIRefDir: cni,
-		Agent:     filepath.Join(bin, "ambientd"), CNIPlugin: filepath.Join(bin, "ambientd-cni"), Emulator: filepath.Join(bin, "ztunnel-emulator"),
+		CNIRefDir: cni, Helm: helm,
+		Agent: filepath.Join(bin, "ambientd"), CNIPlugin: filepath.Join(bin, "ambientd-cni"), Emulator: filepath.Join(bin, "ztunnel-emulator"),
 		Validation: filepath.Join(bin, "sidecar-validation"),
 		Image:      filepath.Join(bin, "ambientd-image.tar"),
 	}
@@ -250,6 +264,8 @@ func (b Binaries) files(p Part) []string {
 		return []string{b.Scheduler}
 	case Kubectl:
 		return []string{b.Kubectl}
+	case Helm:
+		return []string{b.Helm}
 	case CNIPlugins:
 		return []string{filepath.Join(b.CNIRefDir, "loopback"), filepath.Join(b.CNIRefDir, "bridge"), filepath.Join(b.CNIRefDir, "host-local")}
 	case Ours:
@@ -303,7 +319,7 @@ func isExecutable(p string) error {
 
 // sortedParts returns parts in build order, each once.
 func sortedParts(parts []Part) []Part {
-	order := []Part{Packages, NodePackages, Etcd, KubeAPIServer, Kubelet, ControllerManager, Scheduler, Kubectl, CNIPlugins, Ours, Image}
+	order := []Part{Packages, NodePackages, Etcd, KubeAPIServer, Kubelet, ControllerManager, Scheduler, Kubectl, Helm, CNIPlugins, Ours, Image}
 	var out []Part
 	for _, p := range order {
 		if slices.Contains(parts, p) {

@@ -123,6 +123,11 @@ func Ensure(ctx context.Context, parts []Part, opts Options) (Binaries, error) {
 				}
 			}
 			err = e.locked(ctx, b, p, func(ctx context.Context, log io.Writer) error { return e.buildKube(ctx, log, b, p) })
+		case p == Helm:
+			if !b.missing(p) {
+				continue
+			}
+			err = e.locked(ctx, b, p, func(ctx context.Context, log io.Writer) error { return e.buildHelm(ctx, log, b) })
 		case p == CNIPlugins:
 			if !b.missing(p) {
 				continue
@@ -306,6 +311,20 @@ func (e *ensurer) buildKube(ctx context.Context, log io.Writer, b Binaries, p Pa
 		return err
 	}
 	return os.Rename(tmp, dst)
+}
+
+// buildHelm builds the helm command from the module test/helm pins (its
+// go.mod's tool directive) into a temporary name and renames it.
+func (e *ensurer) buildHelm(ctx context.Context, log io.Writer, b Binaries) error {
+	if err := os.MkdirAll(filepath.Dir(b.Helm), 0o755); err != nil {
+		return err
+	}
+	tmp := b.Helm + ".tmp"
+	if err := e.run(ctx, log, filepath.Join(e.opts.Root, "test", "helm"), kubeEnv(), "go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, "helm.sh/helm/v4/cmd/helm"); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, b.Helm)
 }
 
 // buildCNIPlugins builds the reference plugins into a temporary dir and

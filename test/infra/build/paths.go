@@ -71,6 +71,15 @@ func kubeDir(root string) (string, error) {
 	return filepath.Join(root, ".cache", "kube", kube+"-etcd-"+etcd), nil
 }
 
+// helmPath is where the helm command goes, per Helm version test/helm pins.
+func helmPath(root string) (string, error) {
+	v, err := requiredVersion(filepath.Join(root, "test", "helm", "go.mod"), "helm.sh/helm/v4")
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, ".cache", "helm", v, "helm"), nil
+}
+
 // cniRefDir is where the reference plugins go, per plugins module version.
 func cniRefDir(root string) (string, error) {
 	v, err := requiredVersion(filepath.Join(root, "go.mod"), "github.com/containernetworking/plugins")

@@ -29,18 +29,33 @@ type PodSpec struct {
 	// Chain runs the pod's CNI (default Env.Chain; Env.PlainChain leaves
 	// our plugin out).
 	Chain *Chain
+	// StaticUID makes the pod a static pod as the kubelet runs one: the
+	// sandbox (its cgroup, K8S_POD_UID) has this uid, the API object is its
+	// mirror pod (controlled by the Node, annotated config.mirror and
+	// config.hash = StaticUID, no service account).
+	StaticUID string
 }
+
+// The kubelet's mirror pod annotations (k8s.io/kubelet/pkg/types).
+const (
+	annConfigMirror = "kubernetes.io/config.mirror"
+	annConfigHash   = "kubernetes.io/config.hash"
+	annConfigSource = "kubernetes.io/config.source"
+)
 
 // Pod is a pod the environment created: the API object, its network
 // namespace and what the CNI chain assigned.
 type Pod struct {
 	Namespace, Name string
-	UID             string
-	ContainerID     string
-	Netns           ns.NetNS
-	NetnsPath       string
-	IPs             []netip.Addr
-	Result          *current.Result
+	UID             string // the API object's
+	// RuntimeUID is the uid the runtime runs the sandbox under (cgroup,
+	// K8S_POD_UID): UID, or a static pod's StaticUID.
+	RuntimeUID  string
+	ContainerID string
+	Netns       ns.NetNS
+	NetnsPath   string
+	IPs         []netip.Addr
+	Result      *current.Result
 	// AddDuration is how long the chain's CNI ADD took (libcni, every
 	// plugin of the chain), for benchmarks.
 	AddDuration time.Duration
@@ -65,7 +80,7 @@ func (p *Pod) IP() netip.Addr {
 }
 
 func (p *Pod) attachment() Attachment {
-	return Attachment{ContainerID: p.ContainerID, NetnsPath: p.NetnsPath, PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.UID, IP: p.requestIP}
+	return Attachment{ContainerID: p.ContainerID, NetnsPath: p.NetnsPath, PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.RuntimeUID, IP: p.requestIP}
 }
 
 // CreatePod does what the scheduler, kubelet and container runtime do for a
@@ -76,11 +91,13 @@ func (p *Pod) attachment() Attachment {
 // DEL runs, the sandbox, netns and Pod object are removed, and the error (see
 // IsCNIError) is returned.
 func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
-	if spec.ServiceAccount == "" {
+	if spec.ServiceAccount == "" && spec.StaticUID == "" {
 		spec.ServiceAccount = "default"
 	}
-	if err := e.EnsureServiceAccount(ctx, spec.Namespace, spec.ServiceAccount); err != nil {
-		return nil, err
+	if spec.ServiceAccount != "" {
+		if err := e.EnsureServiceAccount(ctx, spec.Namespace, spec.ServiceAccount); err != nil {
+			return nil, err
+		}
 	}
 	obj := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: spec.Namespace, Labels: spec.Labels, Annotations: spec.Annotations},
@@ -91,6 +108,19 @@ func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
 			Containers:                    []corev1.Container{{Name: "app", Image: "registry.invalid/e2e/app:1"}},
 		},
 	}
+	runtimeUID := spec.StaticUID
+	if spec.StaticUID != "" {
+		n, err := e.CP.Admin.CoreV1().Nodes().Get(ctx, e.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("mirror pod %s/%s: its node: %w", spec.Namespace, spec.Name, err)
+		}
+		if obj.Annotations == nil {
+			obj.Annotations = map[string]string{}
+		}
+		obj.Annotations[annConfigMirror], obj.Annotations[annConfigHash], obj.Annotations[annConfigSource] = spec.StaticUID, spec.StaticUID, "file"
+		yes := true
+		obj.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID, Controller: &yes}}
+	}
 	if spec.Mutate != nil {
 		spec.Mutate(obj)
 	}
@@ -98,7 +128,10 @@ func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create pod %s/%s: %w", spec.Namespace, spec.Name, err)
 	}
-	p, err := e.AttachPod(ctx, obj, spec.Chain)
+	if runtimeUID == "" {
+		runtimeUID = string(obj.UID)
+	}
+	p, err := e.attach(ctx, obj, spec.Chain, netip.Addr{}, runtimeUID)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -126,15 +159,16 @@ func (e *Env) CreatePod(ctx context.Context, spec PodSpec) (*Pod, error) {
 // update. On error everything it made is undone. DeletePod (or Env.Close)
 // tears the result down.
 func (e *Env) AttachPod(ctx context.Context, obj *corev1.Pod, chain *Chain) (*Pod, error) {
-	return e.attach(ctx, obj, chain, netip.Addr{})
+	return e.attach(ctx, obj, chain, netip.Addr{}, string(obj.UID))
 }
 
-// attach is AttachPod asking host-local for ip when it is valid.
-func (e *Env) attach(ctx context.Context, obj *corev1.Pod, chain *Chain, ip netip.Addr) (*Pod, error) {
+// attach is AttachPod asking host-local for ip when it is valid, the
+// sandbox run under runtimeUID.
+func (e *Env) attach(ctx context.Context, obj *corev1.Pod, chain *Chain, ip netip.Addr, runtimeUID string) (*Pod, error) {
 	if chain == nil {
 		chain = e.Chain
 	}
-	p := &Pod{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID), ContainerID: "e2e-" + randHex(12), chain: chain, requestIP: ip}
+	p := &Pod{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID), RuntimeUID: runtimeUID, ContainerID: "e2e-" + randHex(12), chain: chain, requestIP: ip}
 	fail := func(err error) (*Pod, error) {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -281,7 +315,7 @@ func (e *Env) RecreateSandbox(ctx context.Context, p *Pod, o SandboxOptions) (*P
 	if o.SameIP {
 		ip = p.IP()
 	}
-	nu, err := e.attach(ctx, obj, chain, ip)
+	nu, err := e.attach(ctx, obj, chain, ip, p.RuntimeUID)
 	if err != nil {
 		return old, fmt.Errorf("recreate sandbox of pod %s/%s: %w", p.Namespace, p.Name, err)
 	}

@@ -161,7 +161,7 @@ func (e *Env) startSandbox(ctx context.Context, p *Pod) error {
 	}
 	// One scope per sandbox below the pod's cgroup, as containerd makes
 	// them: a recreated sandbox may run beside the old one.
-	dir := filepath.Join(e.cgroups.podDir(p.UID), "cri-containerd-"+p.ContainerID+".scope")
+	dir := filepath.Join(e.cgroups.podDir(p.RuntimeUID), "cri-containerd-"+p.ContainerID+".scope")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("pod %s/%s sandbox: create cgroup: %w", p.Namespace, p.Name, err)
 	}

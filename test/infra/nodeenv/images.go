@@ -34,7 +34,7 @@ const (
 	// (see test/infra/nodeenv/images/proxy): listeners on 15001 and 15006
 	// that answer with where a connection landed, health on 15021.
 	ProxyImage = "ambientd.local/e2e/istio-proxy:1"
-	// ValidationImage is our istio-validation (cmd/sidecar-validation), the
+	// ValidationImage is our istio-validation (test/sidecar-validation), the
 	// injected istio-validation init container's stand-in.
 	ValidationImage = "ambientd.local/e2e/sidecar-validation:1"
 )
@@ -51,7 +51,7 @@ var nodeImages = []imageSpec{
 	{ref: PauseImage, pkg: "./test/infra/nodeenv/images/pause", binary: "pause"},
 	{ref: AppImage, pkg: "./test/infra/nodeenv/images/httpapp", binary: "httpapp"},
 	{ref: ProxyImage, pkg: "./test/infra/nodeenv/images/proxy", binary: "proxy"},
-	{ref: ValidationImage, pkg: "./cmd/sidecar-validation", binary: "sidecar-validation"},
+	{ref: ValidationImage, pkg: "./test/sidecar-validation", binary: "sidecar-validation"},
 }
 
 // buildImages compiles each image's binary and writes it as a docker-archive

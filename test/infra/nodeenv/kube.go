@@ -12,6 +12,9 @@ import (
 type kubeletPaths struct {
 	RootDir, PodLogsDir, VolumePluginDir, ResolvConf string
 	RuntimeEndpoint                                  string // unix://...
+	// StaticPodPath is the kubelet's static pod directory (manifests it
+	// runs as static pods, with mirror pods in the API).
+	StaticPodPath string
 }
 
 // kubeletConfig renders the KubeletConfiguration for this kind of machine
@@ -56,6 +59,10 @@ func kubeletConfig(p kubeletPaths, cgroupRoot string, port, healthzPort int, tai
 		},
 		"rotateCertificates":  false,
 		"serializeImagePulls": false,
+		"staticPodPath":       p.StaticPodPath,
+		// The kubelet watches the directory (inotify); the periodic
+		// re-read (default 20s) is only its fallback.
+		"fileCheckFrequency": "1s",
 	})
 }
 

@@ -116,6 +116,8 @@ type Node struct {
 	PodSubnet                      netip.Prefix
 	// PodLogsDir is kubelet's container log dir.
 	PodLogsDir string
+	// StaticPodDir is kubelet's static pod directory (WriteStaticPod).
+	StaticPodDir string
 
 	Containerd, Kubelet, ControllerManager, Scheduler *e2eenv.Process
 
@@ -404,7 +406,8 @@ func (n *Node) waitContainerdAPI(ctx context.Context) error {
 func (n *Node) startKubelet(ctx context.Context) error {
 	dir := filepath.Join(n.Dir, "kubelet")
 	root := filepath.Join(dir, "root")
-	for _, d := range []string{root, filepath.Join(dir, "volume-plugins")} {
+	n.StaticPodDir = filepath.Join(dir, "manifests")
+	for _, d := range []string{root, filepath.Join(dir, "volume-plugins"), n.StaticPodDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
@@ -420,7 +423,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	n.kubeletHealthz = healthz
 	cfg, err := kubeletConfig(kubeletPaths{
 		RootDir: root, PodLogsDir: n.PodLogsDir, VolumePluginDir: filepath.Join(dir, "volume-plugins"),
-		ResolvConf: resolv, RuntimeEndpoint: "unix://" + n.ContainerdAddress,
+		ResolvConf: resolv, RuntimeEndpoint: "unix://" + n.ContainerdAddress, StaticPodPath: n.StaticPodDir,
 	}, n.cgroupRoot, n.kubeletPort, healthz, n.registerTaints)
 	if err != nil {
 		return err

@@ -74,7 +74,7 @@ func TestNodeConflistLoads(t *testing.T) {
 
 func TestKubeletConfig(t *testing.T) {
 	taint := corev1.Taint{Key: "cni.istio.io/not-ready", Value: "true", Effect: corev1.TaintEffectNoSchedule}
-	b, err := kubeletConfig(kubeletPaths{RootDir: "/r", PodLogsDir: "/l", VolumePluginDir: "/v", ResolvConf: "/rc", RuntimeEndpoint: "unix:///c.sock"}, "cg-root", 20250, 12345, []corev1.Taint{taint})
+	b, err := kubeletConfig(kubeletPaths{RootDir: "/r", PodLogsDir: "/l", VolumePluginDir: "/v", ResolvConf: "/rc", RuntimeEndpoint: "unix:///c.sock", StaticPodPath: "/m"}, "cg-root", 20250, 12345, []corev1.Taint{taint})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +86,7 @@ func TestKubeletConfig(t *testing.T) {
 		"kind": "KubeletConfiguration", "failCgroupV1": false, "cgroupDriver": "cgroupfs", "cgroupRoot": "/cg-root",
 		"makeIPTablesUtilChains": false, "port": float64(20250), "healthzPort": float64(12345),
 		"containerRuntimeEndpoint": "unix:///c.sock", "podLogsDir": "/l", "volumePluginDir": "/v",
+		"staticPodPath": "/m",
 	} {
 		if cfg[k] != want {
 			t.Errorf("%s = %v, want %v", k, cfg[k], want)

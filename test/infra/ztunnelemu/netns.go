@@ -13,7 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
-	"github.com/ambientd/ambientd/internal/validation"
+	"github.com/ambientd/ambientd/test/infra/validation"
 )
 
 // listener is one TCP listener inside a workload's netns.

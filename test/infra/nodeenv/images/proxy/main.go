@@ -22,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ambientd/ambientd/internal/validation"
+	"github.com/ambientd/ambientd/test/infra/validation"
 )
 
 func main() {

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// A fault acts on the node and undoes itself (or lets the agent undo it);
+// it returns a short description of what it did.
+type fault func(ctx context.Context, s *soak, rng *rand.Rand) (string, error)
+
+// lane: process faults run one at a time (lane 0); state faults (lane 1)
+// run beside them.
+type faultKind struct {
+	lane int
+	run  fault
+}
+
+var faultKinds = map[string]faultKind{
+	"agent-kill":         {0, agentKill},
+	"agent-term":         {0, agentTerm},
+	"ztunnel-kill":       {0, ztunnelKill},
+	"ztunnel-handover":   {0, ztunnelHandover},
+	"apiserver-stop":     {0, apiserverStop},
+	"pod-rules-wiped":    {1, podRulesWiped},
+	"host-rules-deleted": {1, hostRulesDeleted},
+	"conflist-rewritten": {1, conflistRewritten},
+}
+
+func allFaultKinds() []string {
+	var out []string
+	for k := range faultKinds {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Storms of faults alternate with quiet windows, in which the lost-pod
+// check judges (a pod must reach its policy state within lostBound of the
+// last fault's end).
+const (
+	stormLength = 30 * time.Second
+	quietLength = lostBound + 8*time.Second
+)
+
+// injectFaults runs storms and quiet windows until ctx ends. In a storm,
+// each lane runs its faults back to back with short random gaps.
+func (s *soak) injectFaults(ctx context.Context) {
+	if len(s.cfg.faults) == 0 {
+		return
+	}
+	var lanes [2][]string
+	for _, k := range s.cfg.faults {
+		lanes[faultKinds[k].lane] = append(lanes[faultKinds[k].lane], k)
+	}
+	seeds := [2]uint64{s.frng.Uint64(), s.frng.Uint64()}
+	for storm := uint64(0); ctx.Err() == nil; storm++ {
+		stormEnd := time.Now().Add(stormLength)
+		var wg sync.WaitGroup
+		for i, kinds := range lanes {
+			if len(kinds) == 0 {
+				continue
+			}
+			rng := rand.New(rand.NewPCG(seeds[i], storm))
+			wg.Go(func() { s.lane(ctx, stormEnd, kinds, rng) })
+		}
+		wg.Wait()
+		s.rec.faultEnded(time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(quietLength):
+		}
+	}
+}
+
+func (s *soak) lane(ctx context.Context, until time.Time, kinds []string, rng *rand.Rand) {
+	for ctx.Err() == nil && time.Now().Before(until) {
+		kind := kinds[rng.IntN(len(kinds))]
+		id := s.rec.faultStarted(kind)
+		// A fault always finishes (its undo must run), even past the end.
+		fctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		detail, err := faultKinds[kind].run(fctx, s, rng)
+		cancel()
+		s.rec.faultFinished(id, detail, err)
+		if err != nil {
+			s.logf("fault %s: %v", kind, err)
+		}
+		gap := time.Duration(300+rng.IntN(1700)) * time.Millisecond
+		select {
+		case <-ctx.Done():
+		case <-time.After(gap):
+		}
+	}
+}
+
+func jitter(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
+}
+
+// agentKill: SIGKILL (a crash, an OOM kill), down a moment, started again;
+// the fault lasts until the new agent is ready.
+func agentKill(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
+	a := s.node.agent
+	if err := a.Kill(); err != nil {
+		return "", err
+	}
+	down := jitter(rng, 200*time.Millisecond, 3*time.Second)
+	time.Sleep(down)
+	if err := a.Start(); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("down %v", down.Round(time.Millisecond)), s.node.waitAgentReady(ctx)
+}
+
+// agentTerm: SIGTERM (the upgrade path: the agent shuts down as a
+// DaemonSet rollout stops it), the new one started at once.
+func agentTerm(ctx context.Context, s *soak, _ *rand.Rand) (string, error) {
+	a := s.node.agent
+	if err := a.Stop(30 * time.Second); err != nil {
+		return "", err
+	}
+	if err := a.Start(); err != nil {
+		return "", err
+	}
+	return "", s.node.waitAgentReady(ctx)
+}
+
+// ztunnelKill: the ztunnel emulator SIGKILLed (its listeners go with it),
+// a new one started after a while; the fault lasts until it serves.
+func ztunnelKill(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
+	for _, em := range s.node.emulators() {
+		if err := em.Kill(); err != nil {
+			return "", err
+		}
+		s.node.dropEmulator(em)
+	}
+	down := jitter(rng, 200*time.Millisecond, 8*time.Second)
+	time.Sleep(down)
+	if _, err := s.node.startEmulator(ctx); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("down %v", down.Round(time.Millisecond)), s.node.waitServed(ctx, 60*time.Second)
+}
+
+// ztunnelHandover: a second ztunnel connects (a rolling upgrade), and once
+// it serves the first leaves (SIGTERM): the agent must move the pods the
+// first held to the second.
+func ztunnelHandover(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
+	old := s.node.emulators()
+	em, err := s.node.startEmulator(ctx)
+	if err != nil {
+		return "", err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for {
+		if _, ok := emuServing(wctx, em); ok {
+			break
+		}
+		select {
+		case <-wctx.Done():
+			return "", fmt.Errorf("second ztunnel never got its snapshot")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	both := jitter(rng, 0, 3*time.Second)
+	time.Sleep(both)
+	for _, o := range old {
+		if err := o.Stop(10 * time.Second); err != nil {
+			return "", err
+		}
+		s.node.dropEmulator(o)
+	}
+	return fmt.Sprintf("both served %v", both.Round(time.Millisecond)), nil
+}
+
+// apiserverStop freezes kube-apiserver (SIGSTOP) for up to 20 s: every
+// watch and request stalls, then it resumes (SIGCONT).
+func apiserverStop(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
+	api := s.env.CP.APIServer
+	if err := api.Signal(syscall.SIGSTOP); err != nil {
+		return "", err
+	}
+	frozen := jitter(rng, 2*time.Second, 20*time.Second)
+	time.Sleep(frozen)
+	if err := api.Signal(syscall.SIGCONT); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("frozen %v", frozen.Round(time.Millisecond)), s.env.CP.WaitReady(ctx)
+}
+
+// podRulesWiped flushes every table in a random live ambient pod's netns
+// (a NET_ADMIN container or a runtime flushing them); the agent's drift
+// pass must repair them.
+func podRulesWiped(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
+	var cands []*podRec
+	s.mu.Lock()
+	for _, r := range s.pods {
+		if wantMesh(r) {
+			cands = append(cands, r)
+		}
+	}
+	s.mu.Unlock()
+	if len(cands) == 0 {
+		return "no ambient pod", nil
+	}
+	slices.SortFunc(cands, func(a, b *podRec) int { return a.id - b.id })
+	r := cands[rng.IntN(len(cands))]
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.deleted {
+		return r.name + " (deleted meanwhile)", nil
+	}
+	r.wiping.Store(true)
+	defer r.wiping.Store(false)
+	return r.ns.name + "/" + r.name, r.p.WipeRules()
+}
+
+// hostRulesDeleted removes the node's probe SNAT (the POSTROUTING jump and
+// the ISTIO_POSTRT chain's rules), as a firewall reload does; the drift
+// pass must put them back.
+func hostRulesDeleted(ctx context.Context, s *soak, _ *rand.Rand) (string, error) {
+	for _, args := range [][]string{
+		{"-w", "-t", "nat", "-D", "POSTROUTING", "-j", "ISTIO_POSTRT"},
+		{"-w", "-t", "nat", "-F", "ISTIO_POSTRT"},
+	} {
+		// Missing already (deleted by an earlier fault, not yet repaired)
+		// is fine.
+		_ = exec.CommandContext(ctx, "iptables-nft", args...).Run()
+	}
+	return "", nil
+}
+
+// conflistRewritten: a foreign writer (a primary CNI's installer) rewrites
+// the chain's conflist without our plugin, and later puts it back as it
+// was; pods created meanwhile start without our plugin and must be
+// enrolled by the agent's informer path.
+func conflistRewritten(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
+	path := s.env.Chain.ConflistPath
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(orig, &conf); err != nil {
+		return "", err
+	}
+	plugins, _ := conf["plugins"].([]any)
+	conf["plugins"] = plugins[:1] // the primary alone
+	b, err := json.MarshalIndent(conf, "", "    ")
+	if err != nil {
+		return "", err
+	}
+	if err := writeAtomic(path, b); err != nil {
+		return "", err
+	}
+	without := jitter(rng, time.Second, 8*time.Second)
+	time.Sleep(without)
+	return fmt.Sprintf("without our plugin %v", without.Round(time.Millisecond)), writeAtomic(path, orig)
+}
+
+func writeAtomic(path string, b []byte) error {
+	tmp := path + ".foreign"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

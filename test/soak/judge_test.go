@@ -1,0 +1,100 @@
+package main
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestClassify: what one probe connection's answer means.
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		name, line string
+		err        error
+		want       outcome
+	}{
+		{"the emulator for this pod", "ztunnel-emulator uid=u1 listener=15001 orig_dst=10.88.0.2:7000", nil, outProxy},
+		{"the emulator for another pod", "ztunnel-emulator uid=u2 listener=15001 orig_dst=10.88.0.2:7000", nil, outForeign},
+		{"a uid that only starts the same", "ztunnel-emulator uid=u10 listener=15006 orig_dst=x", nil, outForeign},
+		{"the far end itself", "remote", nil, outDirect},
+		{"refused or timed out", "", errors.New("connection refused"), outDead},
+		{"garbage", "hello", nil, outForeign},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := classify(c.line, c.err, "u1", "remote"); got != c.want {
+				t.Errorf("classify(%q, %v) = %v, want %v", c.line, c.err, got, c.want)
+			}
+		})
+	}
+}
+
+// TestCombine: a pod's state from both directions; one direct direction
+// is never "meshed".
+func TestCombine(t *testing.T) {
+	for _, c := range []struct {
+		out, in outcome
+		want    state
+	}{
+		{outProxy, outProxy, stMeshed},
+		{outDirect, outDirect, stPlain},
+		{outDirect, outProxy, stPartial},
+		{outProxy, outDirect, stPartial},
+		{outDead, outDirect, stPartial},
+		{outDead, outProxy, stBlackHole},
+		{outDead, outDead, stBlackHole},
+		{outForeign, outProxy, stForeign},
+	} {
+		if got := combine(c.out, c.in); got != c.want {
+			t.Errorf("combine(%v, %v) = %v, want %v", c.out, c.in, got, c.want)
+		}
+	}
+}
+
+// TestClaimEnrolled: which API claims count as "enrolled" — True/NotInMesh
+// is one only for a pod that belongs in the mesh.
+func TestClaimEnrolled(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		c    claim
+		want bool
+		in   bool // policy says in the mesh
+	}{
+		{"annotation enabled", claim{annotation: true}, true, false},
+		{"condition True Enrolled", claim{condition: true}, true, false},
+		{"True/NotInMesh out of the mesh", claim{condition: true, notInMesh: true}, false, false},
+		{"True/NotInMesh but belongs in the mesh", claim{condition: true, notInMesh: true}, true, true},
+		{"nothing", claim{}, false, true},
+	} {
+		if got := c.c.enrolled(c.in); got != c.want {
+			t.Errorf("%s: enrolled(%v) = %v, want %v", c.name, c.in, got, c.want)
+		}
+	}
+}
+
+// TestBadRun: a run is reported once, when it reaches the bound, and its
+// length is recorded when it ends.
+func TestBadRun(t *testing.T) {
+	rec := newRecorder(time.Now())
+	var b badRun
+	t0 := time.Now()
+	steps := []struct {
+		bad        bool
+		at         time.Duration
+		wantReport bool
+	}{
+		{true, 0, false},
+		{true, 2 * time.Second, false},
+		{true, 3 * time.Second, true},
+		{true, 4 * time.Second, false}, // reported once
+		{false, 5 * time.Second, false},
+		{true, 6 * time.Second, false}, // a new run
+	}
+	for i, s := range steps {
+		if _, got := b.observe(rec, kindBypass, s.bad, t0.Add(s.at), 3*time.Second); got != s.wantReport {
+			t.Errorf("step %d: reported %v, want %v", i, got, s.wantReport)
+		}
+	}
+	if w := rec.windows[kindBypass]; len(w) != 1 || w[0] != 5*time.Second {
+		t.Errorf("windows %v, want one of 5s", w)
+	}
+}

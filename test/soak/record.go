@@ -1,0 +1,175 @@
+package main
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Violation kinds.
+const (
+	kindBypass    = "bypass"
+	kindBlackHole = "black hole while served"
+	kindLost      = "lost pod"
+	kindLeak      = "leak"
+	kindStuck     = "node not restored"
+)
+
+type violation struct {
+	At     time.Time
+	Kind   string
+	Pod    string
+	UID    string
+	Detail string
+	// Faults in flight when it began, and the last one that ended before.
+	InFlight []string
+	LastEnd  string
+	Log      []string // the agent's log lines around it (attachLogs)
+}
+
+type faultRec struct {
+	Kind       string
+	Start, End time.Time
+	Detail     string
+	Err        error
+	done       bool
+}
+
+// round is one sampler round, for the timeline.
+type round struct {
+	At        time.Duration // since the start
+	Counts    [numStates]int
+	Bypassing int
+	Served    bool
+}
+
+// recorder holds what the run saw; every method is safe for concurrent use.
+type recorder struct {
+	start   time.Time
+	samples atomic.Int64
+
+	mu           sync.Mutex
+	faults       []faultRec
+	inFlight     int
+	lastFaultEnd time.Time
+	// The open recovery window: from lastFaultEnd until every pod is in
+	// its policy state.
+	windowOpen bool
+	recoveries []time.Duration
+	violations []violation
+	rounds     []round
+	gaps       []time.Duration
+	// windows: the length of every bypass and every black hole while
+	// served, within the bounds or not.
+	windows map[string][]time.Duration
+}
+
+func newRecorder(start time.Time) *recorder {
+	return &recorder{start: start, lastFaultEnd: start, windows: map[string][]time.Duration{}}
+}
+
+func (r *recorder) faultStarted(kind string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.faults = append(r.faults, faultRec{Kind: kind, Start: time.Now()})
+	r.inFlight++
+	r.windowOpen = false
+	return len(r.faults) - 1
+}
+
+func (r *recorder) faultFinished(id int, detail string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f := &r.faults[id]
+	f.End, f.Detail, f.Err, f.done = time.Now(), detail, err, true
+	r.inFlight--
+}
+
+// faultEnded marks the end of a storm (every fault undone): the lost-pod
+// clock and a recovery window start.
+func (r *recorder) faultEnded(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastFaultEnd, r.windowOpen = t, true
+}
+
+// agentDown: an agent-kill or agent-term fault is in flight (the agent is
+// down or not ready yet): nobody can correct a pod's claim meanwhile, so
+// the bypass bound runs from its end.
+func (r *recorder) agentDown() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.faults {
+		if !f.done && (f.Kind == "agent-kill" || f.Kind == "agent-term") {
+			return true
+		}
+	}
+	return false
+}
+
+// quiet: how long no fault has been in flight at t (0 while one is), when
+// the current recovery window began, and whether it is still open.
+func (r *recorder) quiet(t time.Time) (time.Duration, time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inFlight > 0 {
+		return 0, r.lastFaultEnd, false
+	}
+	last := r.lastFaultEnd
+	for _, f := range r.faults {
+		if f.End.After(last) {
+			last = f.End
+		}
+	}
+	return t.Sub(last), r.lastFaultEnd, r.windowOpen
+}
+
+func (r *recorder) recovered(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.windowOpen {
+		r.recoveries = append(r.recoveries, t.Sub(r.lastFaultEnd))
+		r.windowOpen = false
+	}
+}
+
+func (r *recorder) violation(v violation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var lastEnd time.Time
+	for _, f := range r.faults {
+		if !f.Start.After(v.At) && (!f.done || f.End.After(v.At)) {
+			v.InFlight = append(v.InFlight, f.Kind+" "+f.Detail)
+		} else if f.done && f.End.Before(v.At) && f.End.After(lastEnd) {
+			lastEnd, v.LastEnd = f.End, f.Kind+" ended "+v.At.Sub(f.End).Round(time.Millisecond).String()+" before"
+		}
+	}
+	r.violations = append(r.violations, v)
+}
+
+func (r *recorder) round(t time.Time, counts [numStates]int, bypassing int, served bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rounds = append(r.rounds, round{At: t.Sub(r.start), Counts: counts, Bypassing: bypassing, Served: served})
+}
+
+func (r *recorder) gap(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gaps = append(r.gaps, d)
+}
+
+func (r *recorder) snapshotViolations() []violation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v := slices.Clone(r.violations)
+	slices.SortStableFunc(v, func(a, b violation) int { return a.At.Compare(b.At) })
+	return v
+}
+
+func (r *recorder) window(kind string, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.windows[kind] = append(r.windows[kind], d)
+}

@@ -1,0 +1,307 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+)
+
+// result is everything the summary and the plot show.
+type result struct {
+	cfg          config
+	machineStart string
+	machineEnd   string
+	rec          *recorder
+	baseline     usage
+	settled      time.Time
+	leaks        []leakCheck
+	created      int64
+	deleted      int64
+	ops          map[string]*opCount
+	agentLog     string
+	violations   []violation
+}
+
+func (r *result) violationCount() int { return len(r.violations) }
+
+func (r *result) faultCount() int {
+	r.rec.mu.Lock()
+	defer r.rec.mu.Unlock()
+	return len(r.rec.faults)
+}
+
+func (r *result) lastLine() string {
+	return fmt.Sprintf("soak: %d pods, %d faults, %d samples, %d violations", r.created, r.faultCount(), r.rec.samples.Load(), r.violationCount())
+}
+
+// attachLogs takes the violations from the recorder and gives each the
+// agent's log lines about its pod around its time (or, for violations of
+// no pod, the lines around its time).
+func (r *result) attachLogs() {
+	r.violations = r.rec.snapshotViolations()
+	type line struct {
+		at   time.Time
+		text string
+	}
+	var lines []line
+	if f, err := os.Open(r.agentLog); err == nil {
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			t := sc.Text()
+			// The agent logs JSON lines (docs/agent.md, "Logging").
+			var rec struct {
+				Time time.Time `json:"time"`
+			}
+			if json.Unmarshal([]byte(t), &rec) != nil || rec.Time.IsZero() {
+				continue
+			}
+			at := rec.Time
+			lines = append(lines, line{at, t})
+		}
+		f.Close()
+	}
+	bound := bypassBound(r.cfg)
+	for i := range r.violations {
+		v := &r.violations[i]
+		from, to := v.At.Add(-10*time.Second), v.At.Add(bound+5*time.Second)
+		name := v.Pod
+		if _, n, ok := strings.Cut(v.Pod, "/"); ok {
+			name = n
+		}
+		var hits []string
+		for _, l := range lines {
+			if l.at.Before(from) || l.at.After(to) {
+				continue
+			}
+			if v.Pod == "" || strings.Contains(l.text, v.UID) || strings.Contains(l.text, name) {
+				hits = append(hits, l.text)
+			}
+		}
+		if len(hits) > 12 {
+			hits = append(hits[:6], append([]string{fmt.Sprintf("... (%d lines)", len(hits)-12)}, hits[len(hits)-6:]...)...)
+		}
+		v.Log = hits
+	}
+}
+
+func (r *result) summary() string {
+	var b strings.Builder
+	rec := r.rec
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	fmt.Fprintf(&b, "\n== soak summary (seed %d) ==\n", r.cfg.seed)
+	fmt.Fprintf(&b, "machine: %s; load average at the end %s\n", r.machineStart, r.machineEnd)
+	fmt.Fprintf(&b, "duration: %v of churn and faults, settled %v after the start; about %d pods alive at once\n",
+		r.cfg.duration, r.settled.Sub(rec.start).Round(time.Second), r.cfg.pods)
+	fmt.Fprintf(&b, "agent: --verify-interval=%v %s\n", r.cfg.verifyInterval, strings.Join(r.cfg.agentArgs, " "))
+	fmt.Fprintf(&b, "bounds: bypass %v, black hole while served %v, lost pod %v after the last fault\n", bypassBound(r.cfg), blackHoleBound, lostBound)
+	fmt.Fprintf(&b, "pods: %d created, %d deleted\n", r.created, r.deleted)
+	b.WriteString("churn operations (ok / failed):")
+	for _, k := range sortedKeys(r.ops) {
+		fmt.Fprintf(&b, " %s %d/%d;", k, r.ops[k].ok, r.ops[k].failed)
+	}
+	b.WriteString("\n")
+
+	byKind := map[string][]faultRec{}
+	for _, f := range rec.faults {
+		byKind[f.Kind] = append(byKind[f.Kind], f)
+	}
+	fmt.Fprintf(&b, "faults: %d\n", len(rec.faults))
+	for _, k := range sortedKeys(byKind) {
+		var d []time.Duration
+		errs := 0
+		for _, f := range byKind[k] {
+			d = append(d, f.End.Sub(f.Start))
+			if f.Err != nil {
+				errs++
+			}
+		}
+		fmt.Fprintf(&b, "  %-20s %4d  (lasting p50 %v, max %v; %d failed to run)\n", k, len(d),
+			e2eenv.Percentile(d, .5).Round(time.Millisecond), e2eenv.Percentile(d, 1).Round(time.Millisecond), errs)
+	}
+	fmt.Fprintf(&b, "samples: %d in %d rounds; gap between two samples of one pod (outside its churn operations) p50 %v, p99 %v, max %v\n",
+		r.rec.samples.Load(), len(rec.rounds), e2eenv.Percentile(rec.gaps, .5).Round(time.Millisecond),
+		e2eenv.Percentile(rec.gaps, .99).Round(time.Millisecond), e2eenv.Percentile(rec.gaps, 1).Round(time.Millisecond))
+	for _, k := range []struct{ kind, what string }{
+		{kindBypass, "claimed enrolled, a direction direct"},
+		{kindBlackHole, "a direction dead while a ztunnel served"},
+	} {
+		w := rec.windows[k.kind]
+		fmt.Fprintf(&b, "%s windows (%s), within the bound or not: %d, p50 %v, p99 %v, max %v\n", k.kind, k.what, len(w),
+			e2eenv.Percentile(w, .5).Round(time.Millisecond), e2eenv.Percentile(w, .99).Round(time.Millisecond), e2eenv.Percentile(w, 1).Round(time.Millisecond))
+	}
+	fmt.Fprintf(&b, "recovery (end of a storm of faults → every pod in its policy state): %d storms, p50 %v, p99 %v, max %v\n",
+		len(rec.recoveries), e2eenv.Percentile(rec.recoveries, .5).Round(time.Millisecond),
+		e2eenv.Percentile(rec.recoveries, .99).Round(time.Millisecond), e2eenv.Percentile(rec.recoveries, 1).Round(time.Millisecond))
+	b.WriteString("leaks at the end (every pod deleted):\n")
+	for _, l := range r.leaks {
+		mark := "ok  "
+		if !l.ok {
+			mark = "LEAK"
+		}
+		fmt.Fprintf(&b, "  %s %s: %s (want %s)\n", mark, l.name, l.got, l.want)
+	}
+	kinds := map[string]int{}
+	for _, v := range r.violations {
+		kinds[v.Kind]++
+	}
+	fmt.Fprintf(&b, "violations: %d", len(r.violations))
+	for _, k := range sortedKeys(kinds) {
+		fmt.Fprintf(&b, "; %s %d", k, kinds[k])
+	}
+	b.WriteString("\n")
+	for i, v := range r.violations {
+		if i == 20 {
+			fmt.Fprintf(&b, "  ... and %d more\n", len(r.violations)-20)
+			break
+		}
+		fmt.Fprintf(&b, "  [%s] at %.1fs pod %s: %s\n", v.Kind, v.At.Sub(rec.start).Seconds(), v.Pod, v.Detail)
+		fmt.Fprintf(&b, "      faults in flight: %s; %s\n", orNone(v.InFlight), v.LastEnd)
+		for _, l := range v.Log {
+			fmt.Fprintf(&b, "      | %s\n", l)
+		}
+	}
+	return b.String()
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	var k []string
+	for key := range m {
+		k = append(k, key)
+	}
+	slices.Sort(k)
+	return k
+}
+
+// write puts summary.txt and the timeline (PNG and SVG) in dir.
+func (r *result) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(r.summary()+r.lastLine()+"\n"), 0o644); err != nil {
+		return err
+	}
+	p, err := r.plot()
+	if err != nil {
+		return err
+	}
+	for _, ext := range []string{"png", "svg"} {
+		path := filepath.Join(dir, "timeline."+ext)
+		if err := p.Save(14*vg.Inch, 7*vg.Inch, path); err != nil {
+			return fmt.Errorf("plot %s: %w", path, err)
+		}
+		fmt.Fprintf(os.Stderr, "soak: timeline in %s\n", path)
+	}
+	return nil
+}
+
+// plot draws pods by sampled state over time (and those bypassing while
+// claimed enrolled), with each fault as a bar in its kind's row below zero
+// and each violation as a cross.
+func (r *result) plot() (*plot.Plot, error) {
+	rec := r.rec
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("soak, seed %d: pods by sampled state; faults below", r.cfg.seed)
+	p.X.Label.Text = "seconds since the start"
+	p.Y.Label.Text = "pods"
+	p.Legend.Top = true
+	series := []struct {
+		name string
+		get  func(round) int
+	}{
+		{stMeshed.String(), func(x round) int { return x.Counts[stMeshed] }},
+		{stPlain.String(), func(x round) int { return x.Counts[stPlain] }},
+		{stBlackHole.String(), func(x round) int { return x.Counts[stBlackHole] }},
+		{stPartial.String() + " / foreign", func(x round) int { return x.Counts[stPartial] + x.Counts[stForeign] }},
+		{"claimed enrolled, traffic direct", func(x round) int { return x.Bypassing }},
+	}
+	for i, s := range series {
+		xy := make(plotter.XYs, len(rec.rounds))
+		for k, x := range rec.rounds {
+			xy[k].X, xy[k].Y = x.At.Seconds(), float64(s.get(x))
+		}
+		l, err := plotter.NewLine(xy)
+		if err != nil {
+			return nil, err
+		}
+		l.Color = plotutil.Color(i)
+		l.Width = vg.Points(1.2)
+		p.Add(l)
+		p.Legend.Add(s.name, l)
+	}
+	kinds := allFaultKinds()
+	row := func(kind string) float64 { return -2 * float64(slices.Index(kinds, kind)+1) }
+	legend := map[string]bool{}
+	for _, f := range rec.faults {
+		end := f.End
+		if !f.done {
+			end = time.Now()
+		}
+		y := row(f.Kind)
+		l, err := plotter.NewLine(plotter.XYs{{X: f.Start.Sub(rec.start).Seconds(), Y: y}, {X: end.Sub(rec.start).Seconds(), Y: y}})
+		if err != nil {
+			return nil, err
+		}
+		l.Color = plotutil.Color(5 + slices.Index(kinds, f.Kind))
+		l.Width = vg.Points(6)
+		p.Add(l)
+		legend[f.Kind] = true
+	}
+	if len(r.violations) > 0 {
+		var xy plotter.XYs
+		for _, v := range r.violations {
+			xy = append(xy, plotter.XY{X: v.At.Sub(rec.start).Seconds(), Y: 0})
+		}
+		sc, err := plotter.NewScatter(xy)
+		if err != nil {
+			return nil, err
+		}
+		sc.GlyphStyle.Shape = plotutil.Shape(3)
+		sc.GlyphStyle.Radius = vg.Points(5)
+		p.Add(sc)
+		p.Legend.Add("violation", sc)
+	}
+	p.Y.Tick.Marker = faultRowTicks{kinds: kinds}
+	p.Y.Min = -2*float64(len(kinds)) - 1
+	p.Add(plotter.NewGrid())
+	return p, nil
+}
+
+// faultRowTicks labels the rows below zero with the fault kinds and the
+// range above with pod counts.
+type faultRowTicks struct{ kinds []string }
+
+func (t faultRowTicks) Ticks(lo, hi float64) []plot.Tick {
+	var out []plot.Tick
+	for i, k := range t.kinds {
+		out = append(out, plot.Tick{Value: -2 * float64(i+1), Label: k})
+	}
+	for _, tk := range (plot.DefaultTicks{}).Ticks(0, hi) {
+		if tk.Value >= 0 {
+			out = append(out, tk)
+		}
+	}
+	return out
+}

@@ -1,0 +1,363 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+)
+
+// The sampler's bounds.
+const (
+	// probeTimeout bounds one probe connection (dial + the answer line).
+	probeTimeout = time.Second
+	// roundEvery is the sampler's period: every live pod is probed each
+	// round, so each is sampled about this often (the summary reports the
+	// real gaps).
+	roundEvery = 400 * time.Millisecond
+	// blackHoleBound: how long a pod may be captured with nothing
+	// answering while a ztunnel is connected with its snapshot — an Add
+	// round trip (informer event → rules → Add → ack) on a loaded 2-core
+	// machine.
+	blackHoleBound = 3 * time.Second
+	// lostBound: how long after the last fault ended (and after the pod's
+	// own last change) a pod may be out of its policy state.
+	lostBound = 15 * time.Second
+)
+
+// bypassBound is how long a pod may be claimed enrolled while its traffic
+// reaches the app directly: a wipe is only seen by the drift pass, so one
+// drift period (jittered +10%) plus the repair and a sampler round. With
+// the drift pass off (the test that proves the sampler) the bound is the
+// default soak period's, so a wipe that is never repaired is caught.
+func bypassBound(c config) time.Duration {
+	v := max(c.verifyInterval, 5*time.Second)
+	return v + v/10 + 3*time.Second
+}
+
+// outcome is what one probe connection found.
+type outcome int
+
+const (
+	outDead    outcome = iota // refused, reset, timed out: captured with nothing behind, or broken
+	outProxy                  // the ztunnel emulator answered, for this pod's uid
+	outDirect                 // the app (inbound) or the remote (outbound) answered: not captured
+	outForeign                // the emulator answered for another uid, or garbage
+)
+
+func (o outcome) String() string {
+	return [...]string{"dead", "proxy", "direct", "foreign"}[o]
+}
+
+// state is a pod's sample: both directions together.
+type state int32
+
+const (
+	stMeshed    state = iota // both directions reached the proxy
+	stPlain                  // both reached the app / remote directly
+	stBlackHole              // a direction went nowhere, none reached the app
+	stPartial                // one direction direct, the other not
+	stForeign                // someone else's proxy
+	numStates
+)
+
+func (s state) String() string {
+	return [...]string{"meshed", "plain", "black hole", "partial", "foreign proxy"}[s]
+}
+
+func classify(line string, err error, uid, direct string) outcome {
+	switch {
+	case err != nil:
+		return outDead
+	case strings.HasPrefix(line, "ztunnel-emulator uid="+uid+" "):
+		return outProxy
+	case line == direct:
+		return outDirect
+	default:
+		return outForeign
+	}
+}
+
+func combine(out, in outcome) state {
+	switch {
+	case out == outProxy && in == outProxy:
+		return stMeshed
+	case out == outDirect && in == outDirect:
+		return stPlain
+	case out == outDirect || in == outDirect:
+		return stPartial
+	case out == outForeign || in == outForeign:
+		return stForeign
+	default:
+		return stBlackHole
+	}
+}
+
+// judgeState is the sampler's memory of one pod.
+type judgeState struct {
+	last         time.Time
+	bypass, dead badRun
+	lostR        bool
+	lastState    atomic.Int32 // state+1; 0 = never sampled
+}
+
+// badRun is a run of consecutive samples in one bad condition.
+type badRun struct {
+	since    time.Time
+	reported bool
+}
+
+// observe adds a sample (bad or not) at t: it returns how long the run has
+// lasted and true the first time that reaches bound; a run that ends is
+// recorded as a window of kind.
+func (b *badRun) observe(rec *recorder, kind string, bad bool, t time.Time, bound time.Duration) (time.Duration, bool) {
+	if !bad {
+		if !b.since.IsZero() {
+			rec.window(kind, t.Sub(b.since))
+		}
+		*b = badRun{}
+		return 0, false
+	}
+	if b.since.IsZero() {
+		b.since = t
+	}
+	d := t.Sub(b.since)
+	if d >= bound && !b.reported {
+		b.reported = true
+		return d, true
+	}
+	return d, false
+}
+
+type sample struct {
+	r       *podRec
+	at      time.Time
+	out, in outcome
+	ok      bool // false: the pod went away, or is in a churn operation
+	busy    bool // in a churn operation (sandbox being made, being deleted)
+}
+
+// sample runs rounds until ctx ends: the API's claims, the emulators' view,
+// a probe each way for every pod, then the judgement.
+func (s *soak) sample(ctx context.Context) {
+	go s.claimsLoop(ctx)
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		served0 := s.node.served(ctx)
+		claims, claimsOK := s.freshClaims()
+		pods := s.alive()
+		results := make([]sample, len(pods))
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for i, r := range pods {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				results[i] = s.probe(ctx, r)
+			})
+		}
+		wg.Wait()
+		if ctx.Err() != nil {
+			return
+		}
+		served := served0 && s.node.served(ctx)
+		s.judge(t0, results, claims, claimsOK, served)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Until(t0.Add(roundEvery))):
+		}
+	}
+}
+
+// claimsLoop keeps the latest claims read from the API, every 200 ms, in
+// its own goroutine: a frozen API server must not stall the rounds.
+func (s *soak) claimsLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		if c, ok := s.claims(ctx); ok {
+			s.claimMu.Lock()
+			s.lastClaims, s.claimsAt = c, time.Now()
+			s.claimMu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// freshClaims are the latest claims if they were read within the last
+// second; ok is false otherwise (the API is not answering): then nothing is
+// judged on claims this round.
+func (s *soak) freshClaims() (map[string]claim, bool) {
+	s.claimMu.Lock()
+	defer s.claimMu.Unlock()
+	if time.Since(s.claimsAt) > time.Second {
+		return nil, false
+	}
+	return s.lastClaims, true
+}
+
+// claim is what a pod says of itself in the API.
+type claim struct {
+	annotation bool // ambient.istio.io/redirection: enabled
+	condition  bool // ambient.istio.io/enrolled True
+	notInMesh  bool // ... with reason NotInMesh: Ready because out of the mesh
+}
+
+// enrolled: the pod claims to be in the mesh — the annotation says
+// enabled, or the condition is True for any reason but NotInMesh; True
+// with NotInMesh (the agent took the pod out of the mesh on purpose, so a
+// gated pod can be Ready) is a claim of enrollment only when the pod
+// belongs in the mesh by policy (wantMesh): then it is Ready uncaptured.
+func (c claim) enrolled(wantMesh bool) bool {
+	return c.annotation || (c.condition && (!c.notInMesh || wantMesh))
+}
+
+// claims reads, from the API, what every pod claims; ok is false when the
+// API did not answer.
+func (s *soak) claims(ctx context.Context) (map[string]claim, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	list, err := s.env.CP.Admin.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, false
+	}
+	out := map[string]claim{}
+	for _, p := range list.Items {
+		c := claim{annotation: p.Annotations[podmeta.AnnotationRedirection] == podmeta.RedirectionEnabled}
+		for _, pc := range p.Status.Conditions {
+			if pc.Type == podmeta.ConditionEnrolled && pc.Status == corev1.ConditionTrue {
+				c.condition, c.notInMesh = true, pc.Reason == agent.ReasonNotInMesh
+			}
+		}
+		out[string(p.UID)] = c
+	}
+	return out, true
+}
+
+// probe dials out of the pod (to the prober) and into it (from the
+// prober), each one connection from inside a network namespace.
+func (s *soak) probe(ctx context.Context, r *podRec) sample {
+	// A pod whose sandbox is being made or torn down is not sampled this
+	// round (waiting for it would stall the round).
+	if !r.mu.TryRLock() {
+		return sample{r: r, busy: true}
+	}
+	defer r.mu.RUnlock()
+	if r.deleted {
+		return sample{r: r}
+	}
+	at := time.Now()
+	line, err := readLine(ctx, func(ctx context.Context) (net.Conn, error) { return r.p.Dial(ctx, "tcp", s.proberIP) })
+	out := classify(line, err, r.uid, "remote")
+	line, err = readLine(ctx, func(ctx context.Context) (net.Conn, error) {
+		return s.prober.Dial(ctx, "tcp", netIPPort(r.p.IP().String(), appPort))
+	})
+	in := classify(line, err, r.uid, "app "+r.name)
+	return sample{r: r, at: at, out: out, in: in, ok: true}
+}
+
+func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, claimsOK, served bool) {
+	bound := bypassBound(s.cfg)
+	var counts [numStates]int
+	bypassing := 0
+	quietFor, windowStart, pendingRecovery := s.rec.quiet(t0)
+	agentDown := s.rec.agentDown()
+	allInPolicy := true
+	for _, x := range results {
+		if x.busy {
+			// The gap across a churn operation is not a sampling gap.
+			x.r.judge.last = time.Time{}
+		}
+		if !x.ok {
+			continue
+		}
+		r, j := x.r, &x.r.judge
+		st := combine(x.out, x.in)
+		counts[st]++
+		s.rec.samples.Add(1)
+		if !j.last.IsZero() {
+			s.rec.gap(x.at.Sub(j.last))
+		}
+		j.last = x.at
+		j.lastState.Store(int32(st) + 1)
+		pod := r.ns.name + "/" + r.name
+
+		s.mu.Lock()
+		want, since := wantMesh(r), stable(r)
+		s.mu.Unlock()
+		direct := x.out == outDirect || x.in == outDirect
+		claimed := claimsOK && claims[r.uid].enrolled(want)
+		if claimed && direct {
+			bypassing++
+		}
+		if r.wiping.Load() || agentDown {
+			j.bypass = badRun{} // judged from the end of the wipe, or of the agent's restart
+		} else if d, report := j.bypass.observe(s.rec, kindBypass, claimed && direct, x.at, bound); report {
+			s.rec.violation(violation{At: j.bypass.since, Kind: kindBypass, Pod: pod, UID: r.uid,
+				Detail: fmt.Sprintf("claimed enrolled while out=%s in=%s for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), bound)})
+		}
+		dead := (x.out == outDead || x.in == outDead) && !direct
+		if d, report := j.dead.observe(s.rec, kindBlackHole, served && dead, x.at, blackHoleBound); report {
+			s.rec.violation(violation{At: j.dead.since, Kind: kindBlackHole, Pod: pod, UID: r.uid,
+				Detail: fmt.Sprintf("out=%s in=%s with a ztunnel serving for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), blackHoleBound)})
+		}
+
+		policy := stPlain
+		if want {
+			policy = stMeshed
+		}
+		if st == policy {
+			j.lostR = false
+		} else {
+			if since.Before(windowStart) {
+				allInPolicy = false
+			}
+			if quietFor >= lostBound && x.at.Sub(since) >= lostBound && !j.lostR {
+				j.lostR = true
+				s.rec.violation(violation{At: x.at, Kind: kindLost, Pod: pod, UID: r.uid,
+					Detail: fmt.Sprintf("policy %s, sampled %s (out=%s in=%s) %v after the last fault and %v after its last change", policy, st, x.out, x.in,
+						quietFor.Round(time.Millisecond), x.at.Sub(since).Round(time.Millisecond))})
+			}
+		}
+	}
+	if pendingRecovery && allInPolicy {
+		s.rec.recovered(t0)
+	}
+	s.rec.round(t0, counts, bypassing, served)
+}
+
+// waitAllInPolicy waits until the sampler saw every pod in its policy state
+// (or ctx ends).
+func (s *soak) waitAllInPolicy(ctx context.Context) {
+	for ctx.Err() == nil {
+		all := true
+		for _, r := range s.alive() {
+			s.mu.Lock()
+			want := wantMesh(r)
+			s.mu.Unlock()
+			policy := stPlain
+			if want {
+				policy = stMeshed
+			}
+			if r.judge.lastState.Load() != int32(policy)+1 {
+				all = false
+			}
+		}
+		if all {
+			// One more round, so pods are judged after the change too.
+			time.Sleep(2 * roundEvery)
+			return
+		}
+		time.Sleep(roundEvery)
+	}
+}

@@ -1,0 +1,83 @@
+//go:build e2e
+
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
+)
+
+var testEnv *e2eenv.Env
+
+func TestMain(m *testing.M) {
+	e2eenv.Main(m, e2eenv.Options{NodeName: "soak-node", AmbientPlugin: true}, func(e *e2eenv.Env) { testEnv = e })
+}
+
+// soakFor runs the soak with c on the package's environment and logs its
+// summary; the summary and plot go to SOAK_OUT/<test> when set.
+func soakFor(t *testing.T, c config) *result {
+	t.Helper()
+	ctx := testutil.Context(t, c.duration+5*time.Minute)
+	res, err := run(ctx, testEnv, c, testLog{t})
+	if err != nil {
+		t.Fatalf("soak: %v", err)
+	}
+	t.Log(res.summary())
+	t.Log(res.lastLine())
+	out := t.TempDir()
+	if d := os.Getenv("SOAK_OUT"); d != "" {
+		out = d + "/" + t.Name()
+	}
+	if err := res.write(out); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestSoak is the 60-second soak of make check: every churn operation and
+// every fault kind, seed 1, the agent's drift pass at the soak's period; any
+// violation (bypass, black hole while served, lost pod, leak) fails it.
+func TestSoak(t *testing.T) {
+	// SOAK_AGENT_ARGS adds agent flags (a later flag wins): with
+	// --verify-interval=0 this test must fail (the injected violation of
+	// docs/soak.md).
+	c := config{duration: 60 * time.Second, pods: 16, seed: 1, faults: allFaultKinds(), verifyInterval: 5 * time.Second,
+		agentArgs: strings.Fields(os.Getenv("SOAK_AGENT_ARGS"))}
+	res := soakFor(t, c)
+	if res.rec.samples.Load() == 0 || res.faultCount() == 0 || res.created == 0 {
+		t.Fatalf("the soak did nothing: %s", res.lastLine())
+	}
+	if n := res.violationCount(); n > 0 {
+		t.Fatalf("%d violations (summary above): %s", n, res.lastLine())
+	}
+}
+
+// TestSoakCatchesBypass proves the sampler's judgement against a known-bad
+// agent: with the drift pass off (--verify-interval=0), rules wiped in
+// enrolled pods are never repaired while the pods still claim to be
+// enrolled — the sampler must report them as bypasses (and, once the faults
+// stop, as lost pods).
+func TestSoakCatchesBypass(t *testing.T) {
+	c := config{duration: 25 * time.Second, pods: 10, seed: 2, faults: []string{"pod-rules-wiped"}, verifyInterval: 0}
+	res := soakFor(t, c)
+	kinds := map[string]int{}
+	for _, v := range res.violations {
+		kinds[v.Kind]++
+	}
+	if kinds[kindBypass] == 0 {
+		t.Fatalf("rules wiped with the drift pass off: no bypass reported (violations by kind %v): the sampler misses what it is for", kinds)
+	}
+	t.Logf("caught: violations by kind %v", kinds)
+}

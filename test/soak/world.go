@@ -1,0 +1,511 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+)
+
+// Ports inside the pods: every soak pod serves appPort (answers "app
+// <name>"); the prober pod serves remotePort (answers "remote").
+const (
+	appPort    = 8080
+	remotePort = 7000
+)
+
+// nsRec is one of the soak's namespaces.
+type nsRec struct {
+	name string
+	// ambient is the namespace's label as last written (under soak.mu).
+	ambient     bool
+	stableSince time.Time // last label change (under soak.mu)
+}
+
+// podRec is one soak pod. mu is held for writing while the pod's sandbox
+// changes or it is deleted, for reading while the sampler dials it.
+type podRec struct {
+	mu      sync.RWMutex
+	id      int
+	ns      *nsRec
+	name    string
+	p       *e2eenv.Pod
+	uid     string
+	ln      net.Listener
+	deleted bool
+
+	// Under soak.mu: the pod's own label ("", ambient, none) and the last
+	// change of its sandbox or labels.
+	podMode     string
+	stableSince time.Time
+
+	// wiping is set while a pod-rules-wiped fault works on the pod: the
+	// agent is judged on the bypass only from the end of the wipe (on a
+	// loaded machine the iptables calls of one wipe can take seconds).
+	wiping atomic.Bool
+
+	judge judgeState // the sampler's alone
+}
+
+// soak is one run: the environment, the node's processes, the pods and what
+// was recorded.
+type soak struct {
+	cfg   config
+	env   *e2eenv.Env
+	log   io.Writer
+	start time.Time
+	rng   *rand.Rand // the churn's; faults have their own
+	frng  *rand.Rand
+
+	node *node
+
+	mu       sync.Mutex
+	pods     map[int]*podRec
+	nextID   int
+	nss      []*nsRec
+	prober   *e2eenv.Pod
+	proberIP string
+
+	created, deleted atomic.Int64
+	opsMu            sync.Mutex
+	ops              map[string]*opCount
+
+	rec *recorder
+
+	claimMu    sync.Mutex
+	lastClaims map[string]claim // by pod uid
+	claimsAt   time.Time
+}
+
+type opCount struct{ ok, failed int }
+
+func (s *soak) countOp(name string, err error) {
+	s.opsMu.Lock()
+	defer s.opsMu.Unlock()
+	c := s.ops[name]
+	if c == nil {
+		c = &opCount{}
+		s.ops[name] = c
+	}
+	if err != nil {
+		c.failed++
+		if c.failed <= 3 {
+			s.logf("churn %s: %v", name, err)
+		}
+	} else {
+		c.ok++
+	}
+}
+
+func (s *soak) logf(format string, args ...any) {
+	fmt.Fprintf(s.log, "soak %6.1fs: %s\n", time.Since(s.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// run is the whole soak: set up, churn + faults + sampler for cfg.duration,
+// settle, tear down, check for leaks.
+func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result, error) {
+	s := &soak{
+		cfg: c, env: env, log: log, start: time.Now(),
+		rng:  rand.New(rand.NewPCG(uint64(c.seed), 1)),
+		frng: rand.New(rand.NewPCG(uint64(c.seed), 2)),
+		pods: map[int]*podRec{}, ops: map[string]*opCount{},
+	}
+	s.rec = newRecorder(s.start)
+	res := &result{cfg: c, machineStart: e2eenv.Machine(), rec: s.rec}
+	var err error
+	if s.node, err = startNode(ctx, env, c, log); err != nil {
+		return nil, err
+	}
+	res.baseline = s.node.measure(ctx)
+	if err := s.setup(ctx); err != nil {
+		return nil, err
+	}
+	s.logf("setup done: agent ready, prober at %s; churning %d pods for %v (seed %d), faults: %s", s.proberIP, c.pods, c.duration, c.seed, strings.Join(c.faults, ","))
+
+	runCtx, stopRun := context.WithTimeout(ctx, c.duration)
+	defer stopRun()
+	sampCtx, stopSampler := context.WithCancel(ctx)
+	var sampler sync.WaitGroup
+	sampler.Go(func() { s.sample(sampCtx) })
+	var work sync.WaitGroup
+	work.Go(func() { s.churn(runCtx) })
+	work.Go(func() { s.injectFaults(runCtx) })
+	work.Wait()
+	s.logf("churn and faults stopped; settling")
+
+	// Settle: every process back, then every pod must reach its policy
+	// state within the lost-pod bound (the sampler judges it).
+	if err := s.node.restore(ctx); err != nil {
+		s.rec.violation(violation{At: time.Now(), Kind: kindStuck, Detail: err.Error()})
+	}
+	s.rec.faultEnded(time.Now())
+	settleCtx, cancelSettle := context.WithTimeout(ctx, lostBound+10*time.Second)
+	s.waitAllInPolicy(settleCtx)
+	cancelSettle()
+	stopSampler()
+	sampler.Wait()
+	res.settled = time.Now()
+
+	res.machineEnd = e2eenv.LoadAverage()
+	s.teardownPods(ctx)
+	res.leaks = s.checkLeaks(ctx, res.baseline)
+	for _, l := range res.leaks {
+		if !l.ok {
+			s.rec.violation(violation{At: time.Now(), Kind: kindLeak, Detail: l.name + ": " + l.got})
+		}
+	}
+	res.created, res.deleted = s.created.Load(), s.deleted.Load()
+	res.ops = s.ops
+	res.agentLog = s.node.agent.LogPath
+	res.attachLogs()
+	s.node.stop()
+	return res, nil
+}
+
+// setup creates the namespaces and the prober: a pod outside the mesh
+// (plain chain, plain namespace) that serves remotePort, the outbound
+// probes' destination, and dials the pods' appPort, the inbound probes.
+func (s *soak) setup(ctx context.Context) error {
+	run := fmt.Sprintf("%d", s.cfg.seed)
+	for _, n := range []struct {
+		suffix  string
+		ambient bool
+	}{{"ambient", true}, {"plain", false}, {"flip", true}} {
+		ns := &nsRec{name: "soak-" + run + "-" + n.suffix, ambient: n.ambient, stableSince: time.Now()}
+		if _, err := s.env.CreateNamespace(ctx, ns.name, nsLabels(n.ambient)); err != nil {
+			return err
+		}
+		s.nss = append(s.nss, ns)
+	}
+	probeNS := "soak-" + run + "-prober"
+	if _, err := s.env.CreateNamespace(ctx, probeNS, nil); err != nil {
+		return err
+	}
+	p, err := s.env.CreatePod(ctx, e2eenv.PodSpec{Namespace: probeNS, Name: "prober", Chain: s.env.PlainChain})
+	if err != nil {
+		return err
+	}
+	s.prober = p
+	s.proberIP = netIPPort(p.IP().String(), remotePort)
+	ln, err := p.Listen("tcp", fmt.Sprintf(":%d", remotePort))
+	if err != nil {
+		return err
+	}
+	go serveLine(ln, "remote")
+	return nil
+}
+
+func nsLabels(ambient bool) map[string]string {
+	if ambient {
+		return map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}
+	}
+	return nil
+}
+
+func netIPPort(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
+
+// serveLine answers every connection with one line, then closes it.
+func serveLine(ln net.Listener, line string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintln(c, line)
+		c.Close()
+	}
+}
+
+// wantMesh is the enrollment policy for the pod as the soak set its labels
+// (the soak's own record, not the agent's view). Under s.mu.
+func wantMesh(r *podRec) bool {
+	if r.podMode == podmeta.ModeNone {
+		return false
+	}
+	return r.ns.ambient || r.podMode == podmeta.ModeAmbient
+}
+
+// stable is when the pod last changed in a way that moves its policy state.
+// Under s.mu.
+func stable(r *podRec) time.Time {
+	if r.ns.stableSince.After(r.stableSince) {
+		return r.ns.stableSince
+	}
+	return r.stableSince
+}
+
+// alive returns the pods not being deleted, by id.
+func (s *soak) alive() []*podRec {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*podRec, 0, len(s.pods))
+	for _, r := range s.pods {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b *podRec) int { return a.id - b.id })
+	return out
+}
+
+// churn runs pod operations at a steady rate until ctx ends, at most three
+// at once, then waits for those in flight.
+func (s *soak) churn(ctx context.Context) {
+	sem := make(chan struct{}, 3)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for ctx.Err() == nil {
+		op := s.pickOp()
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			octx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			op.run(octx)
+		})
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(150+s.rng.IntN(300)) * time.Millisecond):
+		}
+	}
+}
+
+type churnOp struct {
+	name string
+	run  func(ctx context.Context)
+}
+
+// pickOp chooses the next operation: creates keep about cfg.pods alive,
+// deletes keep them turning over, the rest change labels and sandboxes.
+func (s *soak) pickOp() churnOp {
+	s.mu.Lock()
+	n := len(s.pods)
+	s.mu.Unlock()
+	r := s.rng.Float64()
+	switch {
+	case n < s.cfg.pods/2 || (n < s.cfg.pods && r < 0.45):
+		return s.createOp()
+	case r < 0.65:
+		return s.withPod("delete", s.deletePod)
+	case r < 0.77:
+		return s.withPod("pod-label-flip", s.flipPodLabel)
+	case r < 0.80:
+		return churnOp{"ns-label-flip", s.flipNamespace}
+	case r < 0.90:
+		return s.withPod("sandbox-recreate", func(ctx context.Context, p *podRec) error { return s.recreate(ctx, p, false) })
+	default:
+		return s.withPod("sandbox-recreate-without-plugin", func(ctx context.Context, p *podRec) error { return s.recreate(ctx, p, true) })
+	}
+}
+
+// withPod picks a random live pod now (in the churn's goroutine, so the
+// plan follows the seed) and runs f on it later.
+func (s *soak) withPod(name string, f func(context.Context, *podRec) error) churnOp {
+	pods := s.alive()
+	if len(pods) == 0 {
+		return s.createOp()
+	}
+	p := pods[s.rng.IntN(len(pods))]
+	return churnOp{name, func(ctx context.Context) { s.countOp(name, f(ctx, p)) }}
+}
+
+// createOp makes a pod of a random kind: in the ambient namespace (some
+// opted out with dataplane-mode=none), in the plain namespace (some opted
+// in with dataplane-mode=ambient), or in the namespace whose label flips.
+func (s *soak) createOp() churnOp {
+	s.mu.Lock()
+	s.nextID++
+	id := s.nextID
+	s.mu.Unlock()
+	r := s.rng.Float64()
+	var ns *nsRec
+	mode := ""
+	switch {
+	case r < 0.45:
+		ns = s.nss[0]
+	case r < 0.55:
+		ns, mode = s.nss[0], podmeta.ModeNone
+	case r < 0.70:
+		ns = s.nss[1]
+	case r < 0.80:
+		ns, mode = s.nss[1], podmeta.ModeAmbient
+	default:
+		ns = s.nss[2]
+	}
+	return churnOp{"create", func(ctx context.Context) { s.countOp("create", s.createPod(ctx, id, ns, mode)) }}
+}
+
+func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string) error {
+	var labels map[string]string
+	if mode != "" {
+		labels = map[string]string{podmeta.LabelDataplaneMode: mode}
+	}
+	name := fmt.Sprintf("p%05d", id)
+	p, err := s.env.CreatePod(ctx, e2eenv.PodSpec{Namespace: ns.name, Name: name, Labels: labels})
+	if err != nil {
+		return err
+	}
+	s.created.Add(1)
+	r := &podRec{id: id, ns: ns, name: name, p: p, uid: p.UID, podMode: mode}
+	if err := r.listen(); err != nil {
+		return errors.Join(err, s.env.DeletePod(ctx, p))
+	}
+	s.mu.Lock()
+	r.stableSince = time.Now()
+	s.pods[id] = r
+	s.mu.Unlock()
+	return nil
+}
+
+// listen starts the app in the pod's (current) netns. Under r.mu or before
+// the pod is shared.
+func (r *podRec) listen() error {
+	ln, err := r.p.Listen("tcp", fmt.Sprintf(":%d", appPort))
+	if err != nil {
+		return err
+	}
+	r.ln = ln
+	go serveLine(ln, "app "+r.name)
+	return nil
+}
+
+func (s *soak) deletePod(ctx context.Context, r *podRec) error {
+	s.mu.Lock()
+	if _, ok := s.pods[r.id]; !ok {
+		s.mu.Unlock()
+		return nil
+	}
+	delete(s.pods, r.id)
+	s.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.deleted = true
+	r.ln.Close()
+	s.deleted.Add(1)
+	return s.env.DeletePod(ctx, r.p)
+}
+
+// flipPodLabel cycles the pod's own label: none → ambient → "none" → none.
+func (s *soak) flipPodLabel(ctx context.Context, r *podRec) error {
+	s.mu.Lock()
+	next := map[string]string{"": podmeta.ModeAmbient, podmeta.ModeAmbient: podmeta.ModeNone, podmeta.ModeNone: ""}[r.podMode]
+	s.mu.Unlock()
+	var val any = next
+	if next == "" {
+		val = nil
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{podmeta.LabelDataplaneMode: val}}})
+	if _, err := s.env.CP.Admin.CoreV1().Pods(r.ns.name).Patch(ctx, r.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	r.podMode, r.stableSince = next, time.Now()
+	s.mu.Unlock()
+	return nil
+}
+
+// flipNamespace toggles the flip namespace's ambient label.
+func (s *soak) flipNamespace(ctx context.Context) {
+	ns := s.nss[2]
+	s.mu.Lock()
+	next := !ns.ambient
+	s.mu.Unlock()
+	var val any
+	if next {
+		val = podmeta.ModeAmbient
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{podmeta.LabelDataplaneMode: val}}})
+	_, err := s.env.CP.Admin.CoreV1().Namespaces().Patch(ctx, ns.name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err == nil {
+		s.mu.Lock()
+		ns.ambient, ns.stableSince = next, time.Now()
+		s.mu.Unlock()
+	}
+	s.countOp("ns-label-flip", err)
+}
+
+// recreate makes the pod's sandbox again (new netns, new IP), through the
+// chain with our plugin or without it.
+func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) error {
+	var chain *e2eenv.Chain
+	if withoutPlugin {
+		chain = s.env.PlainChain
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.deleted {
+		return nil
+	}
+	r.ln.Close()
+	_, err := s.env.RecreateSandbox(ctx, r.p, e2eenv.SandboxOptions{Chain: chain})
+	if err != nil {
+		// The old sandbox is gone and no new one was made (e.g. the ADD
+		// found no agent): the runtime would retry; the soak deletes the
+		// pod instead, so no pod without a sandbox is sampled.
+		s.mu.Lock()
+		delete(s.pods, r.id)
+		s.mu.Unlock()
+		r.deleted = true
+		s.deleted.Add(1)
+		_ = s.env.DeletePod(ctx, r.p) // its sandbox is gone already: only the object matters
+		return err
+	}
+	s.mu.Lock()
+	r.stableSince = time.Now()
+	s.mu.Unlock()
+	return r.listen()
+}
+
+// teardownPods deletes every pod the soak made, the prober last.
+func (s *soak) teardownPods(ctx context.Context) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for _, r := range s.alive() {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			s.countOp("delete (end)", s.deletePod(ctx, r))
+		})
+	}
+	wg.Wait()
+	if s.prober != nil {
+		s.countOp("delete (end)", s.env.DeletePod(ctx, s.prober))
+	}
+}
+
+// readLine dials with d and reads one line (what the far end answered).
+func readLine(ctx context.Context, dial func(context.Context) (net.Conn, error)) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	c, err := dial(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	dl, _ := ctx.Deadline()
+	_ = c.SetReadDeadline(dl)
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(line), nil
+}
