@@ -245,7 +245,7 @@ func (r *ShutdownRule) identityGone(err error) (bool, string) {
 	}
 	switch {
 	case apierrors.IsUnauthorized(err):
-		return true, "the agent's credentials are no longer accepted (its ServiceAccount was deleted): " + err.Error()
+		return true, "the agent's credentials are no longer accepted (its ServiceAccount was deleted or recreated, or its pod was deleted): " + err.Error()
 	case apierrors.IsForbidden(err):
 		return true, "the agent's rights are gone (its ClusterRole or binding was deleted): " + err.Error()
 	}

@@ -50,9 +50,8 @@ func (l testLog) Write(p []byte) (int, error) {
 // every fault kind, seed 1, the agent's drift pass at the soak's period; any
 // violation (bypass, black hole while served, lost pod, leak) fails it.
 func TestSoak(t *testing.T) {
-	// SOAK_AGENT_ARGS adds agent flags (a later flag wins): with
-	// --verify-interval=0 this test must fail (the injected violation of
-	// docs/soak.md).
+	// SOAK_AGENT_ARGS adds agent flags (a later flag wins), to run the
+	// same soak against another agent setting.
 	c := config{duration: 60 * time.Second, pods: 16, seed: 1, faults: allFaultKinds(), verifyInterval: 5 * time.Second,
 		agentArgs: strings.Fields(os.Getenv("SOAK_AGENT_ARGS"))}
 	res := soakFor(t, c)

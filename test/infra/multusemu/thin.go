@@ -133,7 +133,7 @@ func (w *Thin) generate(prevHash []byte) (string, []byte, error) {
 		return "", nil, fmt.Errorf("cannot get cniVersion in master CNI config file %q", master)
 	}
 	if w.cniVersion != "" && v != w.cniVersion {
-		return "", nil, fmt.Errorf("Multus cni version is %q while master plugin cni version is %q", w.cniVersion, v)
+		return "", nil, fmt.Errorf("multus cni version is %q while master plugin cni version is %q", w.cniVersion, v)
 	}
 	w.cniVersion = v
 	caps := map[string]bool{}
