@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 )
 
 // BenchmarkPluginAdd measures what the runtime waits for per pod on our
@@ -21,7 +21,7 @@ import (
 // (the machine's bare exec cost).
 func BenchmarkPluginAdd(b *testing.B) {
 	podNS := newNS(b)
-	ag := &agent{outcome: cniserver.Enrolled}
+	ag := &fakeAgent{outcome: agent.Enrolled}
 	sock := startAgent(b, ag)
 	stdin := netconf("1.1.0", fmt.Sprintf(`,"agentSocket":%q`, sock), prevResult(podNS.Path()))
 	env := cniEnv("ADD", podNS.Path(), podArgs)

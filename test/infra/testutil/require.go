@@ -1,4 +1,4 @@
-// Package testutil holds small helpers shared by the tests of every room.
+// Package testutil holds small helpers shared by the tests of every package.
 package testutil
 
 import (
