@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves that every make target that runs something works alone, first, on a
-# fresh clone (make fresh-check; part of make check, so of CI): for each set of
+# fresh clone (make fresh-check; .ci/run runs it after make check): for each set of
 # needs in test/infra/build.Targets, a fresh copy of the tree with an empty
 # .cache/ runs the target's own ensure step (what its make target / script
 # runs first), then each program of the targets sharing that set in check-only

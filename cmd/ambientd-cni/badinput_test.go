@@ -16,7 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ambientd/ambientd/cniplugin"
-	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -51,9 +51,9 @@ func TestBadInput(t *testing.T) {
 	podNS := newNS(t)
 	prev := prevResult(podNS.Path())
 
-	refusing := &agent{addErr: errors.New("apply in-pod rules: iptables-restore: exit status 4")}
+	refusing := &fakeAgent{addErr: errors.New("apply in-pod rules: iptables-restore: exit status 4")}
 	refusingSock := startAgent(t, refusing)
-	silent := &agent{block: true}
+	silent := &fakeAgent{block: true}
 	silentSock := startAgent(t, silent)
 
 	// A socket file nobody listens on: an agent that died.
@@ -166,11 +166,11 @@ func TestBadInput(t *testing.T) {
 func TestPassThrough(t *testing.T) {
 	podNS := newNS(t)
 	prev := prevResult(podNS.Path())
-	ag := &agent{outcome: cniserver.Enrolled}
+	ag := &fakeAgent{outcome: agent.Enrolled}
 	sock := startAgent(t, ag)
 	withAgent := fmt.Sprintf(`,"agentSocket":%q,"excludeNamespaces":["kube-system","shop-excluded"]`, sock)
 	noAgent := `,"agentSocket":"/nonexistent/ambientd/cni.sock"`
-	silentSock := startAgent(t, &agent{block: true})
+	silentSock := startAgent(t, &fakeAgent{block: true})
 
 	tests := []struct {
 		name       string
@@ -230,7 +230,7 @@ func TestVersion(t *testing.T) {
 // says so in its error result.
 func TestNonRootPeerRefused(t *testing.T) {
 	podNS := newNS(t)
-	ag := &agent{outcome: cniserver.Enrolled}
+	ag := &fakeAgent{outcome: agent.Enrolled}
 	sock := startAgent(t, ag)
 	// The socket's directory must be searchable for uid 65534 to reach the
 	// socket at all.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 )
 
 // BenchmarkPluginAdd measures what the runtime waits for per pod on our
@@ -24,7 +24,7 @@ import (
 // (the machine's bare exec cost).
 func BenchmarkPluginAdd(b *testing.B) {
 	podNS := newNS(b)
-	ag := &agent{outcome: cniserver.Enrolled}
+	ag := &fakeAgent{outcome: agent.Enrolled}
 	sock := startAgent(b, ag)
 	stdin := netconf("1.1.0", fmt.Sprintf(`,"agentSocket":%q`, sock), prevResult(podNS.Path()))
 	env := cniEnv("ADD", podNS.Path(), podArgs)
@@ -86,7 +86,7 @@ func BenchmarkPluginAddInstructions(b *testing.B) {
 		b.Skipf("needs valgrind (Debian package valgrind): %v", err)
 	}
 	podNS := newNS(b)
-	sock := startAgent(b, &agent{outcome: cniserver.Enrolled})
+	sock := startAgent(b, &fakeAgent{outcome: agent.Enrolled})
 	stdin := netconf("1.1.0", fmt.Sprintf(`,"agentSocket":%q`, sock), prevResult(podNS.Path()))
 	env := cniEnv("ADD", podNS.Path(), podArgs)
 	var counts []float64

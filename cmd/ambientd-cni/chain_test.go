@@ -22,7 +22,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 )
 
 // recordingExec execs plugins for real (libcni's own RawExec) and keeps each
@@ -61,7 +61,7 @@ func TestChain(t *testing.T) {
 func testChain(t *testing.T, cniVersion string) {
 	hostNS := newNS(t)
 	podNS := newNS(t)
-	ag := &agent{outcome: cniserver.Enrolled}
+	ag := &fakeAgent{outcome: agent.Enrolled}
 	sock := startAgent(t, ag)
 	ipamDir := t.TempDir()
 	logFile := filepath.Join(t.TempDir(), "log", "ambientd-cni.log")
@@ -146,7 +146,7 @@ func testChain(t *testing.T, cniVersion string) {
 		t.Errorf("pod eth0 has %v, want %v", got, podIPs[0])
 	}
 	adds, _ := ag.events()
-	want := cniserver.PodEvent{
+	want := agent.PodEvent{
 		Name: "web-0", Namespace: "shop", UID: "0b5a3f6e-7d1c-4c59-9d0e-5f1f5a2c7e11",
 		InfraContainerID: "infra-0123456789", NetnsPath: podNS.Path(), IPs: podIPs, Interface: "eth0",
 	}
@@ -157,7 +157,7 @@ func testChain(t *testing.T, cniVersion string) {
 		if got.Plugin.Init <= 0 || got.Plugin.Config <= 0 || got.Plugin.CallStart.IsZero() || got.Plugin.CallStart.After(got.Received) {
 			t.Errorf("plugin timings %+v received %v: want init and config measured, the call started before it was received", got.Plugin, got.Received)
 		}
-		adds[0].Plugin, adds[0].Received = cniserver.PodEvent{}.Plugin, time.Time{}
+		adds[0].Plugin, adds[0].Received = agent.PodEvent{}.Plugin, time.Time{}
 	}
 	if len(adds) != 1 || !reflect.DeepEqual(adds[0], want) {
 		t.Errorf("agent got adds %+v, want [%+v]", adds, want)
@@ -238,7 +238,7 @@ func eth0Addrs(t *testing.T, n ns.NetNS) []netip.Prefix {
 // reaches the agent with its own identity.
 func TestConcurrentAdds(t *testing.T) {
 	podNS := newNS(t)
-	ag := &agent{outcome: cniserver.Pending}
+	ag := &fakeAgent{outcome: agent.Pending}
 	sock := startAgent(t, ag)
 	stdin := netconf("1.1.0", fmt.Sprintf(`,"agentSocket":%q`, sock), prevResult(podNS.Path()))
 	const n = 16

@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
 	"github.com/ambientd/ambientd/test/infra/build"
 	"github.com/ambientd/ambientd/test/infra/testutil"
@@ -68,29 +69,29 @@ func buildBinaries(dir string) error {
 	return nil
 }
 
-// agent is a cniserver.Handler that records what the plugin told it.
-type agent struct {
+// fakeAgent is a cniserver.Handler that records what the plugin told it.
+type fakeAgent struct {
 	mu      sync.Mutex
-	adds    []cniserver.PodEvent
-	dels    []cniserver.PodEvent
-	outcome cniserver.Outcome
+	adds    []agent.PodEvent
+	dels    []agent.PodEvent
+	outcome agent.Outcome
 	addErr  error
 	block   bool // never answer: wait for the caller to give up
 }
 
-func (a *agent) HandleAdd(ctx context.Context, ev cniserver.PodEvent) (cniserver.Outcome, error) {
+func (a *fakeAgent) HandleAdd(ctx context.Context, ev agent.PodEvent) (agent.Outcome, error) {
 	a.mu.Lock()
 	a.adds = append(a.adds, ev)
 	out, err, block := a.outcome, a.addErr, a.block
 	a.mu.Unlock()
 	if block {
 		<-ctx.Done()
-		return cniserver.OutcomeUnknown, ctx.Err()
+		return agent.OutcomeUnknown, ctx.Err()
 	}
 	return out, err
 }
 
-func (a *agent) HandleDel(ctx context.Context, ev cniserver.PodEvent) error {
+func (a *fakeAgent) HandleDel(ctx context.Context, ev agent.PodEvent) error {
 	a.mu.Lock()
 	a.dels = append(a.dels, ev)
 	block := a.block
@@ -102,10 +103,10 @@ func (a *agent) HandleDel(ctx context.Context, ev cniserver.PodEvent) error {
 	return nil
 }
 
-func (a *agent) events() (adds, dels []cniserver.PodEvent) {
+func (a *fakeAgent) events() (adds, dels []agent.PodEvent) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]cniserver.PodEvent(nil), a.adds...), append([]cniserver.PodEvent(nil), a.dels...)
+	return append([]agent.PodEvent(nil), a.adds...), append([]agent.PodEvent(nil), a.dels...)
 }
 
 // startAgent serves h on a fresh socket and returns its path; the server

@@ -12,8 +12,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ambientd/ambientd/cniapi"
+	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
-	"github.com/ambientd/ambientd/nodeagent/cniserver"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -38,7 +38,7 @@ func TestChainInstalledConfig(t *testing.T) {
 func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	hostNS := newNS(t)
 	podNS := newNS(t)
-	ag := &agent{outcome: cniserver.Enrolled}
+	ag := &fakeAgent{outcome: agent.Enrolled}
 	sock := startAgent(t, ag)
 	root := t.TempDir()
 	hostBin, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")

@@ -67,7 +67,7 @@ func testHandOver(t *testing.T, upgrade bool) {
 		}
 	}
 	var (
-		ci       *daemon.Installer
+		ci       *daemon.InstallCNI
 		inst     *cniinstall.Installer
 		shutdown *cniinstall.ShutdownRule
 	)
@@ -89,7 +89,7 @@ func testHandOver(t *testing.T, upgrade bool) {
 			return err
 		}
 		shutdown = cniinstall.NewShutdownRule(kubetest.Wrap(client), "istio-system", "ambientd", "n1")
-		ci = daemon.NewInstaller(inst, shutdown, ours, iptables.SuccessorIstio, log)
+		ci = daemon.NewInstallCNI(inst, shutdown, ours, iptables.SuccessorIstio, log)
 		_, err = inst.Install()
 		return err
 	})

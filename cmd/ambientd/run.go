@@ -390,7 +390,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		ci := daemon.NewInstaller(inst, cniinstall.NewShutdownRule(client, f.install.namespace, f.install.daemonSet, f.nodeName), rules, successor, ilog)
+		ci := daemon.NewInstallCNI(inst, cniinstall.NewShutdownRule(client, f.install.namespace, f.install.daemonSet, f.nodeName), rules, successor, ilog)
 		defer ci.Finish()
 		ac.HandOver = ci.HandOver
 		pluginInstalled = ci.Check

@@ -107,10 +107,10 @@ func printNodeStatus(w io.Writer, st admin.NodeStatus) {
 	fmt.Fprintf(w, "taint:       %s\n\n", st.Taint)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tANNOTATION\tZTUNNEL ACKED\tRULES VERIFIED\tAGE\tLAST ERROR")
+	fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tANNOTATION\tZTUNNEL ACKED\tAGE\tLAST ERROR")
 	for _, p := range st.Pods {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, p.Phase, dash(p.Annotation),
-			yesNo(p.ZtunnelAcked), verified(p.RulesVerified, st.Time), age(p.Created, st.Time), dash(oneLine(p.LastError)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, p.Phase, dash(p.Annotation),
+			yesNo(p.ZtunnelAcked), age(p.Created, st.Time), dash(oneLine(p.LastError)))
 	}
 	tw.Flush()
 }
@@ -121,7 +121,6 @@ func printPodDetail(w io.Writer, d admin.PodDetail) {
 	fmt.Fprintf(w, "phase:          %s\n", p.Phase)
 	fmt.Fprintf(w, "annotation:     %s\n", dash(p.Annotation))
 	fmt.Fprintf(w, "ztunnel acked:  %s\n", yesNo(p.ZtunnelAcked))
-	fmt.Fprintf(w, "rules verified: %s\n", verified(p.RulesVerified, time.Now()))
 	fmt.Fprintf(w, "last error:     %s\n", dash(p.LastError))
 	fmt.Fprintf(w, "ips:            %s\n", dash(strings.Join(p.IPs, ", ")))
 	fmt.Fprintf(w, "netns:          %s\n\n", dash(p.Netns))
@@ -147,13 +146,6 @@ func dash(s string) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
-
-func verified(t *time.Time, now time.Time) string {
-	if t == nil {
-		return admin.Unknown
-	}
-	return age(*t, now) + " ago"
-}
 
 // age renders now-t like kubectl: 45s, 12m, 3h, 2d.
 func age(t, now time.Time) string {

@@ -55,14 +55,11 @@ type Pod struct {
 	// Annotation is the ambient.istio.io/redirection value the pod shows.
 	Annotation string `json:"annotation"`
 	// ZtunnelAcked: ztunnel acked the pod's Add (phase enabled).
-	ZtunnelAcked bool `json:"ztunnelAcked"`
-	// RulesVerified is when the pod's rules were last verified; nil when
-	// never or unknown on this agent.
-	RulesVerified *time.Time `json:"rulesVerified,omitempty"`
-	LastError     string     `json:"lastError,omitempty"`
-	Created       time.Time  `json:"created,omitzero"`
-	IPs           []string   `json:"ips,omitempty"`
-	Netns         string     `json:"netns,omitempty"`
+	ZtunnelAcked bool      `json:"ztunnelAcked"`
+	LastError    string    `json:"lastError,omitempty"`
+	Created      time.Time `json:"created,omitzero"`
+	IPs          []string  `json:"ips,omitempty"`
+	Netns        string    `json:"netns,omitempty"`
 }
 
 // PodDetail is GET /v1/pod: the pod and the live rules of its netns.

@@ -113,10 +113,10 @@ type Config struct {
 	MaxParallelAdds int
 	// HandOver, when set, is asked once as Run stops (the workers done,
 	// the registry still open) whether another node agent takes the node
-	// over: a non-nil Successor is that agent's rule backend, and every
+	// over: a non-nil SuccessorRules is that agent's rule backend, and every
 	// enrolled pod's rules are moved there (handover.go). nil: nothing moves
 	// (an upgrade or a restart).
-	HandOver func(ctx context.Context) (Successor, error)
+	HandOver func(ctx context.Context) (SuccessorRules, error)
 	// HandOverTimeout bounds the handover (DefaultHandOverTimeout when 0).
 	HandOverTimeout time.Duration
 	// ZtunnelGrace is how long the node may be without a ztunnel that
@@ -220,9 +220,9 @@ type Agent struct {
 	refused uidSet
 	// moved holds the uids whose phase a running sync moved.
 	moved uidSet
-	// handovers holds the pods a closed ztunnel held, for their sync to
-	// Add to the newest one.
-	handovers handoverSet
+	// readds holds the pods a closed ztunnel held, for their sync to Add
+	// to the newest one (readd.go).
+	readds readdSet
 	// invalid remembers the invalid annotation values already reported.
 	invalid invalidSeen
 
@@ -256,7 +256,7 @@ type Deps struct {
 }
 
 // New builds an agent from d. The agent is the ztunnel server's snapshot
-// source (Snapshot, SnapshotRefused, HandOver).
+// source (Snapshot, SnapshotRefused, Readd).
 func New(cfg Config, d Deps) (*Agent, error) {
 	cfg = cfg.withDefaults()
 	if cfg.NodeName == "" {

@@ -435,7 +435,7 @@ func TestHealth(t *testing.T) {
 
 // BenchmarkHandleAdd measures the agent's own cost of a CNI ADD for an
 // in-mesh pod (cache lookup, policy, netns open, registry, bookkeeping), with
-// fake rules and ztunnel: the floor under the real iptables and ZDS costs.
+// fake rules and ztunnel: the lower bound under the real iptables and ZDS costs.
 func BenchmarkHandleAdd(b *testing.B) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(b, withObjects(namespace("app", true), p))

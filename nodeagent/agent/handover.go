@@ -14,11 +14,12 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
 
-// Successor is the rule backend of the node agent that takes the node over
-// (*iptables.Manager built for that backend implements it). ApplyPod writes
-// the pod's rules there and then removes ours from every other backend, so
-// the pod is never without capture and ends with one set of rules.
-type Successor interface {
+// SuccessorRules is the rule backend of the node agent that takes the node
+// over (*iptables.Manager built for that backend implements it; which agent
+// that is, is an iptables.Successor). ApplyPod writes the pod's rules there
+// and then removes ours from every other backend, so the pod is never
+// without capture and ends with one set of rules.
+type SuccessorRules interface {
 	ApplyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) error
 }
 
@@ -134,7 +135,7 @@ const (
 )
 
 // handOverPod moves one pod's rules (or, out of the mesh, removes them).
-func (a *Agent) handOverPod(ctx context.Context, to Successor, e registry.Entry) handOverResult {
+func (a *Agent) handOverPod(ctx context.Context, to SuccessorRules, e registry.Entry) handOverResult {
 	log := a.podLog(e.Namespace, e.Name, e.UID)
 	pod := a.podByUID(e.UID)
 	inMesh := pod != nil

@@ -27,7 +27,7 @@ func TestHandOverMovesEnrolledPodsAndReleasesTheRest(t *testing.T) {
 	out.Labels = map[string]string{podmeta.LabelDataplaneMode: "none"}
 	h := newHarness(t, withConfig(func(c *Config) {
 		c.DNSCapture = true
-		c.HandOver = func(context.Context) (Successor, error) { asked++; return to, nil }
+		c.HandOver = func(context.Context) (SuccessorRules, error) { asked++; return to, nil }
 	}), withObjects(namespace("app", true), a, b, out))
 	h.enrollConnected(a)
 	h.enrollConnected(b)
@@ -83,7 +83,7 @@ func TestHandOverNotWanted(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			a := pod("app", "a", "uid-a", nil)
 			h := newHarness(t, withConfig(func(c *Config) {
-				c.HandOver = func(context.Context) (Successor, error) { return nil, ret }
+				c.HandOver = func(context.Context) (SuccessorRules, error) { return nil, ret }
 			}), withObjects(namespace("app", true), a))
 			h.enrollConnected(a)
 			applied, deleted, _ := h.rules.counts()
@@ -102,7 +102,7 @@ func TestHandOverFailureKeepsOurRules(t *testing.T) {
 	to := &fakeSuccessor{fails: true}
 	a := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, withConfig(func(c *Config) {
-		c.HandOver = func(context.Context) (Successor, error) { return to, nil }
+		c.HandOver = func(context.Context) (SuccessorRules, error) { return to, nil }
 	}), withObjects(namespace("app", true), a))
 	h.enrollConnected(a)
 	_, deleted, _ := h.rules.counts()

@@ -27,7 +27,7 @@ import (
 // carries). While no ztunnel serves the node past the grace an enabled pod
 // is Unserved (served.go); once one serves again an unserved pod is Added to
 // it and Enabled.
-func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, e registry.Entry, opts iptables.PodOptions, handover bool) (Outcome, error) {
+func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, e registry.Entry, opts iptables.PodOptions, readd bool) (Outcome, error) {
 	ips := podmeta.IPs(pod)
 	if why := a.notCurrent(e, ips); why != "" {
 		e, err := a.leaveSandbox(ctx, log, s, e, ips, why)
@@ -67,8 +67,8 @@ func (a *Agent) syncEnabled(ctx context.Context, log *slog.Logger, s *podSync, p
 	case e.Phase == registry.Unserved:
 		log.Info("a ztunnel serves the node again; adding the pod to it")
 		return a.activate(ctx, log, e)
-	case handover:
-		log.Info("handing the pod over to the newest ztunnel")
+	case readd:
+		log.Info("re-adding the pod to the newest ztunnel")
 		return a.activate(ctx, log, e)
 	}
 	return Enrolled, nil // the status, if off, is healed by publish
@@ -294,7 +294,7 @@ func (a *Agent) checkFamilies(pod *corev1.Pod, ips []netip.Addr) error {
 // (its rules and probe entry stay) and an error wrapping ErrPending is
 // returned.
 func (a *Agent) activate(ctx context.Context, log *slog.Logger, e registry.Entry) (Outcome, error) {
-	done := a.handovers.done(e.UID)
+	done := a.readds.done(e.UID)
 	setPending := func(reason string, err error) (Outcome, error) {
 		a.metrics.failure(reason)
 		if _, uerr := a.update(e.UID, func(x *registry.Entry) {
@@ -410,7 +410,7 @@ func (a *Agent) release(ctx context.Context, log *slog.Logger, uid, reason strin
 	}
 	a.forgetNetns(uid)
 	a.invalid.forget(uid)
-	a.handovers.drop(uid) // released: nothing to hand over
+	a.readds.drop(uid) // released: nothing to re-add
 	a.metrics.removal(reason)
 	return nil
 }

@@ -99,26 +99,26 @@ func TestCNIDelOfLivePodWaitsForReenrollment(t *testing.T) {
 	h.waitFor("annotation enabled again", func() bool { v, _ := h.annotation("app", "a"); return v == "enabled" })
 }
 
-// The ztunnel handover goes through the pod's sync: an enabled pod gets a
+// The ztunnel re-add goes through the pod's sync: an enabled pod gets a
 // fresh Add and the result is reported; a pod released meanwhile gets no
 // Add after its Del (one writer of what ztunnel carries).
-func TestHandoverThroughThePodSync(t *testing.T) {
+func TestReaddThroughThePodSync(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	adds := h.zt.added("uid-a")
 	reported := make(chan error, 2)
-	h.agent.HandOver("uid-a", func(err error) { reported <- err })
+	h.agent.Readd("uid-a", func(err error) { reported <- err })
 	select {
 	case err := <-reported:
 		if err != nil {
-			t.Fatalf("handover reported %v", err)
+			t.Fatalf("re-add reported %v", err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("handover never reported")
+		t.Fatal("re-add never reported")
 	}
 	if h.zt.added("uid-a") != adds+1 || h.state("uid-a") != "enabled" {
-		t.Errorf("after the handover: %d Adds (want %d), state %s", h.zt.added("uid-a"), adds+1, h.state("uid-a"))
+		t.Errorf("after the re-add: %d Adds (want %d), state %s", h.zt.added("uid-a"), adds+1, h.state("uid-a"))
 	}
 
 	if err := h.client.CoreV1().Pods("app").Delete(t.Context(), "a", metav1.DeleteOptions{}); err != nil {
@@ -126,12 +126,12 @@ func TestHandoverThroughThePodSync(t *testing.T) {
 	}
 	h.waitFor("pod released", func() bool { return h.state("uid-a") == "absent" && h.zt.deleted("uid-a") })
 	adds = h.zt.added("uid-a")
-	h.agent.HandOver("uid-a", func(err error) { reported <- err })
+	h.agent.Readd("uid-a", func(err error) { reported <- err })
 	if _, err := h.agent.sync(t.Context(), "uid-a", nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := h.zt.added("uid-a"); n != adds {
-		t.Errorf("a handover after the release's Del sent %d Add(s)", n-adds)
+		t.Errorf("a re-add after the release's Del sent %d Add(s)", n-adds)
 	}
 }
 

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"sync"
-
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
 )
@@ -49,55 +47,3 @@ func (a *Agent) SnapshotRefused(uid string, _ error) {
 // takeRefusal reports whether uid was refused in a snapshot since the last
 // call, and forgets it.
 func (a *Agent) takeRefusal(uid string) bool { return a.refused.take(uid) }
-
-// handoverSet holds the pods a closed ztunnel connection held, to be Added
-// to the newest one by their next sync, with the server's report callbacks.
-type handoverSet struct {
-	mu sync.Mutex
-	m  map[string][]func(error)
-}
-
-// HandOver implements ztunnel.HandoverSink: the pod's next sync (queued
-// here, run under the pod's lock) sends the Add, so an Add can never land
-// after a release's Del. report, if not nil, is told the Add's result.
-func (a *Agent) HandOver(uid string, report func(error)) {
-	a.handovers.mu.Lock()
-	if a.handovers.m == nil {
-		a.handovers.m = map[string][]func(error){}
-	}
-	a.handovers.m[uid] = append(a.handovers.m[uid], report)
-	a.handovers.mu.Unlock()
-	a.queue.Add(uid)
-}
-
-// take reports whether uid is waiting to be handed over (its reports stay
-// until done).
-func (h *handoverSet) take(uid string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	_, ok := h.m[uid]
-	return ok
-}
-
-// drop forgets uid's handover without reporting (the pod was released).
-func (h *handoverSet) drop(uid string) {
-	h.mu.Lock()
-	delete(h.m, uid)
-	h.mu.Unlock()
-}
-
-// done returns the function that reports an Add of uid to whoever asked
-// for a handover, and forgets them.
-func (h *handoverSet) done(uid string) func(error) {
-	h.mu.Lock()
-	reports := h.m[uid]
-	delete(h.m, uid)
-	h.mu.Unlock()
-	return func(err error) {
-		for _, r := range reports {
-			if r != nil {
-				r(err)
-			}
-		}
-	}
-}

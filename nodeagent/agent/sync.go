@@ -63,14 +63,14 @@ func (a *Agent) sync(ctx context.Context, uid string, in *cniInput) (Outcome, er
 
 func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *podSync) (Outcome, error) {
 	entry, registered := a.reg.Get(uid)
-	handover := a.handovers.take(uid)
+	readd := a.readds.take(uid)
 	var pod *corev1.Pod
 	if in != nil {
 		pod = in.pod
 	} else if pod = a.podByUID(uid); pod == nil {
 		if !registered {
 			a.invalid.forget(uid)
-			a.handovers.drop(uid)
+			a.readds.drop(uid)
 			return OutcomeUnknown, nil
 		}
 		// The cache says the pod is gone; make sure before dropping it
@@ -90,8 +90,8 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	}
 	s.pod = pod
 	log := a.podLog(pod.Namespace, pod.Name, uid)
-	if handover && !registered {
-		a.handovers.drop(uid) // not ours to hand over
+	if readd && !registered {
+		a.readds.drop(uid) // not ours to re-add
 	}
 
 	if pod.Spec.HostNetwork {
@@ -165,7 +165,7 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	if registered {
 		switch entry.Phase {
 		case registry.Enabled, registry.Unserved:
-			return a.syncEnabled(ctx, log, s, pod, entry, opts, handover)
+			return a.syncEnabled(ctx, log, s, pod, entry, opts, readd)
 		default: // Unverified, Pending, Uncaptured
 			return a.recapture(ctx, log, s, pod, entry, opts)
 		}

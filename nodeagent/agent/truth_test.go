@@ -152,7 +152,7 @@ func TestHandOverKeepsTheOptionsRulesWereBuiltWith(t *testing.T) {
 	vm := pod("app", "vm", "uid-vm", map[string]string{podmeta.AnnotationRerouteVirtualInterfaces: "tap0", podmeta.AnnotationDNSCapture: "false"})
 	h := newHarness(t, withConfig(func(c *Config) {
 		c.DNSCapture = true
-		c.HandOver = func(context.Context) (Successor, error) { return to, nil }
+		c.HandOver = func(context.Context) (SuccessorRules, error) { return to, nil }
 	}), withObjects(namespace("app", true), vm))
 	h.enrollConnected(vm)
 	vm, err := h.client.CoreV1().Pods("app").Get(context.Background(), "vm", metav1.GetOptions{})
@@ -183,7 +183,7 @@ func TestHandOverReleasesGatedPodsFalse(t *testing.T) {
 	on.Spec.ReadinessGates = gate
 	held := pod("app", "held", "uid-held", nil)
 	held.Spec.ReadinessGates = gate
-	h := newHarness(t, withConfig(func(c *Config) { c.HandOver = func(context.Context) (Successor, error) { return to, nil } }),
+	h := newHarness(t, withConfig(func(c *Config) { c.HandOver = func(context.Context) (SuccessorRules, error) { return to, nil } }),
 		withObjects(namespace("app", true), on, held))
 	h.enrollConnected(on)
 	h.zt.setNack("uid-held", "not now")

@@ -24,31 +24,15 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/unixsock"
 )
 
-// PodEvent and Outcome are the agent core's; the aliases let handlers and
-// tests spell them from here.
-type (
-	PodEvent = agent.PodEvent
-	Outcome  = agent.Outcome
-)
-
-// The outcomes of an ADD (see agent.Outcome).
-const (
-	OutcomeUnknown = agent.OutcomeUnknown
-	Enrolled       = agent.Enrolled
-	Pending        = agent.Pending
-	NotInMesh      = agent.NotInMesh
-	Sidecar        = agent.SidecarCaptured
-)
-
-func outcomeProto(o Outcome) cniapi.Outcome {
+func outcomeProto(o agent.Outcome) cniapi.Outcome {
 	switch o {
-	case Enrolled:
+	case agent.Enrolled:
 		return cniapi.Outcome_OUTCOME_ENROLLED
-	case Pending:
+	case agent.Pending:
 		return cniapi.Outcome_OUTCOME_PENDING
-	case NotInMesh:
+	case agent.NotInMesh:
 		return cniapi.Outcome_OUTCOME_NOT_IN_MESH
-	case Sidecar:
+	case agent.SidecarCaptured:
 		return cniapi.Outcome_OUTCOME_SIDECAR
 	default:
 		return cniapi.Outcome_OUTCOME_UNSPECIFIED
@@ -64,10 +48,10 @@ type Handler interface {
 	// error's message and the runtime retries the sandbox. The status code
 	// sent is mapped from the agent's domain error the error wraps (see
 	// toStatus), DeadlineExceeded/Canceled for context errors, else Internal.
-	HandleAdd(ctx context.Context, ev PodEvent) (Outcome, error)
+	HandleAdd(ctx context.Context, ev agent.PodEvent) (agent.Outcome, error)
 	// HandleDel is told about a torn-down sandbox. Its error is logged by the
 	// plugin and never fails the DEL.
-	HandleDel(ctx context.Context, ev PodEvent) error
+	HandleDel(ctx context.Context, ev agent.PodEvent) error
 }
 
 // Config configures a Server. The zero value is usable.
@@ -224,17 +208,17 @@ func (s *Server) bound(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, s.cfg.MaxCallTimeout)
 }
 
-func podEvent(p *cniapi.Pod, add bool) (PodEvent, error) {
+func podEvent(p *cniapi.Pod, add bool) (agent.PodEvent, error) {
 	if p == nil {
-		return PodEvent{}, errors.New("no pod in request")
+		return agent.PodEvent{}, errors.New("no pod in request")
 	}
 	if p.GetName() == "" || p.GetNamespace() == "" {
-		return PodEvent{}, fmt.Errorf("pod name and namespace are required (got name=%q namespace=%q)", p.GetName(), p.GetNamespace())
+		return agent.PodEvent{}, fmt.Errorf("pod name and namespace are required (got name=%q namespace=%q)", p.GetName(), p.GetNamespace())
 	}
 	if add && p.GetNetnsPath() == "" {
-		return PodEvent{}, fmt.Errorf("pod %s/%s: netns path is required", p.GetNamespace(), p.GetName())
+		return agent.PodEvent{}, fmt.Errorf("pod %s/%s: netns path is required", p.GetNamespace(), p.GetName())
 	}
-	ev := PodEvent{
+	ev := agent.PodEvent{
 		Name: p.GetName(), Namespace: p.GetNamespace(), UID: p.GetUid(),
 		InfraContainerID: p.GetInfraContainerId(), NetnsPath: p.GetNetnsPath(),
 		Interface: p.GetInterface(),
@@ -242,7 +226,7 @@ func podEvent(p *cniapi.Pod, add bool) (PodEvent, error) {
 	for _, s := range p.GetIps() {
 		pfx, err := netip.ParsePrefix(s)
 		if err != nil {
-			return PodEvent{}, fmt.Errorf("pod %s/%s: bad IP %q: %w", p.GetNamespace(), p.GetName(), s, err)
+			return agent.PodEvent{}, fmt.Errorf("pod %s/%s: bad IP %q: %w", p.GetNamespace(), p.GetName(), s, err)
 		}
 		ev.IPs = append(ev.IPs, pfx)
 	}

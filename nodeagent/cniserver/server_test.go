@@ -57,26 +57,26 @@ func helperClient(sock string) int {
 // recorder is a Handler that records events and answers as told.
 type recorder struct {
 	mu      sync.Mutex
-	adds    []PodEvent
-	dels    []PodEvent
-	outcome Outcome
+	adds    []agent.PodEvent
+	dels    []agent.PodEvent
+	outcome agent.Outcome
 	err     error
 	block   bool // wait for ctx to end, then return its error
 }
 
-func (r *recorder) HandleAdd(ctx context.Context, ev PodEvent) (Outcome, error) {
+func (r *recorder) HandleAdd(ctx context.Context, ev agent.PodEvent) (agent.Outcome, error) {
 	r.mu.Lock()
 	r.adds = append(r.adds, ev)
 	out, err, block := r.outcome, r.err, r.block
 	r.mu.Unlock()
 	if block {
 		<-ctx.Done()
-		return OutcomeUnknown, ctx.Err()
+		return agent.OutcomeUnknown, ctx.Err()
 	}
 	return out, err
 }
 
-func (r *recorder) HandleDel(ctx context.Context, ev PodEvent) error {
+func (r *recorder) HandleDel(ctx context.Context, ev agent.PodEvent) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.dels = append(r.dels, ev)
@@ -118,7 +118,7 @@ func dial(t *testing.T, sock string) *grpc.ClientConn {
 
 func TestAddDelRoundTrip(t *testing.T) {
 	testutil.RequireRoot(t) // SO_PEERCRED: the test process must be root to be accepted
-	rec := &recorder{outcome: Enrolled}
+	rec := &recorder{outcome: agent.Enrolled}
 	s, _ := startServer(t, rec, Config{})
 	c := cniapi.NewCNIEventsClient(dial(t, s.cfg.SocketPath))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -144,7 +144,7 @@ func TestAddDelRoundTrip(t *testing.T) {
 		t.Fatalf("DelPod: %v", err)
 	}
 
-	want := PodEvent{
+	want := agent.PodEvent{
 		Name: "web-0", Namespace: "shop", UID: "6c1f0f4e-uid", InfraContainerID: "abc123",
 		NetnsPath: "/var/run/netns/cni-1", Interface: "eth0",
 		IPs: []netip.Prefix{netip.MustParsePrefix("10.1.0.7/24"), netip.MustParsePrefix("fd00::7/64")},
@@ -180,9 +180,9 @@ func TestAddAnswers(t *testing.T) {
 		wantCode    codes.Code
 		wantMsg     string
 	}{
-		{"enrolled", &recorder{outcome: Enrolled}, okPod, cniapi.Outcome_OUTCOME_ENROLLED, codes.OK, ""},
-		{"pending", &recorder{outcome: Pending}, okPod, cniapi.Outcome_OUTCOME_PENDING, codes.OK, ""},
-		{"not in mesh", &recorder{outcome: NotInMesh}, okPod, cniapi.Outcome_OUTCOME_NOT_IN_MESH, codes.OK, ""},
+		{"enrolled", &recorder{outcome: agent.Enrolled}, okPod, cniapi.Outcome_OUTCOME_ENROLLED, codes.OK, ""},
+		{"pending", &recorder{outcome: agent.Pending}, okPod, cniapi.Outcome_OUTCOME_PENDING, codes.OK, ""},
+		{"not in mesh", &recorder{outcome: agent.NotInMesh}, okPod, cniapi.Outcome_OUTCOME_NOT_IN_MESH, codes.OK, ""},
 		{"no outcome is a handler bug", &recorder{}, okPod, 0, codes.Internal, "without an error"},
 		{"plain error", &recorder{err: errors.New("apply in-pod rules: iptables-restore: exit 4")}, okPod, 0, codes.Internal, "iptables-restore: exit 4"},
 		{"status error keeps its code", &recorder{err: status.Error(codes.FailedPrecondition, "pod has no netns")}, okPod, 0, codes.FailedPrecondition, "pod has no netns"},
@@ -195,10 +195,10 @@ func TestAddAnswers(t *testing.T) {
 		{"netns unusable", &recorder{err: fmt.Errorf("pod ns/p: %w: netns %q", agent.ErrNetnsUnusable, "/x")}, okPod, 0, codes.InvalidArgument, "netns"},
 		{"not captured", &recorder{err: fmt.Errorf("%w: program in-pod rules: boom", agent.ErrNotCaptured)}, okPod, 0, codes.Internal, "boom"},
 		{"pending with fail-pending", &recorder{err: fmt.Errorf("pod ns/p: %w (--fail-pending is set)", fmt.Errorf("%w: nack", agent.ErrPending))}, okPod, 0, codes.Unavailable, "--fail-pending"},
-		{"no pod", &recorder{outcome: Enrolled}, nil, 0, codes.InvalidArgument, "no pod"},
-		{"no namespace", &recorder{outcome: Enrolled}, &cniapi.Pod{Name: "p", NetnsPath: "/x"}, 0, codes.InvalidArgument, "name and namespace"},
-		{"no netns", &recorder{outcome: Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns"}, 0, codes.InvalidArgument, "netns path"},
-		{"bad ip", &recorder{outcome: Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns", NetnsPath: "/x", Ips: []string{"10.0.0.300/8"}}, 0, codes.InvalidArgument, "bad IP"},
+		{"no pod", &recorder{outcome: agent.Enrolled}, nil, 0, codes.InvalidArgument, "no pod"},
+		{"no namespace", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", NetnsPath: "/x"}, 0, codes.InvalidArgument, "name and namespace"},
+		{"no netns", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns"}, 0, codes.InvalidArgument, "netns path"},
+		{"bad ip", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns", NetnsPath: "/x", Ips: []string{"10.0.0.300/8"}}, 0, codes.InvalidArgument, "bad IP"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -266,7 +266,7 @@ func TestSocketLifecycle(t *testing.T) {
 		t.Fatal("stale socket accepts connections; the test needs a dead one")
 	}
 
-	s, stop := startServer(t, &recorder{outcome: NotInMesh}, Config{SocketPath: sock})
+	s, stop := startServer(t, &recorder{outcome: agent.NotInMesh}, Config{SocketPath: sock})
 	fi, err := os.Lstat(sock)
 	if err != nil {
 		t.Fatalf("socket: %v", err)
@@ -312,7 +312,7 @@ func TestRefusesNonSocketPath(t *testing.T) {
 // its uid and every call, health included, gets PermissionDenied.
 func TestRefusesNonRootPeer(t *testing.T) {
 	testutil.RequireRoot(t)
-	rec := &recorder{outcome: Enrolled}
+	rec := &recorder{outcome: agent.Enrolled}
 	s, _ := startServer(t, rec, Config{})
 
 	run := func(caps []uintptr) string {
@@ -348,7 +348,7 @@ func TestRunTwice(t *testing.T) {
 }
 
 func TestOutcomeLogsAsName(t *testing.T) {
-	for o, want := range map[Outcome]string{Enrolled: "enrolled", Pending: "pending", NotInMesh: "not-in-mesh", OutcomeUnknown: "Outcome(0)", Outcome(7): "Outcome(7)"} {
+	for o, want := range map[agent.Outcome]string{agent.Enrolled: "enrolled", agent.Pending: "pending", agent.NotInMesh: "not-in-mesh", agent.OutcomeUnknown: "Outcome(0)", agent.Outcome(7): "Outcome(7)"} {
 		if got := o.String(); got != want {
 			t.Errorf("Outcome(%d).String() = %q, want %q", int(o), got, want)
 		}

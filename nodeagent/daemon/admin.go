@@ -16,7 +16,7 @@ import (
 
 // adminServer serves `ambientd status` on the admin socket (mode 0600, root
 // peers only): ready once it listens, the socket removed at stop if still ours.
-func (n *Node) adminServer() Component {
+func (n *Process) adminServer() Component {
 	path := n.cfg.AdminSocket
 	if path == "" {
 		path = admin.DefaultSocketPath
@@ -39,7 +39,7 @@ func (n *Node) adminServer() Component {
 
 // adminSource answers `ambientd status` from the agent, the ztunnel server
 // and the status providers other parts register (Config.StatusProviders).
-type adminSource struct{ n *Node }
+type adminSource struct{ n *Process }
 
 func (s adminSource) NodeStatus(context.Context) admin.NodeStatus {
 	n := s.n

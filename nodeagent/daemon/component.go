@@ -1,9 +1,9 @@
 // Package daemon is the node agent's process supervision: it builds the agent
-// and its servers (see Node) and runs them as Components — started in order,
+// and its servers (see Process) and runs them as Components — started in order,
 // each once the one before is ready, stopped in reverse order, the first
 // failure stopping them all. Adding a part of the process (a CNI installer, a
 // node-readiness controller, a periodic verifier, an admin socket) is one
-// Component and one line in Node.components.
+// Component and one line in Process.components.
 package daemon
 
 import (

@@ -89,7 +89,8 @@ type Options struct {
 	OnResult func(r Result, took time.Duration)
 }
 
-// Patcher queues annotation writes. Create with New, then Run.
+// Patcher queues pod status writes (the annotation and the condition, one
+// patch). Create with New, then Run.
 type Patcher struct {
 	client kube.Interface
 	log    *slog.Logger
@@ -151,7 +152,7 @@ func (p *Patcher) queued(namespace, name, uid string) (Status, bool) {
 	return w.status, ok
 }
 
-// Run writes queued annotations with the given number of workers until ctx
+// Run writes the queued pod statuses with the given number of workers until ctx
 // ends.
 func (p *Patcher) Run(ctx context.Context, workers int) {
 	if workers < 1 {
@@ -192,7 +193,7 @@ func (p *Patcher) next(ctx context.Context) bool {
 		// Gone, or a different pod now has this name (the uid precondition
 		// failed): the write is moot.
 		res = ResultDropped
-		p.log.Info("annotation write dropped", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "status", w.status, "error", err)
+		p.log.Info("pod status write dropped", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "status", w.status, "error", err)
 	default:
 		res = ResultRetry
 	}
@@ -201,7 +202,7 @@ func (p *Patcher) next(ctx context.Context) bool {
 	}
 	if res == ResultRetry {
 		if ctx.Err() == nil {
-			p.log.Warn("annotation write failed, retrying", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "status", w.status, "error", err)
+			p.log.Warn("pod status write failed, retrying", "namespace", k.Namespace, "pod", k.Name, "uid", w.uid, "status", w.status, "error", err)
 		}
 		p.queue.AddRateLimited(k)
 		return true

@@ -140,7 +140,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn, src SnapshotSo
 		c.Close() // unblocks the reader
 		<-readerDone
 		log.Info("ztunnel connection closed", "held", len(zc.held))
-		s.handOver(ctx, log, zc.src, zc.held)
+		s.readd(ctx, log, zc.src, zc.held)
 	}()
 
 	if !zc.sendSnapshot(ctx, log) {

@@ -49,10 +49,10 @@ func (s *source) Snapshot() []SnapshotEntry {
 	return append([]SnapshotEntry(nil), s.entries...)
 }
 
-// SnapshotRefused and HandOver do nothing (refusalSource and
-// handoverSource record or act on them).
+// SnapshotRefused and Readd do nothing (refusalSource and
+// readdSource record or act on them).
 func (s *source) SnapshotRefused(string, error) {}
-func (s *source) HandOver(string, func(error))  {}
+func (s *source) Readd(string, func(error))     {}
 
 func (s *source) set(e ...SnapshotEntry) {
 	s.mu.Lock()

@@ -68,13 +68,13 @@ type SnapshotSource interface {
 	// snapshot is acked (before subscribers of SubscribeSnapshotAcked are
 	// signalled for that connection).
 	SnapshotRefused(uid string, err error)
-	// HandOver asks the source to re-add a pod a closed connection held to
+	// Readd asks the source to re-add a pod a closed connection held to
 	// the newest one itself, through its own serialized path (the agent's
 	// per-pod sync, under the pod's lock), so that one writer decides what
-	// ztunnel should carry and a handover Add can never land after a Del
+	// ztunnel should carry and a re-add's Add can never land after a Del
 	// of the same pod. report, if the source calls it, is told the result
-	// of the Add it sent for the handover.
-	HandOver(uid string, report func(error))
+	// of the Add it sent for the re-add.
+	Readd(uid string, report func(error))
 }
 
 // Config tunes the server; zero fields take the defaults in brackets.
@@ -456,27 +456,27 @@ func signal(m map[int]chan struct{}) {
 	}
 }
 
-// handOver asks the snapshot source to re-Add the pods a closed connection
+// readd asks the snapshot source to re-Add the pods a closed connection
 // held to the now-newest connection, so a pod whose ztunnel went away (the
 // newest one of a rolling update or a crash-looping one) is served by the
 // one that remains instead of staying captured with nobody behind its
-// redirect. The source sends the Adds (SnapshotSource.HandOver); the server counts
+// redirect. The source sends the Adds (SnapshotSource.Readd); the server counts
 // their results (ambientd_ztunnel_handovers_total). Nothing happens when no
 // connection remains (a new ztunnel gets a snapshot) or the server is
 // stopping.
-func (s *Server) handOver(ctx context.Context, log *slog.Logger, src SnapshotSource, held map[string]struct{}) {
+func (s *Server) readd(ctx context.Context, log *slog.Logger, src SnapshotSource, held map[string]struct{}) {
 	if len(held) == 0 || ctx.Err() != nil || s.newest() == nil {
 		return
 	}
 	for uid := range held {
-		src.HandOver(uid, func(err error) {
+		src.Readd(uid, func(err error) {
 			if err != nil {
 				s.metrics.handovers.WithLabelValues("failed").Inc()
-				log.Warn("handing pod over to the remaining ztunnel failed", "uid", uid, "error", err)
+				log.Warn("re-adding pod to the remaining ztunnel failed", "uid", uid, "error", err)
 				return
 			}
 			s.metrics.handovers.WithLabelValues("ok").Inc()
 		})
 	}
-	log.Info("pods of the closed ztunnel queued for a handover to the newest", "pods", len(held))
+	log.Info("pods of the closed ztunnel queued for a re-add to the newest", "pods", len(held))
 }

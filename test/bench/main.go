@@ -114,6 +114,7 @@ func main() {
 type result struct {
 	cfg                         config
 	machine, mode               string
+	agentBackend                string // the agent's own choice, from its log
 	plainAdd, meshAdd           []time.Duration
 	addErrors                   int
 	createWall, allEnabledAgent time.Duration
@@ -277,7 +278,9 @@ func startNode(ctx context.Context, env *e2eenv.Env, c config) (*e2eenv.Emulator
 	if err != nil {
 		return nil, nil, err
 	}
-	args := strings.Fields(c.agentArgs)
+	// The product's default backend choice (--iptables=auto), not the e2e
+	// environment's iptables-nft pin; -agent-args may still set one.
+	args := append([]string{"--iptables=auto"}, strings.Fields(c.agentArgs)...)
 	if c.pprofAddr != "" {
 		args = append(args, "--pprof-addr="+c.pprofAddr)
 	}
@@ -308,6 +311,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 		return nil, err
 	}
 	r.rss0 = peakRSS(a.Pid())
+	r.agentBackend = agentBackend(env.LogPath("agent"))
 	r.rssAnon0, r.rssFile0 = statusKiB(a.Pid(), "RssAnon:"), statusKiB(a.Pid(), "RssFile:")
 	r.heap0 = metric(ctx, a, "go_memstats_heap_inuse_bytes", "")
 	if _, err := env.CreateNamespace(ctx, "bench-plain", nil); err != nil {
@@ -716,11 +720,37 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 
 func sec(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
 
+// agentBackend is the rule backend the agent says it chose at start: the
+// mode of its first "rule backend" log line, or what its flag pinned.
+func agentBackend(logPath string) string {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, "rule backend") {
+			continue
+		}
+		for _, key := range []string{`"mode":"`, "mode="} {
+			if _, rest, ok := strings.Cut(line, key); ok {
+				mode, _, _ := strings.Cut(rest, `"`)
+				mode, _, _ = strings.Cut(mode, " ")
+				return mode
+			}
+		}
+	}
+	return "unknown (no rule backend line in " + logPath + ")"
+}
+
 func (r *result) markdown() string {
 	var b strings.Builder
 	n := r.cfg.pods
 	fmt.Fprintf(&b, "\n### %d pods, bursts of %d — %s\n\n", n, r.cfg.burst, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
-	fmt.Fprintf(&b, "Machine: %s. iptables backend: %s.", r.machine, r.mode)
+	fmt.Fprintf(&b, "Machine: %s. The agent's rule backend (its log): %s; the bench's verifier: %s.", r.machine, r.agentBackend, r.mode)
 	if r.cfg.interleave {
 		b.WriteString(" Baseline and ours interleaved burst by burst.")
 	}

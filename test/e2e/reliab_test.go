@@ -5,7 +5,7 @@ package e2e
 // End-to-end tests of issue 10 ("no silent bypass, no black hole"): a pod
 // annotated `enabled` must have its traffic captured, and captured traffic
 // must have a ztunnel behind it — across agent restarts, rule drift, ztunnel
-// handovers and IPv6.
+// re-adds and IPv6.
 
 import (
 	"context"
@@ -171,11 +171,11 @@ func TestDriftRepairEventVisible(t *testing.T) {
 	})
 }
 
-// TestHandoverToRemainingZtunnel (Must show 3): two ztunnels connected, a new
+// TestReaddToRemainingZtunnel (Must show 3): two ztunnels connected, a new
 // pod goes to the newest; when that one stops, the remaining one gets the
 // pod's Add (time printed; target 1 s) and serves its traffic.
-func TestHandoverToRemainingZtunnel(t *testing.T) {
-	s := newScenario(t, "handover")
+func TestReaddToRemainingZtunnel(t *testing.T) {
+	s := newScenario(t, "readd")
 	ctx, nsName, old := s.ctx, s.ns, s.em
 	waitEmu(t, ctx, old, "first ztunnel's snapshot", func(s ztunnelemu.State) bool {
 		return len(s.Connections) > 0 && s.Connections[len(s.Connections)-1].SnapshotSent
@@ -202,14 +202,14 @@ func TestHandoverToRemainingZtunnel(t *testing.T) {
 		t.Fatalf("stop newest emulator: %v", err)
 	}
 	st := waitEmu(t, ctx, old, "the pod handed over to the remaining ztunnel", func(s ztunnelemu.State) bool { _, ok := s.Workload(p.UID); return ok })
-	t.Logf("handover: remaining ztunnel has the pod %v after the newest was stopped (target 1s)", time.Since(stopped).Round(time.Millisecond))
+	t.Logf("re-add: remaining ztunnel has the pod %v after the newest was stopped (target 1s)", time.Since(stopped).Round(time.Millisecond))
 	w, _ := st.Workload(p.UID)
 	if want := netnsInode(t, p); w.NetnsInode != want {
-		t.Errorf("handover Add carried netns inode %d, want %d", w.NetnsInode, want)
+		t.Errorf("re-add's Add carried netns inode %d, want %d", w.NetnsInode, want)
 	}
 	requireCaptured(t, ctx, old, p, outsideAddr())
 	if v, _ := annotationOf(t, ctx, p); v != "enabled" {
-		t.Errorf("annotation %q after the handover, want enabled", v)
+		t.Errorf("annotation %q after the re-add, want enabled", v)
 	}
 }
 

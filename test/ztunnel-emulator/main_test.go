@@ -191,4 +191,4 @@ type noSnapshot struct{}
 
 func (noSnapshot) Snapshot() []ztunnel.SnapshotEntry { return nil }
 func (noSnapshot) SnapshotRefused(string, error)     {}
-func (noSnapshot) HandOver(string, func(error))      {}
+func (noSnapshot) Readd(string, func(error))         {}

@@ -3,9 +3,9 @@
 // created, verified, listed, changed and destroyed over netlink, no process
 // spawned. The host rule that matches them is package xtables'.
 //
-// It may import only the bottom floor, iptables/internal/rules, of ambientd: never a
-// sibling technology package (iptables/internal/xtables, iptables/internal/nftables), never
-// package iptables, never Kubernetes.
+// It may import only the bottom layer, iptables/internal/rules, of ambientd:
+// never a sibling technology package (xtables, nftables), never package
+// iptables, never Kubernetes.
 package ipset
 
 import (

@@ -8,7 +8,7 @@
 // the kernel-support check; and the View of a namespace's nftables chains
 // that the backends of one operation share.
 //
-// It may import only the bottom floor, iptables/internal/rules, of ambientd: never a
-// sibling technology package (iptables/internal/xtables, iptables/internal/ipset), never
-// package iptables, never Kubernetes.
+// It may import only the bottom layer, iptables/internal/rules, of ambientd:
+// never a sibling technology package (xtables, ipset), never package
+// iptables, never Kubernetes.
 package nftables

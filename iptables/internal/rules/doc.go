@@ -1,4 +1,4 @@
-// Package rules is the bottom floor of ambientd's rule code: the vocabulary
+// Package rules is the bottom layer of ambientd's rule code: the vocabulary
 // every rule backend shares. It owns the address families, the backend
 // names, Istio's marks, ports, policy-route numbers, probe SNAT addresses and
 // probe-set names, the node's and the pod's rule options, Drift (how live

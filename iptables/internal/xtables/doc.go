@@ -6,8 +6,7 @@
 //
 // It owns the rule text, the save parser and the process budget. The probe
 // ipsets its host rule matches belong to package ipset, composed with this
-// one by package iptables. It may import only the bottom floor,
+// one by package iptables. It may import only the bottom layer,
 // iptables/internal/rules, of ambientd: never a sibling technology package
-// (iptables/internal/nftables, iptables/internal/ipset), never package iptables, never
-// Kubernetes.
+// (nftables, ipset), never package iptables, never Kubernetes.
 package xtables

@@ -1,4 +1,4 @@
-// Package testutil holds small helpers shared by the tests of every room.
+// Package testutil holds small helpers shared by the tests of every package.
 package testutil
 
 import (
@@ -7,22 +7,18 @@ import (
 	"testing"
 )
 
-// SkipEnv names the variable that lets a developer without root skip the
-// root-only tests on purpose. It is never set in CI, so there a missing
-// privilege or tool fails the run instead of hiding behind a skip.
-const SkipEnv = "AMBIENTD_ALLOW_SKIP"
-
-// RequireRoot fails the test unless it runs as root. With AMBIENTD_ALLOW_SKIP=1
-// it skips instead, loudly naming why.
+// RequireRoot fails the test unless it runs as root. Under `go test -short`
+// (make unit) it skips instead, naming why. CI never passes -short, so there
+// a missing privilege fails the run instead of hiding behind a skip.
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() == 0 {
 		return
 	}
-	if os.Getenv(SkipEnv) == "1" {
-		t.Skipf("needs root; skipped because %s=1", SkipEnv)
+	if testing.Short() {
+		t.Skip("needs root; skipped under -short")
 	}
-	t.Fatalf("this test needs root (network namespaces, iptables); run as root or set %s=1 to skip it deliberately", SkipEnv)
+	t.Fatal("this test needs root (network namespaces, iptables); run as root, or `go test -short` (make unit) to skip it deliberately")
 }
 
 // RequireBinary fails the test unless every named program is on PATH, and
@@ -33,8 +29,8 @@ func RequireBinary(t testing.TB, names ...string) []string {
 	for _, n := range names {
 		p, err := exec.LookPath(n)
 		if err != nil {
-			if os.Getenv(SkipEnv) == "1" {
-				t.Skipf("needs %s; skipped because %s=1", n, SkipEnv)
+			if testing.Short() {
+				t.Skipf("needs %s; skipped under -short", n)
 			}
 			t.Fatalf("this test needs %q on PATH (run `make deps`): %v", n, err)
 		}

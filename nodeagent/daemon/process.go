@@ -25,7 +25,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
 )
 
-// Config configures a Node. Zero socket paths take the servers' defaults;
+// Config configures a Process. Zero socket paths take the servers' defaults;
 // an empty address disables that listener.
 type Config struct {
 	Agent                    agent.Config
@@ -60,10 +60,10 @@ type Config struct {
 	Sidecar SidecarConfig
 }
 
-// Node is the whole node agent process: the agent core, its two socket
+// Process is the whole node agent process: the agent core, its two socket
 // servers, the node readiness controller, the status writer and the HTTP
 // listeners, over one set of shared informers and one Event broadcaster.
-type Node struct {
+type Process struct {
 	cfg       Config
 	log       *slog.Logger
 	informers *kube.Informers
@@ -84,7 +84,7 @@ type Node struct {
 // the informers, the Event broadcaster, and the ztunnel server the agent
 // talks to — the agent is the server's snapshot source, handed to its Run,
 // so neither waits for the other to exist.
-func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger) (*Node, error) {
+func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger) (*Process, error) {
 	informers := kube.NewInformers(client, cfg.Agent.NodeName)
 	events := kube.NewEvents(client, cfg.Agent.NodeName)
 	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, log)
@@ -112,7 +112,7 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 		return nil, err
 	}
 	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
-	n := &Node{cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled}
+	n := &Process{cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled}
 	nrCfg := cfg.NodeReady
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
@@ -160,7 +160,7 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 
 // runNodeReady runs the node readiness controller, re-evaluated at once
 // whenever a ztunnel connects, goes or acks its snapshot.
-func (n *Node) runNodeReady(ctx context.Context) error {
+func (n *Process) runNodeReady(ctx context.Context) error {
 	changed, unsubscribe := n.zt.SubscribeStatus()
 	defer unsubscribe()
 	ctx, cancel := context.WithCancel(ctx)
@@ -185,7 +185,7 @@ func (n *Node) runNodeReady(ctx context.Context) error {
 // the start), the status writer, the informers (started once every part
 // added its handlers), the agent (ready once its registry is rebuilt), then
 // the servers that feed it.
-func (n *Node) components() []Component {
+func (n *Process) components() []Component {
 	cs := slices.Clone(n.cfg.Components)
 	cs = append(cs, Func("event broadcaster", n.events.Run))
 	if n.cfg.HealthAddr != "" {
@@ -218,7 +218,7 @@ func (n *Node) components() []Component {
 }
 
 // Run runs the node agent until ctx ends (nil) or a part fails (its error).
-func (n *Node) Run(ctx context.Context) error {
+func (n *Process) Run(ctx context.Context) error {
 	return Run(ctx, n.log.With("component", "daemon"), n.components()...)
 }
 
@@ -227,9 +227,9 @@ func (n *Node) Run(ctx context.Context) error {
 // config, caches synced and registry rebuilt, a ztunnel connected that
 // acked its snapshot, the CNI socket serving), now rather than as last
 // written. The error lists every failed check.
-func (n *Node) Ready() error { return nodeready.Compute(n.inputs).Err() }
+func (n *Process) Ready() error { return nodeready.Compute(n.inputs).Err() }
 
-func (n *Node) healthHandler() http.Handler {
+func (n *Process) healthHandler() http.Handler {
 	mux := http.NewServeMux()
 	check := func(f func() error) http.HandlerFunc {
 		return func(w http.ResponseWriter, _ *http.Request) {

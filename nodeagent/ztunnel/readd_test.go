@@ -13,16 +13,16 @@ import (
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
-// handoverSource is a source that re-adds, through the server, what it is
-// asked to hand over (as the agent's per-pod sync does), and reports the
+// readdSource is a source that re-adds, through the server, what it is
+// asked to re-add (as the agent's per-pod sync does), and reports the
 // pods it has no netns for.
-type handoverSource struct {
+type readdSource struct {
 	source
 	s    *Server
 	lost chan string
 }
 
-func (h *handoverSource) HandOver(uid string, report func(error)) {
+func (h *readdSource) Readd(uid string, report func(error)) {
 	go func() {
 		for _, e := range h.Snapshot() {
 			if e.Workload.UID != uid {
@@ -41,9 +41,9 @@ func (h *handoverSource) HandOver(uid string, report func(error)) {
 // When the newest ztunnel goes away, the pods it held (and only those) are
 // handed to the source, which re-adds them to the one that remains, with
 // their netns; the results are counted.
-func TestHandoverToRemainingConnection(t *testing.T) {
+func TestReaddToRemainingConnection(t *testing.T) {
 	held, other, lost := newNetns(t), newNetns(t), "lost"
-	src := &handoverSource{lost: make(chan string, 4)}
+	src := &readdSource{lost: make(chan string, 4)}
 	s, _ := runServer(t, Config{}, src)
 	src.s = s
 	old, _ := runEmu(t, ztunnelemu.Config{SocketPath: s.cfg.SocketPath})
@@ -69,7 +69,7 @@ func TestHandoverToRemainingConnection(t *testing.T) {
 
 	st := ztunnelemu.Await(t, old, "held pod handed over", func(s ztunnelemu.State) bool { _, ok := s.Workload("held"); return ok })
 	if w, _ := st.Workload("held"); w.NetnsInode != held.Inode {
-		t.Errorf("handover Add carried inode %d, want %d", w.NetnsInode, held.Inode)
+		t.Errorf("re-add's Add carried inode %d, want %d", w.NetnsInode, held.Inode)
 	}
 	if _, ok := st.Workload("elsewhere"); ok {
 		t.Errorf("a pod the closed ztunnel never held was handed over")
@@ -82,7 +82,7 @@ func TestHandoverToRemainingConnection(t *testing.T) {
 	case <-ctxT(t).Done():
 		t.Fatal("pod without netns not reported")
 	}
-	testutil.WaitFor(t, "handover results counted", func() bool {
+	testutil.WaitFor(t, "re-add results counted", func() bool {
 		return counterValue(s.metrics.handovers.WithLabelValues("ok")) == 1 && counterValue(s.metrics.handovers.WithLabelValues("failed")) == 1
 	})
 }

@@ -12,12 +12,12 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 )
 
-// Installer is install-cni as `ambientd run --install-cni` runs it: the
+// InstallCNI is install-cni as `ambientd run --install-cni` runs it: the
 // installer as a supervised Component, its Check for readiness, the
 // shutdown rule that tells an uninstall from an upgrade, applied once by
 // whichever of HandOver and Finish asks first, and the handover of the
 // pods' rules to a successor's backend at an uninstall (--handover).
-type Installer struct {
+type InstallCNI struct {
 	inst            *cniinstall.Installer
 	shutdown        *cniinstall.ShutdownRule
 	rules           *iptables.Manager
@@ -36,17 +36,17 @@ type Installer struct {
 	handedOver bool
 }
 
-// NewInstaller wraps inst and the shutdown rule; nothing runs yet. Its
+// NewInstallCNI wraps inst and the shutdown rule; nothing runs yet. Its
 // Check belongs in the agent's readiness (and node condition), HandOver is
 // the agent's Config.HandOver, and Finish, called once the daemon (the
 // installer included) has stopped, applies the uninstall-on-shutdown rule.
-func NewInstaller(inst *cniinstall.Installer, shutdown *cniinstall.ShutdownRule, rules *iptables.Manager, successor iptables.Successor, log *slog.Logger) *Installer {
-	return &Installer{inst: inst, shutdown: shutdown, rules: rules, log: log, shutdownTimeout: 10 * time.Second, successor: successor}
+func NewInstallCNI(inst *cniinstall.Installer, shutdown *cniinstall.ShutdownRule, rules *iptables.Manager, successor iptables.Successor, log *slog.Logger) *InstallCNI {
+	return &InstallCNI{inst: inst, shutdown: shutdown, rules: rules, log: log, shutdownTimeout: 10 * time.Second, successor: successor}
 }
 
 // decide applies the shutdown rule, once: the handover and the uninstall
 // act on the same answer.
-func (c *Installer) decide(ctx context.Context) (uninstall bool, reason string, err error) {
+func (c *InstallCNI) decide(ctx context.Context) (uninstall bool, reason string, err error) {
 	c.decideOnce.Do(func() {
 		c.uninstall, c.reason, c.decideErr = c.shutdown.Decide(ctx)
 	})
@@ -59,7 +59,7 @@ func (c *Installer) decide(ctx context.Context) (uninstall bool, reason string, 
 // a rule manager for the backend that agent will use, into which the agent
 // moves every enrolled pod's rules. Otherwise (no successor, an upgrade or
 // restart, no answer from the API) nil: the pods keep their rules.
-func (c *Installer) HandOver(ctx context.Context) (agent.Successor, error) {
+func (c *InstallCNI) HandOver(ctx context.Context) (agent.SuccessorRules, error) {
 	if c.successor == iptables.SuccessorNone {
 		return nil, nil
 	}
@@ -89,7 +89,7 @@ func (c *Installer) HandOver(ctx context.Context) (agent.Successor, error) {
 
 // Component is the installer as a daemon component: started first, stopped
 // last; it retries failures itself and never stops early.
-func (c *Installer) Component() Component {
+func (c *InstallCNI) Component() Component {
 	return Func("CNI installer", func(ctx context.Context) error {
 		// The shutdown rule needs one read of the DaemonSet with the
 		// agent's identity first; it returns once it has it.
@@ -100,13 +100,13 @@ func (c *Installer) Component() Component {
 
 // Check is Ready as an error (nil = installed), the shape of
 // nodeready.Inputs.PluginInstalled.
-func (c *Installer) Check() error { return c.inst.Check() }
+func (c *InstallCNI) Check() error { return c.inst.Check() }
 
 // Finish, once the installer has stopped (which leaves everything
 // installed), uninstalls only when the DaemonSet is gone, being deleted or
 // no longer selects this node, or the agent's identity was deleted
 // (cniinstall.ShutdownRule); otherwise (upgrade, restart) everything stays.
-func (c *Installer) Finish() error {
+func (c *InstallCNI) Finish() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	uninstall, reason, err := c.decide(ctx)
