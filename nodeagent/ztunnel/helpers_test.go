@@ -66,7 +66,7 @@ func runServer(t testing.TB, cfg Config, src SnapshotSource) (*Server, func()) {
 	if cfg.SocketPath == "" {
 		cfg.SocketPath = socketPath(t)
 	}
-	s := NewServer(cfg, testLogger(t))
+	s := NewServer(allowTestUser(cfg), testLogger(t))
 	stop := testutil.Run(t, func(ctx context.Context) error { return s.Run(ctx, src) })
 	// Serving once the socket exists.
 	testutil.WaitFor(t, "server socket", func() bool { _, err := os.Stat(cfg.SocketPath); return err == nil })
@@ -128,4 +128,14 @@ func newNetns(t testing.TB) testNetns {
 
 func wl(uid string) Workload {
 	return Workload{UID: uid, Name: "pod-" + uid, Namespace: "ns", ServiceAccount: "sa"}
+}
+
+// allowTestUser lets the test process's own uid connect when cfg names no
+// uids: the product's default is root only, and a test run by another user
+// (make unit) plays ztunnel itself.
+func allowTestUser(cfg Config) Config {
+	if len(cfg.AllowedUIDs) == 0 {
+		cfg.AllowedUIDs = []uint32{0, uint32(os.Getuid())}
+	}
+	return cfg
 }

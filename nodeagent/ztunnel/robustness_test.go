@@ -155,7 +155,7 @@ func startRun(t *testing.T, s *Server, src SnapshotSource) *running {
 func TestAcceptRetriesWhenOutOfDescriptors(t *testing.T) {
 	log, logged := newRecorder(t)
 	path := socketPath(t)
-	s := NewServer(Config{SocketPath: path}, log)
+	s := NewServer(allowTestUser(Config{SocketPath: path}), log)
 	run := startRun(t, s, &source{})
 	testutil.WaitFor(t, "server socket", func() bool { _, err := os.Stat(path); return err == nil })
 
@@ -279,7 +279,7 @@ func listenerFD(t *testing.T, path string) int {
 // and Run returns the error instead of waiting for them to end on their own.
 func TestFatalAcceptErrorClosesConnections(t *testing.T) {
 	path := socketPath(t)
-	s := NewServer(Config{SocketPath: path}, testLogger(t))
+	s := NewServer(allowTestUser(Config{SocketPath: path}), testLogger(t))
 	run := startRun(t, s, &source{})
 	live := dialPeer(t, path)
 	sendHello(t, live)
@@ -327,7 +327,7 @@ func TestShutdownLeavesAnotherServersSocket(t *testing.T) {
 	_, stopOld := runServer(t, Config{SocketPath: path}, &source{})
 	oldID := statID(t, path)
 
-	nu := NewServer(Config{SocketPath: path}, testLogger(t))
+	nu := NewServer(allowTestUser(Config{SocketPath: path}), testLogger(t))
 	run := startRun(t, nu, &source{})
 	testutil.WaitFor(t, "new server's socket", func() bool {
 		fi, err := os.Lstat(path)
@@ -378,7 +378,7 @@ func TestAckTimeoutIncludesSend(t *testing.T) {
 	src := &source{}
 	src.set(SnapshotEntry{Workload: wl("k2")})
 	path := socketPath(t)
-	s := NewServer(Config{SocketPath: path, AckTimeout: timeout}, testLogger(t))
+	s := NewServer(allowTestUser(Config{SocketPath: path, AckTimeout: timeout}), testLogger(t))
 	s.now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	// k2's send "takes" the whole AckTimeout.
 	s.afterSend = func(op, uid string) {

@@ -517,7 +517,7 @@ func TestSocketFileHandling(t *testing.T) {
 	if err := os.WriteFile(path, []byte("not a socket"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err = NewServer(Config{SocketPath: path}, testLogger(t)).Run(ctxT(t), &source{})
+	err = NewServer(allowTestUser(Config{SocketPath: path}), testLogger(t)).Run(ctxT(t), &source{})
 	if err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("Run over a regular file: %v", err)
 	}
