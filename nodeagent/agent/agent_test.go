@@ -565,7 +565,7 @@ func TestCNIDelWithUIDOnlyForTheEnrolledSandbox(t *testing.T) {
 		{"repeated DEL, empty netns, enrolled netns still there", current.NS.Path(), false, "", "enabled"},
 		{"repeated DEL, empty netns, enrolled netns gone", gone, true, "", "absent"},
 		// A runtime removing an old sandbox, netns first: the live one
-		// (still at its path) must stay enrolled (issue 21).
+		// (still at its path) must stay enrolled.
 		{"DEL naming another netns that is gone", current.NS.Path(), false, "/nonexistent/netns", "enabled"},
 	}
 	for _, c := range cases {

@@ -133,7 +133,7 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 		}
 	}
 	// A DEL naming a netns that is gone while the pod's own is still at
-	// its path (a late DEL of an old sandbox) leaves it too (issue 21).
+	// its path (a late DEL of an old sandbox) leaves it too.
 	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: "/nonexistent"}); err != nil {
 		t.Fatal(err)
 	}

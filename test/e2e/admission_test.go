@@ -2,7 +2,7 @@
 
 package e2e
 
-// End-to-end tests of issue 22 ("Ready means meshed for every pod"): the
+// End-to-end tests of "Ready means meshed for every pod": the
 // shipped pod admission policies (deploy/pod-admission.yaml) on the real
 // kube-apiserver, judged with the same case tables as the Go code
 // (admission/cases), and the agent's no-deadlock rule for gated pods it

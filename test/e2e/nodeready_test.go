@@ -2,7 +2,7 @@
 
 package e2e
 
-// End-to-end tests of the node readiness controller (issue 11, node side):
+// End-to-end tests of the node readiness controller (node side):
 // nodeready.Controller runs in-process with the agent's service-account
 // token (so deploy/rbac.yaml authorizes every call) against the real
 // kube-apiserver; its inputs are switches the test flips. Each test makes

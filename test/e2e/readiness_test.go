@@ -2,7 +2,7 @@
 
 package e2e
 
-// End-to-end tests of "Ready means meshed" (issue 11) with the real
+// End-to-end tests of "Ready means meshed" with the real
 // bin/ambientd (the agent's RBAC token throughout), the real CNI chain and
 // bin/ztunnel-emulator: the pod condition ambient.istio.io/enrolled, pod
 // Events, and the node condition and startup taint wired into the daemon.

@@ -2,7 +2,7 @@
 
 package e2e
 
-// End-to-end tests of issue 10 ("no silent bypass, no black hole"): a pod
+// End-to-end tests of "no silent bypass, no black hole": a pod
 // annotated `enabled` must have its traffic captured, and captured traffic
 // must have a ztunnel behind it — across agent restarts, rule drift, ztunnel
 // re-adds and IPv6.
@@ -87,7 +87,7 @@ func dialOnce(t *testing.T, ctx context.Context, from *e2eenv.Pod, dst string) {
 	conn.Close()
 }
 
-// TestRestartRepairsWipedRules (issue 10, Must show 1): rules wiped in an
+// TestRestartRepairsWipedRules: rules wiped in an
 // enrolled pod while the agent is down are back by the time the restarted
 // agent serves (the verification is part of its rebuild), its traffic is
 // captured again; an intact pod's rules are not rewritten (byte-identical,
@@ -148,7 +148,7 @@ func TestDriftRepairedWhileRunning(t *testing.T) {
 	requireCaptured(t, ctx, em, p, outsideAddr())
 }
 
-// TestDriftRepairEventVisible (issue 11, "Events visible through the API
+// TestDriftRepairEventVisible ("Events visible through the API
 // for a repair"): a drift repair while the agent runs is a RulesRepaired
 // Warning Event on the pod, read through the API, and is counted in
 // ambientd_repairs_total{what="pod_rules"}.

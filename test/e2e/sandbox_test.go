@@ -2,11 +2,11 @@
 
 package e2e
 
-// End-to-end tests of issue 21 ("enabled means this sandbox is captured"):
+// End-to-end tests of "enabled means this sandbox is captured":
 // the agent checks the sandbox the pod has now, not the one it remembers —
 // a sandbox recreated without our plugin, with the agent running or down; a
 // late DEL for an old sandbox; pod annotations parsed as Istio parses them.
-// And of issue 20's CNI input checks (impossible pod names, paths that are
+// And of the CNI input checks (impossible pod names, paths that are
 // not network namespaces).
 
 import (
@@ -75,7 +75,7 @@ func condHistory(t *testing.T, versions []seenPod, since, captured time.Time) st
 	return strings.Join(steps, " → ")
 }
 
-// TestSandboxRecreatedWithoutPlugin (issue 21, Must show 1): a pod's sandbox
+// TestSandboxRecreatedWithoutPlugin: a pod's sandbox
 // is recreated through a chain without our plugin (the runtime's conflist
 // lost our entry) while the agent runs, with a new address and with the
 // same (static) one. Within a verify interval the new netns has our rules,
@@ -301,7 +301,7 @@ func TestAnnotationsParsedLikeIstio(t *testing.T) {
 	})
 }
 
-// TestCNIAddImpossibleInput (issue 20, item 6): a CNI ADD whose pod name can
+// TestCNIAddImpossibleInput: a CNI ADD whose pod name can
 // never be a pod's, and netns paths that are not network namespaces (a
 // regular file, a FIFO that would block an open), are refused at once —
 // long before the pod lookup's timeout — and the agent keeps nothing open.
@@ -358,7 +358,7 @@ func TestCNIAddImpossibleInput(t *testing.T) {
 	}
 }
 
-// TestProbeEntryFollowsRules (issue 21 item 3, Must show 4): the one probe
+// TestProbeEntryFollowsRules: the one probe
 // rule — a pod's IPs are in the node's probe set exactly while our rules are
 // in its sandbox. A pod pending at start (no ztunnel yet) already has its
 // kubelet probes SNATed past the capture (a liveness probe must not kill it

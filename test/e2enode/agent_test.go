@@ -1331,7 +1331,7 @@ func agentProcess(t *testing.T) int {
 	return pids[0]
 }
 
-// hostNetworkPodNeverAPod (issue 20, item 3): a hostNetwork pod in an
+// hostNetworkPodNeverAPod: a hostNetwork pod in an
 // ambient namespace annotated ambient.istio.io/redirection=enabled (anyone
 // who may annotate a pod can do that), then an agent restart. The host is
 // never treated as a pod: ztunnel gets no Add carrying the node's netns, and
