@@ -76,9 +76,9 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 	if f.pluginTimeout <= 0 {
 		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-timeout %v: must be positive", f.pluginTimeout)
 	}
-	for name, d := range map[string]time.Duration{"--cni-poll-interval": f.pollInterval, "--cni-resync-interval": f.resync, "--cni-repair-window": f.repairWindow} {
-		if d < 100*time.Millisecond {
-			return cniinstall.Config{}, fmt.Errorf("%s %v: want at least 100ms", name, d)
+	for _, d := range []namedValue[time.Duration]{{"--cni-poll-interval", f.pollInterval}, {"--cni-resync-interval", f.resync}, {"--cni-repair-window", f.repairWindow}} {
+		if d.value < 100*time.Millisecond {
+			return cniinstall.Config{}, fmt.Errorf("%s %v: want at least 100ms", d.flag, d.value)
 		}
 	}
 	if f.repairLimit < 1 {

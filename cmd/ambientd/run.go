@@ -172,6 +172,13 @@ func (f runFlags) kubeletUIDValue() *uint32 {
 	return &v
 }
 
+// namedValue is a flag's value with the flag's name, for checks that range
+// over several flags in a fixed order.
+type namedValue[T any] struct {
+	flag  string
+	value T
+}
+
 func (f runFlags) validate() error {
 	if f.kubeletUID != "" {
 		if _, err := strconv.ParseUint(f.kubeletUID, 10, 32); err != nil {
@@ -187,9 +194,11 @@ func (f runFlags) validate() error {
 	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
 		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
 	}
-	for flagName, p := range map[string]string{"--ztunnel-socket": f.ztunnelSocket, "--cni-socket": f.cniSocket, "--host-proc": f.hostProc, "--cni-conf-dir": f.install.confDir, "--run-dir": f.runDir, "--admin-socket": f.adminSocket} {
-		if !filepath.IsAbs(p) {
-			return fmt.Errorf("%s %q: must be an absolute path", flagName, p)
+	// Slices, not maps: with several bad flags, the one reported is the
+	// same on every run.
+	for _, p := range []namedValue[string]{{"--ztunnel-socket", f.ztunnelSocket}, {"--cni-socket", f.cniSocket}, {"--host-proc", f.hostProc}, {"--cni-conf-dir", f.install.confDir}, {"--run-dir", f.runDir}, {"--admin-socket", f.adminSocket}} {
+		if !filepath.IsAbs(p.value) {
+			return fmt.Errorf("%s %q: must be an absolute path", p.flag, p.value)
 		}
 	}
 	if f.ztunnelSocket == f.cniSocket || f.adminSocket == f.cniSocket || f.adminSocket == f.ztunnelSocket {
@@ -198,12 +207,12 @@ func (f runFlags) validate() error {
 	if fi, err := os.Stat(f.hostProc); err != nil || !fi.IsDir() {
 		return fmt.Errorf("--host-proc %q: not a readable directory: %v", f.hostProc, err)
 	}
-	for flagName, a := range map[string]string{"--health-addr": f.healthAddr, "--metrics-addr": f.metricsAddr, "--pprof-addr": f.pprofAddr} {
-		if a == "" && flagName == "--pprof-addr" {
+	for _, a := range []namedValue[string]{{"--health-addr", f.healthAddr}, {"--metrics-addr", f.metricsAddr}, {"--pprof-addr", f.pprofAddr}} {
+		if a.value == "" && a.flag == "--pprof-addr" {
 			continue
 		}
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return fmt.Errorf("%s %q: want host:port: %w", flagName, a, err)
+		if _, _, err := net.SplitHostPort(a.value); err != nil {
+			return fmt.Errorf("%s %q: want host:port: %w", a.flag, a.value, err)
 		}
 	}
 	if errs := validation.IsQualifiedName(f.podConditionType); len(errs) > 0 {

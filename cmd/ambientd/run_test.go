@@ -179,3 +179,26 @@ func TestParseRunFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestSeveralBadFlagsReportTheSameOne: with more than one bad flag of a
+// kind, the error names the same flag on every run (the first in the
+// documented order), so an operator fixing flags one by one is not sent
+// back and forth.
+func TestSeveralBadFlagsReportTheSameOne(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--node-name=n", "--ztunnel-socket=z", "--cni-socket=c", "--run-dir=r", "--admin-socket=a"}, "--ztunnel-socket"},
+		{[]string{"--node-name=n", "--health-addr=1", "--metrics-addr=2", "--pprof-addr=3"}, "--health-addr"},
+		{[]string{"--node-name=n", "--install-cni", "--cni-poll-interval=1ms", "--cni-resync-interval=1ms", "--cni-repair-window=1ms"}, "--cni-poll-interval"},
+	}
+	for _, tt := range tests {
+		for range 50 {
+			_, err := parseRunFlags(tt.args, func(string) string { return "" })
+			if err == nil || !strings.HasPrefix(err.Error(), tt.want+" ") {
+				t.Fatalf("parseRunFlags(%q) = %v, want an error naming %s first", tt.args, err, tt.want)
+			}
+		}
+	}
+}
