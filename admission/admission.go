@@ -27,9 +27,6 @@ const (
 	OptOutValue        = "false"
 )
 
-// DefaultConditionType is the agent's pod condition (--pod-condition-type).
-const DefaultConditionType = podmeta.ConditionEnrolled
-
 // Names of what deploy/ installs, for `ambientd check`.
 const (
 	MutatingPolicyName    = "ambientd-readiness-gate"
@@ -53,7 +50,7 @@ type Settings struct {
 
 // DefaultSettings are the agent's defaults.
 func DefaultSettings() Settings {
-	return Settings{Policy: policy.DefaultConfig(), ConditionType: DefaultConditionType}
+	return Settings{Policy: policy.DefaultConfig(), ConditionType: podmeta.ConditionEnrolled}
 }
 
 // SettingsFrom reads the settings from the agent's ConfigMap data the way the

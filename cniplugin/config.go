@@ -15,9 +15,6 @@ import (
 	"github.com/ambientd/ambientd/cniapi"
 )
 
-// DefaultTimeout bounds one ADD's call to the agent (cniapi's).
-const DefaultTimeout = cniapi.DefaultPluginTimeout
-
 // maxDelTimeout caps the DEL's best-effort call: a DEL never fails because of
 // the agent, so it must not hold pod teardown for the full ADD timeout.
 const maxDelTimeout = 5 * time.Second
@@ -46,7 +43,7 @@ func parseConfig(stdin []byte) (*Config, error) {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "ambientd-cni: invalid agentSocket",
 			fmt.Sprintf("agentSocket %q must be an absolute path", conf.AgentSocket))
 	}
-	conf.timeout = DefaultTimeout
+	conf.timeout = cniapi.DefaultPluginTimeout
 	if conf.Timeout != "" {
 		d, err := time.ParseDuration(conf.Timeout)
 		if err != nil || d <= 0 {

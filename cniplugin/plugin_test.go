@@ -29,7 +29,7 @@ func TestParseConfig(t *testing.T) {
 		check       func(t *testing.T, c *Config)
 	}{
 		{"defaults", `{"cniVersion":"1.0.0","name":"n","type":"ambientd-cni"}`, 0, "", func(t *testing.T, c *Config) {
-			if c.AgentSocket != cniapi.DefaultSocketPath || c.timeout != DefaultTimeout || c.logLevel != slog.LevelInfo || c.PrevResult != nil {
+			if c.AgentSocket != cniapi.DefaultSocketPath || c.timeout != cniapi.DefaultPluginTimeout || c.logLevel != slog.LevelInfo || c.PrevResult != nil {
 				t.Errorf("defaults: socket %q timeout %v level %v prev %v", c.AgentSocket, c.timeout, c.logLevel, c.PrevResult)
 			}
 		}},

@@ -155,7 +155,7 @@ func TestPolicyOwnsWhatTheAgentWrites(t *testing.T) {
 	for _, c := range []struct{ variable, env, def string }{
 		{"taintKey", "AMBIENTD_TAINT_KEY", nodeready.DefaultTaintKey},
 		{"nodeCondition", "AMBIENTD_NODE_CONDITION_TYPE", nodeready.DefaultConditionType},
-		{"podCondition", "AMBIENTD_POD_CONDITION_TYPE", agent.DefaultPodConditionType},
+		{"podCondition", "AMBIENTD_POD_CONDITION_TYPE", podmeta.ConditionEnrolled},
 		{"annotation", "", podmeta.AnnotationRedirection},
 	} {
 		if got, want := vars[c.variable], "'"+c.def+"'"; got != want {

@@ -10,11 +10,9 @@ import (
 
 	"github.com/ambientd/ambientd/admission"
 	"github.com/ambientd/ambientd/cniapi"
-	"github.com/ambientd/ambientd/cniplugin"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/registry"
@@ -53,20 +51,15 @@ func TestFactsAgree(t *testing.T) {
 	}{
 		// The plugin's type is its binary's name: the installer writes it
 		// into the CNI config and copies the binary of that name.
-		{"plugin type", "cniinstall.DefaultPluginType", cniinstall.DefaultPluginType, cniapi.PluginType},
 		{"plugin type", "build.Programs (bin/ name of ./cmd/ambientd-cni)", cniProgram, cniapi.PluginType},
 		{"plugin type", "Dockerfile (go build -o of ./cmd/ambientd-cni)", dockerOut, cniapi.PluginType},
 		{"plugin type", "e2eenv.AmbientPluginConf", entry["type"], cniapi.PluginType},
 		// The ADD timeout the plugin takes without a setting is the one
 		// the installer writes by default.
-		{"plugin ADD timeout", "cniplugin.DefaultTimeout", cniplugin.DefaultTimeout, cniapi.DefaultPluginTimeout},
 		{"plugin ADD timeout", "e2eenv.AmbientPluginConf", entry["timeout"], cniapi.DefaultPluginTimeout.String()},
 		// The agent's sockets live in its run dir (one hostPath mount).
 		{"run dir", "dir of cniapi.DefaultSocketPath", filepath.Dir(cniapi.DefaultSocketPath), agent.DefaultConfig().RunDir},
 		{"run dir", "dir of admin.DefaultSocketPath", filepath.Dir(admin.DefaultSocketPath), agent.DefaultConfig().RunDir},
-		// The pod condition a readiness gate names.
-		{"pod condition type", "agent.DefaultPodConditionType", agent.DefaultPodConditionType, podmeta.ConditionEnrolled},
-		{"pod condition type", "admission.DefaultConditionType", admission.DefaultConditionType, podmeta.ConditionEnrolled},
 		// A restart restores a pod annotated enabled/pending in the phase
 		// of that name (restart.go compares them).
 		{"phase names", "registry.Enabled", registry.Enabled.String(), podmeta.RedirectionEnabled},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"os"
 	"slices"
 	"strings"
@@ -41,7 +42,7 @@ func mkpod(nsName, name, node string, opts ...podOpt) *corev1.Pod {
 }
 
 func gate(p *corev1.Pod) {
-	p.Spec.ReadinessGates = append(p.Spec.ReadinessGates, corev1.PodReadinessGate{ConditionType: admission.DefaultConditionType})
+	p.Spec.ReadinessGates = append(p.Spec.ReadinessGates, corev1.PodReadinessGate{ConditionType: podmeta.ConditionEnrolled})
 }
 
 func labels(kv ...string) podOpt {
@@ -64,7 +65,7 @@ func annotated(k, v string) podOpt {
 
 func cond(status corev1.ConditionStatus, reason, msg string) podOpt {
 	return func(p *corev1.Pod) {
-		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: admission.DefaultConditionType, Status: status, Reason: reason, Message: msg})
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: podmeta.ConditionEnrolled, Status: status, Reason: reason, Message: msg})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"io"
 	"os"
 	"strings"
@@ -39,7 +40,7 @@ func runCheck(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintf(stderr, "usage: ambientd check [POD...] [-n NAMESPACE | -A] [-f MANIFEST] [-o table|json]\n\n"+
 			"Says for each pod (all of the namespace when none is named) or each pod template of a manifest whether\n"+
 			"it is (will be) in the ambient mesh and gated on %s, which label decided it, the agent's\n"+
-			"annotation and condition, and whether an agent serves its node. Needs only a kubeconfig.\n\n", admission.DefaultConditionType)
+			"annotation and condition, and whether an agent serves its node. Needs only a kubeconfig.\n\n", podmeta.ConditionEnrolled)
 		fs.PrintDefaults()
 	}
 	if code, ok := parseClientFlags(fs, args, &sf, getenv, stderr); !ok {

@@ -3,9 +3,6 @@ package main
 import (
 	"flag"
 	"io"
-	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -84,30 +81,6 @@ func TestEnvTablesAgree(t *testing.T) {
 				t.Errorf("%s: --%s is set by %s here, by %s elsewhere", table, name, v, w)
 			}
 			varOf[name] = v
-		}
-	}
-}
-
-// TestOneEnvBinder: no subcommand parses its flags or reads the
-// environment but through parseFlags (env.go).
-func TestOneEnvBinder(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bypass := regexp.MustCompile(`\b(fs|flag|flags)\.Parse\(|[^.\w]getenv\(|os\.Getenv\(|os\.LookupEnv\(`)
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") || f == "env.go" {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, line := range strings.Split(string(b), "\n") {
-			if bypass.MatchString(line) && !strings.Contains(line, "getenv func(") {
-				t.Errorf("%s:%d bypasses parseFlags: %s", f, i+1, strings.TrimSpace(line))
-			}
 		}
 	}
 }

@@ -39,7 +39,7 @@ func runInject(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprintf(stderr, "usage: ambientd inject [-f FILE] [flags] > injected.yaml\n\n"+
 			"Adds {conditionType: %s} to spec.readinessGates of the pod templates (%s) that the\n"+
 			"ambient mesh will enroll, as the admission policy does; everything else is written back unchanged.\n\n",
-			admission.DefaultConditionType, strings.Join(inject.Kinds(), ", "))
+			podmeta.ConditionEnrolled, strings.Join(inject.Kinds(), ", "))
 		fs.PrintDefaults()
 	}
 	if code, ok := parseClientFlags(fs, args, &sf, getenv, stderr); !ok {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/ambientd/ambientd/cniapi"
 	"io"
 	"log/slog"
 	"os"
@@ -66,7 +67,7 @@ func runUninstall(ctx context.Context, args []string, getenv func(string) string
 	if err == nil {
 		// Uninstall never reads the source binary; any absolute path will do.
 		if inst.binSource == "" {
-			inst.binSource = "/" + cniinstall.DefaultPluginType
+			inst.binSource = "/" + cniapi.PluginType
 		}
 		cfg, err = inst.config("/unused.sock", nil)
 	}

@@ -134,9 +134,6 @@ type Config struct {
 // all. See docs/readiness.md, "When ztunnel is gone".
 const DefaultZtunnelGrace = 5 * time.Second
 
-// DefaultPodConditionType is the pod condition a readiness gate names.
-const DefaultPodConditionType = podmeta.ConditionEnrolled
-
 // DefaultConfig returns the defaults (the flags of `ambientd run` show them).
 func DefaultConfig() Config {
 	return Config{
@@ -148,7 +145,7 @@ func DefaultConfig() Config {
 		RetryBaseDelay:   200 * time.Millisecond,
 		RetryMaxDelay:    30 * time.Second,
 		Workers:          4,
-		PodConditionType: DefaultPodConditionType,
+		PodConditionType: podmeta.ConditionEnrolled,
 		VerifyInterval:   60 * time.Second,
 		IPv6:             iptables.DefaultIPv6,
 		RunDir:           "/var/run/ambientd",

@@ -16,7 +16,7 @@ import (
 // and a gated terminal pod get nothing.
 func TestGatedPodNotEnrolledGetsNotInMesh(t *testing.T) {
 	withGate := func(p *corev1.Pod) *corev1.Pod {
-		p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: "example.com/other"}, {ConditionType: DefaultPodConditionType}}
+		p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: "example.com/other"}, {ConditionType: podmeta.ConditionEnrolled}}
 		return p
 	}
 	optedOut := withGate(runningPod(pod("app", "opted-out", "uid-1", nil), "10.1.0.5"))

@@ -265,7 +265,7 @@ func (h *harness) condition(namespace, name string) *corev1.PodCondition {
 	if err != nil {
 		return nil
 	}
-	return podCondition(p, DefaultPodConditionType)
+	return podCondition(p, podmeta.ConditionEnrolled)
 }
 
 func (h *harness) hasEvent(namespace, reason, contains string) bool {

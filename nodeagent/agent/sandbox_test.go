@@ -26,7 +26,7 @@ import (
 func conditioned(p *corev1.Pod, ours, sandbox time.Time) *corev1.Pod {
 	p.Status.Conditions = []corev1.PodCondition{
 		{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(sandbox)},
-		{Type: DefaultPodConditionType, Status: corev1.ConditionTrue, Reason: ReasonEnrolled, LastTransitionTime: metav1.NewTime(ours)},
+		{Type: podmeta.ConditionEnrolled, Status: corev1.ConditionTrue, Reason: ReasonEnrolled, LastTransitionTime: metav1.NewTime(ours)},
 	}
 	return p
 }

@@ -63,7 +63,7 @@ func follow(t *testing.T, grace time.Duration, serving int) *followed {
 	zt := &servingZtunnel{serving: serving, ch: make(chan struct{}, 1)}
 	rec := record.NewFakeRecorder(10)
 	a := &Agent{
-		cfg: Config{NodeName: node, ZtunnelGrace: grace, PodConditionType: DefaultPodConditionType},
+		cfg: Config{NodeName: node, ZtunnelGrace: grace, PodConditionType: podmeta.ConditionEnrolled},
 		log: slog.New(slog.DiscardHandler), zt: zt, reg: registry.New(), recorder: rec,
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 	}
@@ -348,7 +348,7 @@ func TestRestartKeepsUnservedPodsFalse(t *testing.T) {
 	hostProc := t.TempDir()
 	fakeSandbox(t, hostProc, 100, "uid-a", testutil.NewNetNS(t).NS.Path())
 	p := runningPod(pod("app", "a", "uid-a", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "127.0.0.1")
-	p.Status.Conditions = []corev1.PodCondition{{Type: DefaultPodConditionType, Status: corev1.ConditionFalse, Reason: ReasonZtunnelUnavailable, Message: "no ztunnel"}}
+	p.Status.Conditions = []corev1.PodCondition{{Type: podmeta.ConditionEnrolled, Status: corev1.ConditionFalse, Reason: ReasonZtunnelUnavailable, Message: "no ztunnel"}}
 	patches := &statusPatches{n: map[string]int{}}
 	h := newHarness(t, withConfig(func(c *Config) { c.HostProc, c.ZtunnelGrace = hostProc, time.Hour }), patches.reactor(), withObjects(namespace("app", true), p))
 	if st := h.state("uid-a"); st != "unserved" {

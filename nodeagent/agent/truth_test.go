@@ -77,7 +77,7 @@ func TestDecideErrorNeverPublishesNotInMesh(t *testing.T) {
 	})
 	writes := &conditionWrites{seen: map[string][]writtenCondition{}}
 	p := runningPod(pod("shop", "web", "uid-web", nil), "10.1.0.5")
-	p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: DefaultPodConditionType}}
+	p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podmeta.ConditionEnrolled}}
 	h := newHarness(t, nsFails, writes.reactor(), withObjects(p))
 	h.zt.connect()
 	// The informer's sync of the pod fails and is retried with backoff.
@@ -111,7 +111,7 @@ func TestRestartNeverTrustsSelfAnnotatedPod(t *testing.T) {
 	hostProc := t.TempDir()
 	podNS := testutil.NewNetNS(t)
 	liar := runningPod(pod("plain", "liar", "uid-liar", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "127.0.0.1")
-	liar.Status.Conditions = []corev1.PodCondition{{Type: DefaultPodConditionType, Status: corev1.ConditionTrue, Reason: ReasonEnrolled}}
+	liar.Status.Conditions = []corev1.PodCondition{{Type: podmeta.ConditionEnrolled, Status: corev1.ConditionTrue, Reason: ReasonEnrolled}}
 	member := runningPod(pod("app", "member", "uid-member", map[string]string{podmeta.AnnotationRedirection: "enabled"}), "127.0.0.1")
 	fakeSandbox(t, hostProc, 100, "uid-liar", podNS.NS.Path())
 	fakeSandbox(t, hostProc, 101, "uid-member", podNS.NS.Path())
@@ -178,7 +178,7 @@ func TestHandOverKeepsTheOptionsRulesWereBuiltWith(t *testing.T) {
 // True/HandedOver (annotation kept); True pods are left as they are.
 func TestHandOverReleasesGatedPodsFalse(t *testing.T) {
 	to := &fakeSuccessor{}
-	gate := []corev1.PodReadinessGate{{ConditionType: DefaultPodConditionType}}
+	gate := []corev1.PodReadinessGate{{ConditionType: podmeta.ConditionEnrolled}}
 	on := pod("app", "on", "uid-on", nil)
 	on.Spec.ReadinessGates = gate
 	held := pod("app", "held", "uid-held", nil)

@@ -32,8 +32,6 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultPluginType is the plugin's type (cniapi's).
-	DefaultPluginType   = cniapi.PluginType
 	DefaultOwnedName    = "00-ambientd.conflist"
 	DefaultRepairWindow = time.Minute
 	DefaultRepairLimit  = 5
@@ -87,7 +85,7 @@ type Config struct {
 // Validate checks the config and fills defaults.
 func (c *Config) Validate() error {
 	if c.Entry.Type == "" {
-		c.Entry.Type = DefaultPluginType
+		c.Entry.Type = cniapi.PluginType
 	}
 	if c.OwnedName == "" {
 		c.OwnedName = DefaultOwnedName

@@ -72,7 +72,7 @@ func (v *podVersions) versions() int {
 
 func conditionOf(p *corev1.Pod) string {
 	for _, c := range p.Status.Conditions {
-		if string(c.Type) == agent.DefaultPodConditionType {
+		if string(c.Type) == podmeta.ConditionEnrolled {
 			return string(c.Status) + "/" + c.Reason
 		}
 	}

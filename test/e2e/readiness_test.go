@@ -15,6 +15,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -36,7 +37,7 @@ import (
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
-const podCondition = agent.DefaultPodConditionType
+const podCondition = podmeta.ConditionEnrolled
 
 func enrolledCondition(p *corev1.Pod) *corev1.PodCondition {
 	for i := range p.Status.Conditions {

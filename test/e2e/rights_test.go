@@ -26,7 +26,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
@@ -291,7 +290,7 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 		// pods/status patch, then the annotation removed.
 		results := make(chan podstatus.Result, 16)
 		p := podstatus.New(agentLean, testutil.Logger(t, 0), podstatus.Options{
-			ConditionType: agent.DefaultPodConditionType, MaxDelay: 200 * time.Millisecond,
+			ConditionType: podmeta.ConditionEnrolled, MaxDelay: 200 * time.Millisecond,
 			OnResult: func(r podstatus.Result, _ time.Duration) { results <- r },
 		})
 		pctx, stop := context.WithCancel(ctx)
@@ -310,7 +309,7 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c := podConditionOf(got, agent.DefaultPodConditionType)
+			c := podConditionOf(got, podmeta.ConditionEnrolled)
 			if got.Annotations[podmeta.AnnotationRedirection] != st.Redirection || c == nil || c.Status != st.Condition.Status {
 				t.Fatalf("after the agent's patch %+v: annotations %v, condition %+v", st, got.Annotations, c)
 			}
@@ -386,7 +385,7 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 		denied := map[string]error{
 			// Another node's pod.
 			"annotate another node's pod":             patchPod(agentClient, theirs.Name, annotate("enabled"), "status"),
-			"set its condition on another node's pod": patchPod(agentClient, theirs.Name, condition(agent.DefaultPodConditionType, "True"), "status"),
+			"set its condition on another node's pod": patchPod(agentClient, theirs.Name, condition(podmeta.ConditionEnrolled, "True"), "status"),
 			// Its own node's pod, beyond its annotation and condition.
 			"label its pod through status":           patchPod(agentClient, own.Name, `{"metadata":{"labels":{"app":"evil"}}}`, "status"),
 			"change another annotation":              patchPod(agentClient, own.Name, `{"metadata":{"annotations":{"team":"evil"}}}`, "status"),
@@ -398,7 +397,7 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 			"change the pod's phase":                 patchPod(agentClient, own.Name, `{"status":{"phase":"Succeeded"}}`, "status"),
 			"add a finalizer through status":         patchPod(agentClient, own.Name, `{"metadata":{"finalizers":["example.com/hold"]}}`, "status"),
 			"annotate without a node claim":          patchPod(unboundClient, own.Name, annotate("enabled"), "status"),
-			"set its condition without a node claim": patchPod(unboundClient, own.Name, condition(agent.DefaultPodConditionType, "True"), "status"),
+			"set its condition without a node claim": patchPod(unboundClient, own.Name, condition(podmeta.ConditionEnrolled, "True"), "status"),
 			// Nodes.
 			"remove another node's startup taint":    patchNode(agentClient, other, `{"spec":{"taints":[{"key":"`+foreign.Key+`","value":"db","effect":"NoSchedule"}]}}`),
 			"set its condition on another node":      patchNode(agentClient, other, condition(nodeready.DefaultConditionType, "True"), "status"),
@@ -475,7 +474,7 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 			}
 		}
 		got, err := admin.CoreV1().Pods(ns).Get(ctx, theirs.Name, metav1.GetOptions{})
-		if err == nil && (got.Annotations[podmeta.AnnotationRedirection] != "" || podConditionOf(got, agent.DefaultPodConditionType) != nil) {
+		if err == nil && (got.Annotations[podmeta.AnnotationRedirection] != "" || podConditionOf(got, podmeta.ConditionEnrolled) != nil) {
 			t.Errorf("another node's pod carries the agent's annotation or condition: %v %+v", got.Annotations, got.Status.Conditions)
 		}
 		o, err := admin.CoreV1().Nodes().Get(ctx, other, metav1.GetOptions{})
