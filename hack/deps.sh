@@ -30,6 +30,8 @@ declare -A want=(
   [ctr]=containerd
   [runc]=runc
   [podman]=podman
+  # make bench: the plugin ADD's instruction count (callgrind)
+  [valgrind]=valgrind
 )
 case "${1:-}" in
   "") ;;

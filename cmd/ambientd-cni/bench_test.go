@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // BenchmarkPluginAdd measures what the runtime waits for per pod on our
@@ -81,10 +82,7 @@ func benchExec(b *testing.B, one func() run) int {
 // asynchronous preemption is off for the run (callgrind cannot follow its
 // signals); everything else is the shipped binary as it runs.
 func BenchmarkPluginAddInstructions(b *testing.B) {
-	vg, err := exec.LookPath("valgrind")
-	if err != nil {
-		b.Skipf("needs valgrind (Debian package valgrind): %v", err)
-	}
+	vg := testutil.RequireBinary(b, "valgrind")[0] // hack/deps.sh installs it
 	podNS := newNS(b)
 	sock := startAgent(b, &fakeAgent{outcome: agent.Enrolled})
 	stdin := netconf("1.1.0", fmt.Sprintf(`,"agentSocket":%q`, sock), prevResult(podNS.Path()))

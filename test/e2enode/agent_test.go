@@ -833,20 +833,7 @@ func (r *agentRun) rollingUpdateKeepsCapture(t *testing.T, ctx context.Context) 
 	}
 	t.Logf("pod created in the gap: %d sandbox attempts refused while no agent served (kubelet retried), Ready %s after creation",
 		waited, time.Since(gap).Round(time.Millisecond))
-	st := r.waitEmu(t, ctx, "both pods held by ztunnel", func(s ztunnelemu.State) bool {
-		_, a := s.Workload(uid)
-		_, b := s.Workload(string(during.UID))
-		return a && b
-	})
-	if ops := opsFor(st, uid); slices.Contains(ops, "del") {
-		t.Errorf("the enrolled pod got a Del during the update: %v", ops)
-	}
-	// Still captured: its outbound connection lands on 15001.
-	w, _ := st.Workload(uid)
-	dialFrom(t, ctx, netnsByInode(t, w.NetnsInode), netip.AddrPortFrom(node.IP, 9).String())
-	r.waitEmu(t, ctx, "outbound connection of the enrolled pod after the update", func(s ztunnelemu.State) bool {
-		return slices.ContainsFunc(s.Accepted, func(a ztunnelemu.AcceptRecord) bool { return a.UID == uid && a.Port == 15001 })
-	})
+	r.keptThroughTheRoll(t, ctx, "the update", uid, string(during.UID))
 	p, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, "before", metav1.GetOptions{})
 	if err != nil || !podReady(p) || p.Annotations[podmeta.AnnotationRedirection] != "enabled" {
 		t.Errorf("enrolled pod after the update: %s (%v)", describe(p), err)
@@ -902,6 +889,26 @@ func appStartedAt(t *testing.T, ctx context.Context, ns, name string) time.Time 
 // that CNI ADD against the app's first log line, both by timestamp — and that
 // now ztunnel holds the pod with that netns and its outbound traffic lands
 // on ztunnel's 15001. It returns ztunnel's Add.
+// keptThroughTheRoll: after an agent roll (what), ztunnel holds both the pod
+// enrolled before it (uid) and the one created during it, the first never got
+// a Del, and its outbound connection still lands on ztunnel's 15001.
+func (r *agentRun) keptThroughTheRoll(t *testing.T, ctx context.Context, what, uid, duringUID string) {
+	t.Helper()
+	st := r.waitEmu(t, ctx, "both pods held by ztunnel after "+what, func(s ztunnelemu.State) bool {
+		_, a := s.Workload(uid)
+		_, b := s.Workload(duringUID)
+		return a && b
+	})
+	if ops := opsFor(st, uid); slices.Contains(ops, "del") {
+		t.Errorf("the enrolled pod got a Del during %s: %v", what, ops)
+	}
+	w, _ := st.Workload(uid)
+	dialFrom(t, ctx, netnsByInode(t, w.NetnsInode), netip.AddrPortFrom(node.IP, 9).String())
+	r.waitEmu(t, ctx, "outbound connection of the enrolled pod after "+what, func(s ztunnelemu.State) bool {
+		return slices.ContainsFunc(s.Accepted, func(a ztunnelemu.AcceptRecord) bool { return a.UID == uid && a.Port == 15001 })
+	})
+}
+
 func (r *agentRun) capturedBeforeStart(t *testing.T, ctx context.Context, p *corev1.Pod) ztunnelemu.RequestRecord {
 	t.Helper()
 	netnsPath, started, rulesAt, outcome := startedCaptured(t, ctx, p)

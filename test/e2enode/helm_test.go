@@ -5,13 +5,10 @@ package e2enode
 import (
 	"context"
 	"net"
-	"net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,10 +18,8 @@ import (
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/test/infra/build"
-	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
 	"github.com/ambientd/ambientd/test/infra/testutil"
-	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 )
 
 // helm runs the helm command (built from test/helm's pinned Helm) against
@@ -80,17 +75,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.overlay = "helm" // the cleanup deletes the DaemonSet if a step fails
-	em, err := node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.em = em
-	if err := nodeenv.Poll(ctx, "agent ready", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		code, _, err := nodeenv.AgentReadyz(ctx)
-		return err == nil && code == http.StatusOK, err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	r.serveAndWaitReady(t, ctx)
 
 	admin := node.Env.CP.Admin
 	ns := ambientNamespace(t, ctx, "helm-demo")
@@ -169,19 +154,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	if lapse, ok := <-lapses; ok {
 		t.Errorf("the enrolled pod lapsed during helm upgrade: %s", lapse)
 	}
-	st := r.waitEmu(t, ctx, "the pods held by ztunnel after the upgrade", func(s ztunnelemu.State) bool {
-		_, a := s.Workload(uid)
-		_, b := s.Workload(string(during.UID))
-		return a && b
-	})
-	if ops := opsFor(st, uid); slices.Contains(ops, "del") {
-		t.Errorf("the enrolled pod got a Del during helm upgrade: %v", ops)
-	}
-	w, _ := st.Workload(uid)
-	dialFrom(t, ctx, netnsByInode(t, w.NetnsInode), netip.AddrPortFrom(node.IP, 9).String())
-	r.waitEmu(t, ctx, "outbound connection of the enrolled pod after helm upgrade", func(s ztunnelemu.State) bool {
-		return slices.ContainsFunc(s.Accepted, func(a ztunnelemu.AcceptRecord) bool { return a.UID == uid && a.Port == 15001 })
-	})
+	r.keptThroughTheRoll(t, ctx, "helm upgrade", uid, string(during.UID))
 
 	// helm uninstall, as docs/install.md gives it, leaves the node as before.
 	start = time.Now()

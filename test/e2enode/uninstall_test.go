@@ -97,6 +97,13 @@ func (r *agentRun) ensureInstalled(t *testing.T, ctx context.Context) {
 	if _, err := node.Kubectl(ctx, "apply", "-k", r.overlay); err != nil {
 		t.Fatal(err)
 	}
+	r.serveAndWaitReady(t, ctx)
+}
+
+// serveAndWaitReady starts the ztunnel emulator unless one runs, then waits
+// until the installed agent answers /readyz with 200.
+func (r *agentRun) serveAndWaitReady(t *testing.T, ctx context.Context) {
+	t.Helper()
 	if r.em == nil {
 		em, err := node.Env.StartEmulator(ctx, e2eenv.EmulatorConfig{Socket: nodeenv.ZtunnelSocket, NetnsMode: true})
 		if err != nil {
