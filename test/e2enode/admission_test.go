@@ -263,6 +263,14 @@ func (r *agentRun) admissionGatesFromPolicy(t *testing.T, ctx context.Context) {
 		t.Errorf("Ready before the gate's condition was True: %s", e)
 	}
 	gw.mu.Unlock()
+	// The agent pod turns Ready when kubelet's next readiness probe sees the
+	// new ztunnel; check reports that pod's Ready, so wait for it first.
+	if err := nodeenv.Poll(ctx, "agent pod Ready after ztunnel came", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		p, err := node.AgentPod(ctx)
+		return p != nil && podReady(p), err
+	}); err != nil {
+		t.Fatal(err)
+	}
 	r.checkTellsTheTruth(t, ctx, ns, plain)
 	t.Logf("scenario took %s", time.Since(start).Round(time.Millisecond))
 }

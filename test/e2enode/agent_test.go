@@ -282,6 +282,14 @@ func (r *agentRun) remove(t *testing.T) {
 		}); err != nil {
 			t.Errorf("%v; runtime's CNI config %s", err, runtimeConfig(t))
 		}
+		// A step failed before the uninstall step: the install's
+		// cluster-scoped objects (admission policies, RBAC) go too, or the
+		// next test's install finds them owned by another field manager.
+		if r.overlay != "helm" {
+			if out, err := node.Kubectl(ctx, "delete", "-k", overlay(t, nodeenv.AgentTag), "--ignore-not-found"); err != nil {
+				t.Errorf("kubectl delete -k: %v: %s", err, out)
+			}
+		}
 	}
 	if r.em != nil {
 		if err := r.em.Stop(5 * time.Second); err != nil {
