@@ -47,113 +47,18 @@ func effectiveChain(t *testing.T, dir string) (file string, chain []string) {
 	if err := json.Unmarshal(c.data, &v); err != nil {
 		t.Fatal(err)
 	}
-	return c.name, expand(v)
-}
-
-func expand(conf map[string]any) []string {
-	plugins, ok := conf["plugins"].([]any)
-	if !ok {
-		plugins = []any{conf}
-	}
-	var out []string
-	for _, p := range plugins {
-		pm, _ := p.(map[string]any)
-		typ, _ := pm["type"].(string)
-		if typ != "multus" {
-			out = append(out, typ)
-			continue
-		}
-		out = append(out, "multus(")
-		for _, d := range pm["delegates"].([]any) {
-			dm, _ := d.(map[string]any)
-			out = append(out, expand(dm)...)
-		}
-		out = append(out, ")")
-	}
-	return out
-}
-
-// nested reports a Multus that runs inside a Multus.
-func nested(chain []string) bool {
-	depth := 0
-	for _, p := range chain {
-		switch p {
-		case "multus(":
-			if depth++; depth > 1 {
-				return true
-			}
-		case ")":
-			depth--
-		}
-	}
-	return false
-}
-
-// confDirSnapshot is every config file of dir, name → text.
-func confDirSnapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, e := range entries {
-		if !slices.Contains(confExtensions, filepath.Ext(e.Name())) {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue // replaced meanwhile: the next look sees it
-		}
-		out[e.Name()] = string(b)
-	}
-	return out
+	return c.name, multusemu.Expand(v)
 }
 
 // waitFixedPoint waits (at most within) until the conf dir has not changed
 // for quiet, and returns how long that took and the files then.
 func waitFixedPoint(t *testing.T, dir string, within, quiet time.Duration) (time.Duration, map[string]string) {
 	t.Helper()
-	start := time.Now()
-	last, since := confDirSnapshot(t, dir), time.Now()
-	for time.Since(start) < within+quiet {
-		time.Sleep(50 * time.Millisecond)
-		now := confDirSnapshot(t, dir)
-		if !mapsEqual(now, last) {
-			last, since = now, time.Now()
-			continue
-		}
-		if time.Since(since) >= quiet {
-			return since.Sub(start), now
-		}
+	took, files, err := multusemu.WaitFixedPoint(dir, within, quiet)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("the conf dir still changes %s after the start; last:\n%s", within, dump(last))
-	return 0, nil
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
-}
-
-func dump(files map[string]string) string {
-	var b strings.Builder
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		b.WriteString("== " + n + "\n" + files[n] + "\n")
-	}
-	return b.String()
+	return took, files
 }
 
 // runMultus runs one life of Multus's thin auto-config writer beside the
@@ -187,18 +92,18 @@ func assertMultusChain(t *testing.T, i *Installer, dir string, files map[string]
 	name, chain := effectiveChain(t, dir)
 	t.Logf("runtime's config %s runs %v", name, chain)
 	if !slices.Contains(chain, "multus(") {
-		t.Errorf("the runtime's config %s bypasses Multus: %v\n%s", name, chain, dump(files))
+		t.Errorf("the runtime's config %s bypasses Multus: %v\n%s", name, chain, multusemu.Dump(files))
 	}
-	if nested(chain) {
-		t.Errorf("Multus nests inside itself in %s: %v\n%s", name, chain, dump(files))
+	if multusemu.Nested(chain) {
+		t.Errorf("Multus nests inside itself in %s: %v\n%s", name, chain, multusemu.Dump(files))
 	}
 	for n, text := range files {
 		var v map[string]any
-		if json.Unmarshal([]byte(text), &v) == nil && nested(expand(v)) {
+		if json.Unmarshal([]byte(text), &v) == nil && multusemu.Nested(multusemu.Expand(v)) {
 			t.Errorf("%s nests Multus inside itself:\n%s", n, text)
 		}
 	}
-	real := slices.DeleteFunc(slices.Clone(chain), func(s string) bool { return s == "multus(" || s == ")" })
+	real := multusemu.Plugins(chain)
 	if n := strings.Count(strings.Join(real, " ")+" ", "ambientd-cni "); n != 1 || real[len(real)-1] != "ambientd-cni" {
 		t.Errorf("our plugin runs %d times per ADD (chain %v), want once, last", n, chain)
 	}
@@ -237,8 +142,8 @@ func TestMultusReachesAFixedPoint(t *testing.T) {
 	t.Logf("primary rewritten: fixed point after %s", took.Round(time.Millisecond))
 	assertMultusChain(t, i, h.conf, files)
 	_, chainText := effectiveChain(t, h.conf)
-	if !strings.Contains(dump(files), `1400`) {
-		t.Errorf("the primary's new text does not reach the runtime (%v):\n%s", chainText, dump(files))
+	if !strings.Contains(multusemu.Dump(files), `1400`) {
+		t.Errorf("the primary's new text does not reach the runtime (%v):\n%s", chainText, multusemu.Dump(files))
 	}
 }
 

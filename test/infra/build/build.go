@@ -51,8 +51,8 @@ const (
 	// host-local at the version go.mod pins (the pod network of every test
 	// environment).
 	CNIPlugins Part = "cni-plugins"
-	// Ours are bin/ambientd, bin/ambientd-cni, bin/ztunnel-emulator and
-	// bin/sidecar-validation.
+	// Ours are bin/ambientd, bin/ambientd-cni, bin/ztunnel-emulator,
+	// bin/sidecar-validation and bin/multus (a test double).
 	Ours Part = "ours"
 	// Image is the agent image, bin/ambientd-image.tar (hack/image.sh).
 	Image Part = "image"
@@ -120,7 +120,7 @@ var titles = map[Part]string{
 	Packages:     "Debian packages",
 	NodePackages: "Debian packages for the node (containerd, runc)",
 	CNIPlugins:   "CNI reference plugins (loopback, bridge, host-local)",
-	Ours:         "ambientd, ambientd-cni, ztunnel-emulator, sidecar-validation (bin/)",
+	Ours:         "ambientd, ambientd-cni, ztunnel-emulator, sidecar-validation, multus (bin/)",
 	Image:        "the agent image (bin/ambientd-image.tar)",
 	Helm:         "helm (the Helm command, from the module proxy: test/helm)",
 	"modules":    "the Go modules of Kubernetes and etcd (download)",
@@ -174,6 +174,9 @@ var Programs = []Program{
 	// Our istio-validation (sidecar mode's init container check), the
 	// real-node suite's validation image and the e2e tests' check.
 	{Name: "sidecar-validation", Package: "./test/sidecar-validation"},
+	// The Multus plugin double (test/infra/multusemu): a node's meta-plugin
+	// for the tests of the conf dir's other writers.
+	{Name: "multus", Package: "./test/multus"},
 }
 
 // buildArgs are the go build arguments for p into out.
@@ -206,6 +209,8 @@ type Binaries struct {
 	CNIRefDir string
 	// Ours, in bin/.
 	Agent, CNIPlugin, Emulator, Validation string
+	// Multus is the Multus plugin double (test/multus).
+	Multus string
 	// Image is the agent image archive.
 	Image string
 }
@@ -235,8 +240,8 @@ func Locate(root string) (Binaries, error) {
 		Scheduler: filepath.Join(kube, "kube-scheduler"), Kubectl: filepath.Join(kube, "kubectl"),
 		CNIRefDir: cni, Helm: helm,
 		Agent: filepath.Join(bin, "ambientd"), CNIPlugin: filepath.Join(bin, "ambientd-cni"), Emulator: filepath.Join(bin, "ztunnel-emulator"),
-		Validation: filepath.Join(bin, "sidecar-validation"),
-		Image:      filepath.Join(bin, "ambientd-image.tar"),
+		Validation: filepath.Join(bin, "sidecar-validation"), Multus: filepath.Join(bin, "multus"),
+		Image: filepath.Join(bin, "ambientd-image.tar"),
 	}
 	for _, x := range []struct {
 		dst  *string
@@ -269,7 +274,7 @@ func (b Binaries) files(p Part) []string {
 	case CNIPlugins:
 		return []string{filepath.Join(b.CNIRefDir, "loopback"), filepath.Join(b.CNIRefDir, "bridge"), filepath.Join(b.CNIRefDir, "host-local")}
 	case Ours:
-		return []string{b.Agent, b.CNIPlugin, b.Emulator, b.Validation}
+		return []string{b.Agent, b.CNIPlugin, b.Emulator, b.Validation, b.Multus}
 	case Image:
 		return []string{b.Image}
 	case NodePackages:

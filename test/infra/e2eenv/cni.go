@@ -1,6 +1,7 @@
 package e2eenv
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/ambientd/ambientd/cniapi"
+	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 )
 
 // CNIVersion is the spec version of the chain's configuration.
@@ -46,6 +48,13 @@ type ChainConfig struct {
 	// AmbientPlugin is our plugin's entry, appended last; nil leaves it out.
 	// See AmbientPluginConf.
 	AmbientPlugin map[string]any
+	// RuntimeConfDir, when set, makes the chain a container runtime's CNI
+	// setup: every ADD, DEL and CHECK runs the config the runtime would
+	// choose in that dir at that moment (cniinstall.RuntimeConfig: the
+	// first valid file; a single-plugin .conf as a list of one), whoever
+	// wrote it, instead of the chain's own conflist (which is still written
+	// to Dir/conf: copy it there to make it the node's primary).
+	RuntimeConfDir string
 }
 
 // AmbientPluginConf is the chain entry for bin/ambientd-cni talking to the
@@ -179,9 +188,34 @@ func (c *Chain) conflist(ambient map[string]any) map[string]any {
 }
 
 func (c *Chain) load() (*libcni.NetworkConfigList, error) {
+	if c.cfg.RuntimeConfDir != "" {
+		return runtimeChoice(c.cfg.RuntimeConfDir)
+	}
 	l, err := libcni.NetworkConfFromFile(c.ConflistPath)
 	if err != nil {
 		return nil, fmt.Errorf("load conflist %s: %w", c.ConflistPath, err)
+	}
+	return l, nil
+}
+
+// runtimeChoice loads the config a runtime uses in dir.
+func runtimeChoice(dir string) (*libcni.NetworkConfigList, error) {
+	rc, err := cniinstall.RuntimeConfig(dir)
+	if err != nil {
+		return nil, fmt.Errorf("the runtime's CNI config in %s: %w", dir, err)
+	}
+	if strings.HasSuffix(rc.Path, ".conf") || strings.HasSuffix(rc.Path, ".json") {
+		if !bytes.Contains(rc.Data, []byte(`"plugins"`)) {
+			pc, err := libcni.NetworkPluginConfFromBytes(rc.Data)
+			if err != nil {
+				return nil, fmt.Errorf("load %s: %w", rc.Path, err)
+			}
+			return libcni.ConfListFromConf(pc)
+		}
+	}
+	l, err := libcni.NetworkConfFromBytes(rc.Data)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", rc.Path, err)
 	}
 	return l, nil
 }

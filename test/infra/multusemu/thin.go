@@ -58,6 +58,17 @@ type Thin struct {
 	Interval time.Duration
 	// Kubeconfig written into the config (default Multus's).
 	Kubeconfig string
+	// LogFile is --multus-log-file ("logFile": the plugin's log).
+	LogFile string
+	// BinDir is --additional-bin-dir ("binDir": where the plugin looks for
+	// its delegates before $CNI_PATH).
+	BinDir string
+	// CNIDir, when set, is written as "cniDir" (the plugin's cache of
+	// delegates and libcni results; default /var/lib/cni/multus). The thin
+	// entrypoint has no flag for it; Multus's configuration reference
+	// documents the setting. Tests set it to keep the machine's /var/lib
+	// clean.
+	CNIDir string
 	// Generated, when set, is called after every write of Multus's file.
 	Generated func(path string, data []byte)
 
@@ -167,10 +178,16 @@ func (w *Thin) generate(prevHash []byte) (string, []byte, error) {
 	if ge, err := cniversion.GreaterThanOrEqualTo(v, "1.0.0"); err == nil && ge {
 		tmpl, path = conflistTemplate, filepath.Join(w.Dir, "00-multus.conflist")
 	}
+	opts := ""
+	for _, o := range []struct{ key, val string }{{"logFile", w.LogFile}, {"binDir", w.BinDir}, {"cniDir", w.CNIDir}} {
+		if o.val != "" {
+			opts += fmt.Sprintf("\n        %q: %q,", o.key, o.val)
+		}
+	}
 	var out bytes.Buffer
 	if err := template.Must(template.New("multus").Parse(tmpl)).Execute(&out, map[string]string{
 		"CNIVersion": v, "Name": "multus-cni-network", "Capabilities": nested,
-		"Kubeconfig": w.Kubeconfig, "Master": string(masterJSON),
+		"Kubeconfig": w.Kubeconfig, "Master": string(masterJSON), "Options": opts,
 	}); err != nil {
 		return "", nil, err
 	}
@@ -193,13 +210,13 @@ func (w *Thin) cleanup() {
 }
 
 // The templates of cmd/thin_entrypoint/main.go with the optional settings
-// Multus's DaemonSet leaves unset (namespace isolation, log level/file,
-// bin dir, readiness indicator) left out.
+// Multus's DaemonSet leaves unset (namespace isolation, log level,
+// readiness indicator) left out; log file and bin dir when set.
 const conflistTemplate = `{
     "cniVersion": "{{ .CNIVersion }}",
     "name": "{{ .Name }}",
     "plugins": [ {
-        "type": "multus",{{ .Capabilities }}
+        "type": "multus",{{ .Capabilities }}{{ .Options }}
         "cniConf": "/host/etc/cni/multus/net.d",
         "kubeconfig": "{{ .Kubeconfig }}",
         "delegates": [
@@ -212,7 +229,7 @@ const conflistTemplate = `{
 const confTemplate = `{
         "cniVersion": "{{ .CNIVersion }}",
         "name": "{{ .Name }}",
-        "type": "multus",{{ .Capabilities }}
+        "type": "multus",{{ .Capabilities }}{{ .Options }}
         "cniConf": "/host/etc/cni/multus/net.d",
         "kubeconfig": "{{ .Kubeconfig }}",
         "delegates": [
