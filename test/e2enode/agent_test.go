@@ -135,6 +135,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"ContainersRestartStayEnrolled", r.containersRestartStayEnrolled},
 		{"HostNetworkPodNeverAPod", r.hostNetworkPodNeverAPod},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
+		{"AgentPodForceDeletedKeepsPlugin", r.agentPodForceDeletedKeepsPlugin},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
 		{"UninstallLeavesNodeAsBefore", r.uninstallLeavesNodeAsBefore},
 	}
@@ -978,6 +979,16 @@ func ruledAt(t *testing.T, ctx context.Context, uid, netnsPath string) (time.Tim
 	if err != nil {
 		t.Fatal(err)
 	}
+	at, outcome, ok := ruledAtIn(logs, uid, netnsPath)
+	if !ok {
+		t.Fatalf("agent log: no answered CNI ADD enrolling pod %s with netns %s:\n%s", uid, netnsPath, logs)
+	}
+	return at, outcome
+}
+
+// ruledAtIn is ruledAt over agent logs already read (one agent's or
+// several agents' in turn).
+func ruledAtIn(logs, uid, netnsPath string) (time.Time, string, bool) {
 	var rec struct {
 		Time    time.Time `json:"time"`
 		Msg     string    `json:"msg"`
@@ -995,11 +1006,10 @@ func ruledAt(t *testing.T, ctx context.Context, uid, netnsPath string) (time.Tim
 		case rec.Msg == "enrolling new pod":
 			enrolling = rec.Netns == netnsPath
 		case rec.Msg == "CNI ADD handled" && enrolling:
-			return rec.Time, rec.Outcome
+			return rec.Time, rec.Outcome, true
 		}
 	}
-	t.Fatalf("agent log: no answered CNI ADD enrolling pod %s with netns %s:\n%s", uid, netnsPath, logs)
-	return time.Time{}, ""
+	return time.Time{}, "", false
 }
 
 // readyWatch follows the pods of a namespace and records, per pod, the first

@@ -1,0 +1,177 @@
+//go:build e2enode
+
+package e2enode
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/test/infra/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
+)
+
+// agentPodForceDeletedKeepsPlugin: the agent's pod is force-deleted
+// (`kubectl delete pod --force --grace-period=0`) while its DaemonSet stays.
+// The dying agent's token is refused once its pod is gone, which must not
+// read as an uninstall: the plugin stays in the runtime's CNI config at
+// every moment of the swap (sampled every 20 ms), the dying agent logs that
+// it leaves the plugin, and its replacement becomes Ready with the plugin
+// installed. Pods created every 300 ms through the swap in an ambient
+// namespace each either wait (their sandbox is refused while no agent
+// answers) or start captured — the agent answered the CNI ADD that put the
+// rules into the netns their app runs in before the app started — never
+// uncaptured; all end enrolled, Ready and held by ztunnel.
+func (r *agentRun) agentPodForceDeletedKeepsPlugin(t *testing.T, ctx context.Context) {
+	r.ensureInstalled(t, ctx)
+	admin := node.Env.CP.Admin
+	ns := ambientNamespace(t, ctx, "ambient-forcedel")
+	old, err := node.AgentPod(ctx)
+	if err != nil || old == nil {
+		t.Fatalf("agent pod: %v", err)
+	}
+	if !pluginInstalled(t) {
+		t.Fatalf("plugin not installed before the swap: %s", runtimeConfig(t))
+	}
+
+	// The dying agent's log: its pod object is gone after the delete, so
+	// follow it from before.
+	var oldLog bytes.Buffer
+	follow := exec.CommandContext(ctx, node.Bins.Kubectl, "--kubeconfig", node.Env.CP.AdminKubeconfig,
+		"logs", "-f", "-n", "istio-system", old.Name)
+	follow.Stdout = &oldLog // read after Wait: the copier is done then
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	followed := make(chan struct{})
+	go func() { _ = follow.Wait(); close(followed) }()
+	t.Cleanup(func() { _ = follow.Process.Kill(); <-followed })
+
+	// The plugin in the runtime's config, sampled through the swap.
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	var missing []string
+	samples := 0
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for sampleCtx.Err() == nil {
+			ok, err := node.PluginInstalled()
+			samples++
+			if err != nil || !ok {
+				missing = append(missing, fmt.Sprintf("%s: %v %v", time.Now().Format(time.RFC3339Nano), ok, err))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	// Pods created through the swap.
+	createCtx, stopCreating := context.WithCancel(ctx)
+	var created []string
+	creating := make(chan struct{})
+	go func() {
+		defer close(creating)
+		for i := 0; createCtx.Err() == nil; i++ {
+			name := fmt.Sprintf("swap-%d", i)
+			if _, err := admin.CoreV1().Pods(ns).Create(createCtx, nodeenv.GatedPod(name), metav1.CreateOptions{}); err == nil {
+				created = append(created, name)
+			} else if createCtx.Err() == nil {
+				t.Errorf("create %s: %v", name, err)
+			}
+			select {
+			case <-createCtx.Done():
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	}()
+	time.Sleep(time.Second) // a few pods before the delete
+
+	deleted := time.Now()
+	if _, err := node.Kubectl(ctx, "delete", "pod", "-n", "istio-system", old.Name, "--force", "--grace-period=0"); err != nil {
+		t.Fatal(err)
+	}
+	var replacement *corev1.Pod
+	if err := nodeenv.Poll(ctx, "the replacement agent pod Ready", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		p, err := node.AgentPod(ctx)
+		if err != nil || p == nil || p.UID == old.UID {
+			return false, err
+		}
+		replacement = p
+		return podReady(p), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("force delete -> replacement %s Ready: %s", replacement.Name, time.Since(deleted).Round(time.Millisecond))
+	time.Sleep(2 * time.Second) // a few pods after
+	stopCreating()
+	<-creating
+	stopSampling()
+	<-sampled
+
+	if len(missing) > 0 {
+		t.Errorf("the plugin was missing from the runtime's CNI config in %d of %d samples through the swap: %v", len(missing), samples, missing)
+	}
+	if !pluginInstalled(t) {
+		t.Errorf("plugin gone from the runtime's CNI config after the swap: %s", runtimeConfig(t))
+	}
+
+	newLog, err := node.Kubectl(ctx, "logs", "-n", "istio-system", replacement.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = follow.Process.Kill()
+	<-followed
+	oldLogs := oldLog.String()
+	if !strings.Contains(oldLogs, "leaving the CNI plugin") {
+		t.Errorf("the force-deleted agent did not log that it leaves the plugin (an upgrade, not an uninstall); its log's end:\n%s", tail(oldLogs, 30))
+	}
+	logs := oldLogs + "\n" + newLog
+
+	waited := 0
+	for _, name := range created {
+		p, err := waitPod(ctx, ns, name, func(p *corev1.Pod) bool {
+			return podReady(p) && p.Annotations[podmeta.AnnotationRedirection] == podmeta.RedirectionEnabled
+		})
+		if err != nil {
+			t.Errorf("pod %s created through the swap: %v; %s", name, err, describe(p))
+			continue
+		}
+		netnsPath, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := appStartedAt(t, ctx, ns, name)
+		rulesAt, _, ok := ruledAtIn(logs, string(p.UID), netnsPath)
+		switch {
+		case !ok:
+			t.Errorf("pod %s: no agent answered a CNI ADD enrolling its netns %s: it started uncaptured (app started %s)", name, netnsPath, started.Format(time.RFC3339Nano))
+		case !rulesAt.Before(started):
+			t.Errorf("pod %s: its app started at %s, before the agent answered the CNI ADD for its netns (%s): it ran uncaptured", name, started.Format(time.RFC3339Nano), rulesAt.Format(time.RFC3339Nano))
+		}
+		evs, err := admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name + ",reason=FailedCreatePodSandBox"})
+		if err == nil && len(evs.Items) > 0 {
+			waited++
+		}
+		uid := string(p.UID)
+		r.waitEmu(t, ctx, "pod "+name+" held by ztunnel", func(s ztunnelemu.State) bool { _, ok := s.Workload(uid); return ok })
+	}
+	t.Logf("%d pods created every 300 ms through the swap: all started captured and are enrolled; %d waited (sandbox refused) while no agent answered; the plugin was in the runtime's config in all %d samples",
+		len(created), waited, samples)
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
