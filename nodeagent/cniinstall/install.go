@@ -623,6 +623,12 @@ func (i *Installer) uninstallFrom(c confFile, all []confFile) error {
 	if c.unknown {
 		return fmt.Errorf("cannot check %s for our plugin: %w", c.path, c.err)
 	}
+	if c.err == nil && metaPlugin(c.data) && i.delegatesRunUs(c.data) {
+		if err := i.uninstallFromDelegates(c); err != nil {
+			return err
+		}
+		return fmt.Errorf("took our plugin out of the delegates of %s: %w", c.path, errConflict) // look again
+	}
 	if !c.list || c.err != nil {
 		return nil
 	}

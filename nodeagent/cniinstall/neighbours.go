@@ -281,3 +281,59 @@ func (i *Installer) behindMeta(m confFile, confs []confFile) (bool, error) {
 	}
 	return changed, nil
 }
+
+// delegatesRunUs: a meta-plugin's delegates (its cluster network) run our
+// plugin — Multus took our copy as its master.
+func (i *Installer) delegatesRunUs(data []byte) bool {
+	n, _ := i.runsUs(data)
+	top := 0
+	for _, p := range topPlugins(decoded(data)) {
+		if typeOf(p) == i.cfg.Entry.Type {
+			top++
+		}
+	}
+	return n > top
+}
+
+// uninstallFromDelegates takes our plugin (and our copy's mark) out of the
+// delegates of a meta-plugin's config, which Multus took from our copy: left
+// there, every ADD through Multus would run a plugin that is gone. Multus
+// does not regenerate the file (it waits for that master, our copy, to come
+// back), so nobody else would. The file is re-encoded: Multus writes it by
+// machine and reads it as JSON.
+func (i *Installer) uninstallFromDelegates(c confFile) error {
+	if _, err := editFile(c.real, c.snap, func(b []byte) ([]byte, error) {
+		v := decoded(b)
+		if v == nil {
+			return nil, fmt.Errorf("%s is not a JSON object", c.path)
+		}
+		for _, p := range topPlugins(v) {
+			ds, _ := p["delegates"].([]any)
+			for _, d := range ds {
+				dm, ok := d.(map[string]any)
+				if !ok {
+					continue
+				}
+				delete(dm, ownedKey)
+				ps, ok := dm["plugins"].([]any)
+				if !ok {
+					continue
+				}
+				kept := ps[:0]
+				for _, x := range ps {
+					if xm, ok := x.(map[string]any); ok && typeOf(xm) == i.cfg.Entry.Type {
+						continue
+					}
+					kept = append(kept, x)
+				}
+				dm["plugins"] = kept
+			}
+		}
+		out, err := json.MarshalIndent(v, "", "    ")
+		return append(out, '\n'), err
+	}); err != nil {
+		return fmt.Errorf("removing our plugin from the delegates of %s: %w", c.path, err)
+	}
+	i.log.Info("removed our plugin from the meta-plugin's cluster network", "path", c.path)
+	return nil
+}

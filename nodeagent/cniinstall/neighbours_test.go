@@ -259,3 +259,50 @@ func TestPrimaryWithdrawnAndReplaced(t *testing.T) {
 		t.Fatalf("runtime uses %s %v, want our copy of the new primary, our plugin last", name, types)
 	}
 }
+
+// Multus started after the agent took our copy as its master, so its
+// file's cluster network runs our plugin (and Multus waits for that master,
+// gone, keeping its file). The uninstall must take our plugin out of that
+// delegate too: afterwards no config runs our plugin — the runtime would
+// otherwise fail every pod on the missing binary — and the runtime still
+// runs Multus with the primary.
+func TestUninstallTakesUsOutOfMultus(t *testing.T) {
+	h := newHostTree(t)
+	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
+	i := h.installer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- i.Run(ctx) }()
+	waitInstalled(t, i, "installed before Multus")
+	runMultus(t, h.conf)
+	_, files := waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	assertMultusChain(t, i, h.conf, files)
+	if _, chain := effectiveChain(t, h.conf); !slices.Contains(chain, "ambientd-cni") || chain[len(chain)-1] == "ambientd-cni" && chain[len(chain)-2] == ")" {
+		t.Fatalf("Multus did not take our copy as its master (%v): not the case under test", chain)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if err := i.Uninstall(); err != nil {
+		t.Fatalf("Uninstall: %v", err)
+	}
+	for name, text := range confDirSnapshotT(t, h.conf) {
+		if strings.Contains(text, `"ambientd-cni"`) || strings.Contains(text, ownedKey) {
+			t.Errorf("after the uninstall %s still holds our plugin:\n%s", name, text)
+		}
+	}
+	name, chain := effectiveChain(t, h.conf)
+	if want := []string{"multus(", "calico", "portmap", ")"}; !slices.Equal(chain, want) {
+		t.Errorf("after the uninstall the runtime's config %s runs %v, want %v", name, chain, want)
+	}
+}
+
+func confDirSnapshotT(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files, err := multusemu.Snapshot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
