@@ -123,19 +123,14 @@ func (r *agentRun) agentPodForceDeletedKeepsPlugin(t *testing.T, ctx context.Con
 		t.Errorf("plugin gone from the runtime's CNI config after the swap: %s", runtimeConfig(t))
 	}
 
-	newLog, err := node.Kubectl(ctx, "logs", "-n", "istio-system", replacement.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
 	_ = follow.Process.Kill()
 	<-followed
 	oldLogs := oldLog.String()
 	if !strings.Contains(oldLogs, "leaving the CNI plugin") {
 		t.Errorf("the force-deleted agent did not log that it leaves the plugin (an upgrade, not an uninstall); its log's end:\n%s", tail(oldLogs, 30))
 	}
-	logs := oldLogs + "\n" + newLog
 
-	waited := 0
+	var ready []*corev1.Pod
 	for _, name := range created {
 		p, err := waitPod(ctx, ns, name, func(p *corev1.Pod) bool {
 			return podReady(p) && p.Annotations[podmeta.AnnotationRedirection] == podmeta.RedirectionEnabled
@@ -144,27 +139,40 @@ func (r *agentRun) agentPodForceDeletedKeepsPlugin(t *testing.T, ctx context.Con
 			t.Errorf("pod %s created through the swap: %v; %s", name, err, describe(p))
 			continue
 		}
+		ready = append(ready, p)
+	}
+	// Read after every pod started: a pod that waited was added by the
+	// replacement later.
+	newLog, err := node.Kubectl(ctx, "logs", "-n", "istio-system", replacement.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := oldLogs + "\n" + newLog
+	waited, uncaptured := 0, 0
+	for _, p := range ready {
 		netnsPath, err := node.PodNetns(netip.MustParseAddr(p.Status.PodIP))
 		if err != nil {
 			t.Fatal(err)
 		}
-		started := appStartedAt(t, ctx, ns, name)
+		started := appStartedAt(t, ctx, ns, p.Name)
 		rulesAt, _, ok := ruledAtIn(logs, string(p.UID), netnsPath)
 		switch {
 		case !ok:
-			t.Errorf("pod %s: no agent answered a CNI ADD enrolling its netns %s: it started uncaptured (app started %s)", name, netnsPath, started.Format(time.RFC3339Nano))
+			uncaptured++
+			t.Errorf("pod %s: no agent answered a CNI ADD enrolling its netns %s: it started uncaptured (app started %s)", p.Name, netnsPath, started.Format(time.RFC3339Nano))
 		case !rulesAt.Before(started):
-			t.Errorf("pod %s: its app started at %s, before the agent answered the CNI ADD for its netns (%s): it ran uncaptured", name, started.Format(time.RFC3339Nano), rulesAt.Format(time.RFC3339Nano))
+			uncaptured++
+			t.Errorf("pod %s: its app started at %s, before the agent answered the CNI ADD for its netns (%s): it ran uncaptured", p.Name, started.Format(time.RFC3339Nano), rulesAt.Format(time.RFC3339Nano))
 		}
-		evs, err := admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name + ",reason=FailedCreatePodSandBox"})
+		evs, err := admin.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name + ",reason=FailedCreatePodSandBox"})
 		if err == nil && len(evs.Items) > 0 {
 			waited++
 		}
 		uid := string(p.UID)
-		r.waitEmu(t, ctx, "pod "+name+" held by ztunnel", func(s ztunnelemu.State) bool { _, ok := s.Workload(uid); return ok })
+		r.waitEmu(t, ctx, "pod "+p.Name+" held by ztunnel", func(s ztunnelemu.State) bool { _, ok := s.Workload(uid); return ok })
 	}
-	t.Logf("%d pods created every 300 ms through the swap: all started captured and are enrolled; %d waited (sandbox refused) while no agent answered; the plugin was in the runtime's config in all %d samples",
-		len(created), waited, samples)
+	t.Logf("%d pods created every 300 ms through the swap: %d Ready and enrolled, %d started uncaptured, %d waited (sandbox refused while no agent answered); the plugin was missing from the runtime's config in %d of %d samples",
+		len(created), len(ready), uncaptured, waited, len(missing), samples)
 }
 
 // tail is the last n lines of s.
