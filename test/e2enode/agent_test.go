@@ -136,6 +136,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"HostNetworkPodNeverAPod", r.hostNetworkPodNeverAPod},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 		{"AgentPodForceDeletedKeepsPlugin", r.agentPodForceDeletedKeepsPlugin},
+		{"MultusOnTheNode", r.multusOnTheNode},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
 		{"UninstallLeavesNodeAsBefore", r.uninstallLeavesNodeAsBefore},
 	}
