@@ -7,13 +7,18 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
@@ -31,10 +36,68 @@ import (
 // answers) or start captured — the agent answered the CNI ADD that put the
 // rules into the netns their app runs in before the app started — never
 // uncaptured; all end enrolled, Ready and held by ztunnel.
+//
+// The same with the agent's ServiceAccount deleted and recreated first
+// (its old token is then refused: 401), and its pod deleted the ordinary
+// way: the refused agent must not take the refusal for an uninstall.
 func (r *agentRun) agentPodForceDeletedKeepsPlugin(t *testing.T, ctx context.Context) {
 	r.ensureInstalled(t, ctx)
+	t.Run("PodForceDeleted", func(t *testing.T) {
+		r.agentSwapKeepsPlugin(t, ctx, "ambient-forcedel", nil, []string{"--force", "--grace-period=0"})
+	})
+	t.Run("ServiceAccountRecreated", func(t *testing.T) {
+		r.serveAndWaitReady(t, ctx)
+		r.agentSwapKeepsPlugin(t, ctx, "ambient-sarecreated", recreateServiceAccount, nil)
+	})
+}
+
+// recreateServiceAccount deletes and recreates the agent's ServiceAccount
+// and waits until the agent pod's token is refused (the API server caches
+// a token's success for a few seconds).
+func recreateServiceAccount(t *testing.T, ctx context.Context, agent *corev1.Pod) {
 	admin := node.Env.CP.Admin
-	ns := ambientNamespace(t, ctx, "ambient-forcedel")
+	sa, err := admin.CoreV1().ServiceAccounts("istio-system").Get(ctx, "ambientd", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.CoreV1().ServiceAccounts("istio-system").Delete(ctx, "ambientd", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().ServiceAccounts("istio-system").Create(ctx, &corev1.ServiceAccount{
+		ObjectMeta: metav1.ObjectMeta{Name: sa.Name, Labels: sa.Labels, Annotations: sa.Annotations},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tokens, _ := filepath.Glob(filepath.Join(node.Dir, "kubelet", "root", "pods", string(agent.UID), "volumes", "kubernetes.io~projected", "*", "token"))
+	if len(tokens) == 0 {
+		t.Fatalf("no projected token of the agent pod %s under the kubelet's root dir", agent.Name)
+	}
+	tok, err := os.ReadFile(tokens[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(node.Env.CP.AdminConfig)
+	cfg.BearerToken, cfg.BearerTokenFile = string(tok), ""
+	as, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recreated := time.Now()
+	if err := nodeenv.Poll(ctx, "the agent's token refused", 500*time.Millisecond, func(ctx context.Context) (bool, error) {
+		_, err := as.AppsV1().DaemonSets("istio-system").Get(ctx, "ambientd", metav1.GetOptions{})
+		return apierrors.IsUnauthorized(err), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ServiceAccount recreated -> the agent's token refused: %s", time.Since(recreated).Round(time.Millisecond))
+}
+
+// agentSwapKeepsPlugin runs before (when set), deletes the agent's pod with
+// the extra kubectl flags, and checks the swap (see
+// agentPodForceDeletedKeepsPlugin).
+func (r *agentRun) agentSwapKeepsPlugin(t *testing.T, ctx context.Context, nsName string, before func(*testing.T, context.Context, *corev1.Pod), deleteFlags []string) {
+	admin := node.Env.CP.Admin
+	ns := ambientNamespace(t, ctx, nsName)
 	old, err := node.AgentPod(ctx)
 	if err != nil || old == nil {
 		t.Fatalf("agent pod: %v", err)
@@ -94,8 +157,11 @@ func (r *agentRun) agentPodForceDeletedKeepsPlugin(t *testing.T, ctx context.Con
 	}()
 	time.Sleep(time.Second) // a few pods before the delete
 
+	if before != nil {
+		before(t, ctx, old)
+	}
 	deleted := time.Now()
-	if _, err := node.Kubectl(ctx, "delete", "pod", "-n", "istio-system", old.Name, "--force", "--grace-period=0"); err != nil {
+	if _, err := node.Kubectl(ctx, append([]string{"delete", "pod", "-n", "istio-system", old.Name}, deleteFlags...)...); err != nil {
 		t.Fatal(err)
 	}
 	var replacement *corev1.Pod
@@ -109,7 +175,7 @@ func (r *agentRun) agentPodForceDeletedKeepsPlugin(t *testing.T, ctx context.Con
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("force delete -> replacement %s Ready: %s", replacement.Name, time.Since(deleted).Round(time.Millisecond))
+	t.Logf("delete -> replacement %s Ready: %s", replacement.Name, time.Since(deleted).Round(time.Millisecond))
 	time.Sleep(2 * time.Second) // a few pods after
 	stopCreating()
 	<-creating
@@ -126,8 +192,13 @@ func (r *agentRun) agentPodForceDeletedKeepsPlugin(t *testing.T, ctx context.Con
 	_ = follow.Process.Kill()
 	<-followed
 	oldLogs := oldLog.String()
+	for _, line := range strings.Split(oldLogs, "\n") {
+		if strings.Contains(line, "CNI plugin") || strings.Contains(line, "DaemonSet") || strings.Contains(line, "shutting down") {
+			t.Logf("deleted agent: %s", line)
+		}
+	}
 	if !strings.Contains(oldLogs, "leaving the CNI plugin") {
-		t.Errorf("the force-deleted agent did not log that it leaves the plugin (an upgrade, not an uninstall); its log's end:\n%s", tail(oldLogs, 30))
+		t.Errorf("the deleted agent did not log that it leaves the plugin (an upgrade, not an uninstall); its log's end:\n%s", tail(oldLogs, 30))
 	}
 
 	var ready []*corev1.Pod
