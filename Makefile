@@ -11,8 +11,8 @@ ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 
 all: build
 
-# bin/ambientd, bin/ambientd-cni (shipped: cmd/), bin/ztunnel-emulator and
-# bin/sidecar-validation (test stand-ins: test/) (build flags:
+# bin/ambientd, bin/ambientd-cni (shipped: cmd/), bin/ztunnel-emulator,
+# bin/sidecar-validation and bin/multus (test stand-ins: test/) (build flags:
 # test/infra/build.Programs).
 build:
 	@$(ENSURE) build
