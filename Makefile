@@ -131,6 +131,8 @@ generate:
 # The shipped code's packages (what sloglint holds to docs/agent.md's log
 # schema).
 SHIPPED   := ./admission/... ./cmd/... ./cniapi/... ./cniplugin/... ./iptables/... ./nodeagent/... ./ztunnelproto/...
+# golangci-lint, pinned in its own module (built by go on first use).
+GOLANGCI  = $(GO) tool -modfile=hack/tools/go.mod golangci-lint
 
 # Also the docs check (docs/links_test.go): every relative link in README.md
 # and docs/ leads to a file and heading that exist, and every repository path
@@ -146,7 +148,7 @@ lint:
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
 	cd test/helm && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)
-	$(GO) tool -modfile=hack/tools/go.mod golangci-lint run $(SHIPPED)
+	$(GOLANGCI) run $(SHIPPED)
 
 # The README's test command: everything CI checks.
 check: lint test e2e soak-check e2e-node image-test
