@@ -9,8 +9,8 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/agent"
 )
 
-// Validate checks the process's own settings (sockets, listeners, the CNI
-// conf dir), then Agent's (agent.Config.Validate, its fields reported as
+// Validate checks a Config as a node runs it: the process's own settings
+// (sockets, listeners, the CNI conf dir), then Agent's (agent.Config.Validate, its fields reported as
 // "Agent.<field>"); NodeReady and Sidecar validate themselves where they
 // are built. Errors are *agent.SettingError (one type for the process's
 // settings), checked in a fixed order, so with several bad fields the same
@@ -19,10 +19,11 @@ func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &agent.SettingError{Field: field, Err: fmt.Errorf(format, args...)}
 	}
-	// Empty socket paths take the servers' defaults; CNIConfDir is
-	// required without PluginInstalled.
+	// A node names every socket (New's defaults for empty paths serve
+	// tests) and the conf dir, all absolute: relative ones would depend on
+	// the agent's working directory.
 	for _, p := range []struct{ field, path string }{{"ZtunnelSocket", c.ZtunnelSocket}, {"CNISocket", c.CNISocket}, {"CNIConfDir", c.CNIConfDir}, {"AdminSocket", c.AdminSocket}} {
-		if (p.path != "" || (p.field == "CNIConfDir" && c.PluginInstalled == nil)) && !filepath.IsAbs(p.path) {
+		if !filepath.IsAbs(p.path) {
 			return bad(p.field, "%q: must be an absolute path", p.path)
 		}
 	}
