@@ -128,9 +128,17 @@ generate:
 	@command -v protoc >/dev/null || hack/deps.sh
 	hack/generate.sh
 
+# The shipped code's packages (what sloglint holds to docs/agent.md's log
+# schema).
+SHIPPED   := ./admission/... ./cmd/... ./cniapi/... ./cniplugin/... ./iptables/... ./nodeagent/... ./ztunnelproto/...
+# golangci-lint, pinned in its own module (built by go on first use).
+GOLANGCI  = $(GO) tool -modfile=hack/tools/go.mod golangci-lint
+
 # Also the docs check (docs/links_test.go): every relative link in README.md
 # and docs/ leads to a file and heading that exist, and every repository path
-# the docs name exists.
+# the docs name exists. golangci-lint (only sloglint: the log schema of
+# docs/agent.md, .golangci.yml) is a tool of its own module, hack/tools, so
+# the product's go.mod does not carry its dependencies.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) test -count=1 ./docs/
@@ -140,6 +148,7 @@ lint:
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
 	cd test/helm && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)
+	$(GOLANGCI) run $(SHIPPED)
 
 # The README's test command: everything CI checks.
 check: lint test e2e soak-check e2e-node image-test

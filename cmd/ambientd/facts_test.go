@@ -85,7 +85,7 @@ func TestSharedFlagsAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, run := range map[string]string{"iptables": f.iptablesMode, "log-level": f.logLevel, "cni-conf-dir": f.install.confDir, "cni-bin-dir": f.install.binDir} {
+	for name, run := range map[string]string{"iptables": string(f.rules.Mode), "log-level": f.logLevel, "cni-conf-dir": f.install.confDir, "cni-bin-dir": f.install.binDir} {
 		m := regexp.MustCompile(`(?m)^  -` + name + ` .*\n(?:    .*\n)*?    .*\(default "([^"]*)"\)`).FindStringSubmatch(stderr.String())
 		if m == nil {
 			t.Errorf("uninstall has no --%s with a default", name)
@@ -96,7 +96,7 @@ func TestSharedFlagsAgree(t *testing.T) {
 		}
 	}
 	ipv6 := regexp.MustCompile(`(?m)^  -ipv6\n(?:    .*\n)*?    .*\(default true\)`).MatchString(stderr.String())
-	if ipv6 != f.ipv6 {
-		t.Errorf("--ipv6: uninstall's default %v, run's %v", ipv6, f.ipv6)
+	if ipv6 != f.node.Agent.IPv6 {
+		t.Errorf("--ipv6: uninstall's default %v, run's %v", ipv6, f.node.Agent.IPv6)
 	}
 }

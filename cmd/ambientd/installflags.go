@@ -43,6 +43,13 @@ var installEnvOf = flagEnv{
 }
 
 // register adds the install flags to fs (their variables: installEnvOf).
+// namedValue is a flag's value with the flag's name, for checks that range
+// over several flags in a fixed order.
+type namedValue[T any] struct {
+	flag  string
+	value T
+}
+
 func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.binSource, "cni-bin-source", "", "the plugin binary to install (default: ambientd-cni beside this executable)")
 	fs.StringVar(&f.binDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")

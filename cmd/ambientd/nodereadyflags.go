@@ -29,7 +29,7 @@ var nodeReadyEnvOf = flagEnv{
 //
 //	nodeReady := nodeReadyFlags(fs) // before parseFlags(..., nodeReadyEnvOf)
 //	...
-//	f.nodeReady, err = nodeReady(f.nodeName)
+//	f.node.NodeReady, err = nodeReady(f.node.Agent.NodeName)
 func nodeReadyFlags(fs *flag.FlagSet) func(nodeName string) (nodeready.Config, error) {
 	var c nodeready.Config
 	fs.StringVar(&c.ConditionType, "node-condition-type", nodeready.DefaultConditionType, "node condition the agent maintains: True when the CNI plugin is installed, caches are synced and ztunnel is connected with its snapshot acked")

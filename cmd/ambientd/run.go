@@ -6,17 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -28,32 +25,24 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/nodeagent/kube"
-	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/ztunnelproto"
 )
 
 // runFlags are the agent's settings; each flag has an environment variable
-// that sets it when the flag is not given (flags win).
+// that sets it when the flag is not given (flags win). Flags bind straight
+// into the Config of the package they set (node: daemon.Config with its
+// agent.Config; rules: iptables.Config), which validates it; the fields
+// here are the process's own settings and the flags whose text is parsed
+// into a Config after the flag set (lists, uids, octal bits).
 type runFlags struct {
-	kubeconfig, nodeName, ztunnelSocket, cniSocket  string
-	adminSocket                                     string
-	healthAddr, metricsAddr, hostProc, iptablesMode string
-	pprofAddr                                       string
-	excludeNamespaces, logLevel, runDir             string
-	handover                                        string
-	systemNamespace                                 string
-	podConditionType, ztunnelSocketMode             string
-	kubeletUID, ztunnelAllowedUIDs                  string
-	verifyInterval, ztunnelGrace                    time.Duration
-	dnsCapture, ipv6, installCNI, failPending       bool
-	podLookupTimeout, retryBase, retryMax           time.Duration
-	iptablesLockWait                                time.Duration
-	kubeQPS                                         float64
-	kubeBurst, workers, maxParallelAdds             int
-	gcPercent                                       int
-	install                                         installFlags
-	nodeReady                                       nodeready.Config
-	sidecar                                         daemon.SidecarConfig
+	kubeconfig, logLevel, excludeNamespaces, handover string
+	ztunnelSocketMode, kubeletUID, ztunnelAllowedUIDs string
+	installCNI                                        bool
+	kubeQPS                                           float64
+	kubeBurst, gcPercent                              int
+	install                                           installFlags
+	node                                              daemon.Config
+	rules                                             iptables.Config
 }
 
 // envOf maps the run flags to their environment variables (parseFlags).
@@ -105,44 +94,45 @@ const (
 
 func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) {
 	var f runFlags
-	def := agent.DefaultConfig()
+	f.node.Agent = agent.DefaultConfig()
+	a, n := &f.node.Agent, &f.node
 	fs := flag.NewFlagSet("ambientd run", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty = in-cluster config")
-	fs.StringVar(&f.nodeName, "node-name", "", "this node's name (required)")
-	fs.StringVar(&f.ztunnelSocket, "ztunnel-socket", ztunnelproto.DefaultSocketPath, "Unix socket ztunnel connects to")
-	fs.StringVar(&f.cniSocket, "cni-socket", cniapi.DefaultSocketPath, "Unix socket the CNI plugin calls")
-	fs.StringVar(&f.adminSocket, "admin-socket", admin.DefaultSocketPath, "Unix socket the status command asks (root only)")
-	fs.StringVar(&f.healthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", ":15014", "address of /metrics")
-	fs.StringVar(&f.pprofAddr, "pprof-addr", "", "address of Go's profiling endpoints (/debug/pprof/); empty = off. They show the agent's memory and goroutines to whoever reaches them: bind to loopback (127.0.0.1:6060)")
-	fs.StringVar(&f.hostProc, "host-proc", def.HostProc, "host /proc, scanned for running pods' network namespaces")
-	fs.StringVar(&f.iptablesMode, "iptables", "auto", "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
-	fs.DurationVar(&f.iptablesLockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
-	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(def.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
-	fs.StringVar(&f.systemNamespace, "system-namespace", def.Policy.SystemNamespace, "namespace of the mesh's own pods: only there are app=ztunnel and app=ambientd pods kept out of the mesh")
-	fs.BoolVar(&f.dnsCapture, "dns-capture", def.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
-	fs.BoolVar(&f.ipv6, "ipv6", def.IPv6, "also capture IPv6 (harmless in IPv4-only pods); with --ipv6=false a pod with an IPv6 address fails its CNI ADD rather than run with IPv6 uncaptured")
-	fs.DurationVar(&f.verifyInterval, "verify-interval", def.VerifyInterval, "period of the drift pass that reads back enrolled pods' rules and the host rules and repairs drift (jittered ±10%; 0 = off)")
-	fs.StringVar(&f.runDir, "run-dir", def.RunDir, "the agent's run directory (tmpfs): holds the pod state file (netns path and inode per pod), tried before the /proc scan on restart")
+	fs.StringVar(&a.NodeName, "node-name", "", "this node's name (required)")
+	fs.StringVar(&n.ZtunnelSocket, "ztunnel-socket", ztunnelproto.DefaultSocketPath, "Unix socket ztunnel connects to")
+	fs.StringVar(&n.CNISocket, "cni-socket", cniapi.DefaultSocketPath, "Unix socket the CNI plugin calls")
+	fs.StringVar(&n.AdminSocket, "admin-socket", admin.DefaultSocketPath, "Unix socket the status command asks (root only)")
+	fs.StringVar(&n.HealthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
+	fs.StringVar(&n.MetricsAddr, "metrics-addr", ":15014", "address of /metrics")
+	fs.StringVar(&n.PprofAddr, "pprof-addr", "", "address of Go's profiling endpoints (/debug/pprof/); empty = off. They show the agent's memory and goroutines to whoever reaches them: bind to loopback (127.0.0.1:6060)")
+	fs.StringVar(&a.HostProc, "host-proc", a.HostProc, "host /proc, scanned for running pods' network namespaces")
+	fs.StringVar((*string)(&f.rules.Mode), "iptables", string(iptables.ModeAuto), "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
+	fs.DurationVar(&f.rules.LockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
+	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(a.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
+	fs.StringVar(&a.Policy.SystemNamespace, "system-namespace", a.Policy.SystemNamespace, "namespace of the mesh's own pods: only there are app=ztunnel and app=ambientd pods kept out of the mesh")
+	fs.BoolVar(&a.DNSCapture, "dns-capture", a.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
+	fs.BoolVar(&a.IPv6, "ipv6", a.IPv6, "also capture IPv6 (harmless in IPv4-only pods); with --ipv6=false a pod with an IPv6 address fails its CNI ADD rather than run with IPv6 uncaptured")
+	fs.DurationVar(&a.VerifyInterval, "verify-interval", a.VerifyInterval, "period of the drift pass that reads back enrolled pods' rules and the host rules and repairs drift (jittered ±10%; 0 = off)")
+	fs.StringVar(&a.RunDir, "run-dir", a.RunDir, "the agent's run directory (tmpfs): holds the pod state file (netns path and inode per pod), tried before the /proc scan on restart")
 	fs.StringVar(&f.kubeletUID, "kubelet-uid", "", "uid of the kubelet, whose probes the nftables backend's host SNAT matches (meta skuid); empty = found by scanning --host-proc for kubelet, kubelite or k3s")
 	fs.StringVar(&f.ztunnelSocketMode, "ztunnel-socket-mode", "0600", "permission bits of the ztunnel socket (octal); widen it (e.g. 0660) for a non-root ztunnel")
 	fs.StringVar(&f.ztunnelAllowedUIDs, "ztunnel-allowed-uids", "0", "comma-separated uids ztunnel may connect as; any other process that reaches the ztunnel socket (it would receive every pod's network namespace) is refused, logged and counted (SO_PEERCRED)")
 	fs.BoolVar(&f.installCNI, "install-cni", false, "install the CNI plugin into the host's bin dir and config, keep it there, report it in readiness (see docs/install.md)")
 	fs.StringVar(&f.handover, "handover", string(iptables.SuccessorNone), "the node agent that takes the node over when this one uninstalls (not at an upgrade or restart): none (pods keep their rules as they are), istio (Istio's istio-cni with its chart defaults: iptables), istio-nftables (Istio's native nftables mode), or the backend an agent is pinned to (legacy, nft, nftables); before uninstalling, every enrolled pod's rules are moved to the backend that agent will use (docs/install.md, \"Switching\"). Needs --install-cni")
-	fs.BoolVar(&f.failPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
-	fs.DurationVar(&f.podLookupTimeout, "pod-lookup-timeout", def.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
-	fs.DurationVar(&f.retryBase, "retry-base-delay", def.RetryBaseDelay, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
-	fs.DurationVar(&f.retryMax, "retry-max-delay", def.RetryMaxDelay, "cap of the per-pod exponential backoff")
+	fs.BoolVar(&a.FailPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
+	fs.DurationVar(&a.PodLookupTimeout, "pod-lookup-timeout", a.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
+	fs.DurationVar(&a.RetryBaseDelay, "retry-base-delay", a.RetryBaseDelay, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
+	fs.DurationVar(&a.RetryMaxDelay, "retry-max-delay", a.RetryMaxDelay, "cap of the per-pod exponential backoff")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&f.gcPercent, "gc-percent", defaultGCPercent, "the Go garbage collector's target (GOGC): the heap may grow this many percent over the live heap before a collection; lower costs CPU, saves memory on every node (0: leave the Go runtime's, i.e. GOGC or 100)")
 	fs.Float64Var(&f.kubeQPS, "kube-qps", defaultKubeQPS, "Kubernetes API requests per second the agent may make (client-go rate limit)")
 	fs.IntVar(&f.kubeBurst, "kube-burst", defaultKubeBurst, "Kubernetes API request burst above --kube-qps")
-	fs.IntVar(&f.workers, "workers", def.Workers, "pod syncs run at once from the workqueue (informer events, retries)")
-	fs.IntVar(&f.maxParallelAdds, "max-parallel-adds", def.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
+	fs.IntVar(&a.Workers, "workers", a.Workers, "pod syncs run at once from the workqueue (informer events, retries)")
+	fs.IntVar(&a.MaxParallelAdds, "max-parallel-adds", a.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
 	f.install.register(fs)
-	fs.StringVar(&f.podConditionType, "pod-condition-type", def.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
-	fs.DurationVar(&f.ztunnelGrace, "ztunnel-grace", def.ZtunnelGrace, "how long the node may be without a ztunnel that acked its snapshot before every enabled pod's condition turns False (reason ZtunnelUnavailable) so its Services stop sending it traffic nothing proxies; 0 = never (docs/readiness.md)")
+	fs.StringVar(&a.PodConditionType, "pod-condition-type", a.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
+	fs.DurationVar(&a.ZtunnelGrace, "ztunnel-grace", a.ZtunnelGrace, "how long the node may be without a ztunnel that acked its snapshot before every enabled pod's condition turns False (reason ZtunnelUnavailable) so its Services stop sending it traffic nothing proxies; 0 = never (docs/readiness.md)")
 	nodeReady := nodeReadyFlags(fs)
 	sidecarSettings := sidecarFlags(fs)
 	if err := parseFlags(fs, args, getenv, envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf); err != nil {
@@ -151,74 +141,82 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	nr, err := nodeReady(f.nodeName)
+	// What the flags' text sets only once parsed, and the settings two
+	// parts share (one flag each).
+	a.Policy.ExcludeNamespaces = f.excluded()
+	n.CNIConfDir = f.install.confDir
+	f.rules.IPv6, f.rules.StateDir, f.rules.HostProc = a.IPv6, a.RunDir, a.HostProc
+	f.rules.KubeletUID = f.kubeletUIDValue()
+	nr, err := nodeReady(a.NodeName)
 	if err != nil {
 		return f, err
 	}
-	f.nodeReady = nr
-	if f.sidecar, err = sidecarSettings(); err != nil {
+	n.NodeReady = nr
+	if n.Sidecar, err = sidecarSettings(); err != nil {
 		return f, err
 	}
-	return f, f.validate()
+	if err := f.validate(); err != nil {
+		return f, err
+	}
+	n.ZtunnelSocketMode, _ = f.socketMode()   // validated
+	n.ZtunnelAllowedUIDs, _ = f.allowedUIDs() // validated
+	return f, nil
 }
 
-// kubeletUIDValue is --kubelet-uid as the rule manager takes it (nil: scan).
+// kubeletUIDValue is --kubelet-uid as the rule manager takes it (nil: scan,
+// or not a uid: validate refuses it).
 func (f runFlags) kubeletUIDValue() *uint32 {
-	if f.kubeletUID == "" {
+	u, err := strconv.ParseUint(f.kubeletUID, 10, 32)
+	if err != nil {
 		return nil
 	}
-	u, _ := strconv.ParseUint(f.kubeletUID, 10, 32) // validated
 	v := uint32(u)
 	return &v
 }
 
-// namedValue is a flag's value with the flag's name, for checks that range
-// over several flags in a fixed order.
-type namedValue[T any] struct {
-	flag  string
-	value T
+// flagOf names the flag that sets each daemon.Config field its Validate
+// may report (agent.SettingError; the agent's own as "Agent.<field>").
+var flagOf = map[string]string{
+	"ZtunnelSocket":                  "ztunnel-socket",
+	"CNISocket":                      "cni-socket",
+	"CNIConfDir":                     "cni-conf-dir",
+	"AdminSocket":                    "admin-socket",
+	"HealthAddr":                     "health-addr",
+	"MetricsAddr":                    "metrics-addr",
+	"PprofAddr":                      "pprof-addr",
+	"Agent.NodeName":                 "node-name",
+	"Agent.HostProc":                 "host-proc",
+	"Agent.RunDir":                   "run-dir",
+	"Agent.PodConditionType":         "pod-condition-type",
+	"Agent.Policy.ExcludeNamespaces": "exclude-namespaces",
+	"Agent.Policy.SystemNamespace":   "system-namespace",
+	"Agent.PodLookupTimeout":         "pod-lookup-timeout",
+	"Agent.RetryBaseDelay":           "retry-base-delay",
+	"Agent.RetryMaxDelay":            "retry-max-delay",
+	"Agent.ZtunnelGrace":             "ztunnel-grace",
+	"Agent.VerifyInterval":           "verify-interval",
+	"Agent.Workers":                  "workers",
+	"Agent.MaxParallelAdds":          "max-parallel-adds",
 }
 
+// validate checks the settings in a fixed order: the process's own, then
+// the daemon's Config with the agent's (each package validates its own,
+// reported under the flag that sets the field), then the rules'.
 func (f runFlags) validate() error {
-	if f.kubeletUID != "" {
-		if _, err := strconv.ParseUint(f.kubeletUID, 10, 32); err != nil {
-			return fmt.Errorf("--kubelet-uid %q: must be a numeric uid", f.kubeletUID)
-		}
+	if f.kubeletUID != "" && f.kubeletUIDValue() == nil {
+		return fmt.Errorf("--kubelet-uid %q: must be a numeric uid", f.kubeletUID)
 	}
 	if f.gcPercent < 0 {
 		return fmt.Errorf("--gc-percent %d: want 0 (the Go runtime's) or more", f.gcPercent)
 	}
-	if f.nodeName == "" {
-		return errors.New("--node-name (or NODE_NAME) is required")
-	}
-	if errs := validation.IsDNS1123Subdomain(f.nodeName); len(errs) > 0 {
-		return fmt.Errorf("--node-name %q: %s", f.nodeName, strings.Join(errs, "; "))
-	}
-	// Slices, not maps: with several bad flags, the one reported is the
-	// same on every run.
-	for _, p := range []namedValue[string]{{"--ztunnel-socket", f.ztunnelSocket}, {"--cni-socket", f.cniSocket}, {"--host-proc", f.hostProc}, {"--cni-conf-dir", f.install.confDir}, {"--run-dir", f.runDir}, {"--admin-socket", f.adminSocket}} {
-		if !filepath.IsAbs(p.value) {
-			return fmt.Errorf("%s %q: must be an absolute path", p.flag, p.value)
+	if err := f.node.Validate(); err != nil {
+		var se *agent.SettingError
+		if errors.As(err, &se) && flagOf[se.Field] != "" {
+			return fmt.Errorf("--%s %w", flagOf[se.Field], se.Err)
 		}
+		return err
 	}
-	if f.ztunnelSocket == f.cniSocket || f.adminSocket == f.cniSocket || f.adminSocket == f.ztunnelSocket {
-		return fmt.Errorf("--ztunnel-socket %q, --cni-socket %q and --admin-socket %q must differ", f.ztunnelSocket, f.cniSocket, f.adminSocket)
-	}
-	if fi, err := os.Stat(f.hostProc); err != nil || !fi.IsDir() {
-		return fmt.Errorf("--host-proc %q: not a readable directory: %v", f.hostProc, err)
-	}
-	for _, a := range []namedValue[string]{{"--health-addr", f.healthAddr}, {"--metrics-addr", f.metricsAddr}, {"--pprof-addr", f.pprofAddr}} {
-		if a.value == "" && a.flag == "--pprof-addr" {
-			continue
-		}
-		if _, _, err := net.SplitHostPort(a.value); err != nil {
-			return fmt.Errorf("%s %q: want host:port: %w", a.flag, a.value, err)
-		}
-	}
-	if errs := validation.IsQualifiedName(f.podConditionType); len(errs) > 0 {
-		return fmt.Errorf("--pod-condition-type %q: %s", f.podConditionType, strings.Join(errs, "; "))
-	}
-	if _, err := iptables.ParseMode(f.iptablesMode); err != nil {
+	if err := f.rules.Validate(); err != nil {
 		return fmt.Errorf("--iptables: %w", err)
 	}
 	if s, err := iptables.ParseSuccessor(f.handover); err != nil {
@@ -226,43 +224,17 @@ func (f runFlags) validate() error {
 	} else if s != iptables.SuccessorNone && !f.installCNI {
 		return fmt.Errorf("--handover %s needs --install-cni: only the installer's shutdown rule tells an uninstall from an upgrade", f.handover)
 	}
-	for _, n := range f.excluded() {
-		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
-			return fmt.Errorf("--exclude-namespaces: %q: %s", n, strings.Join(errs, "; "))
-		}
-	}
-	if errs := validation.IsDNS1123Label(f.systemNamespace); len(errs) > 0 {
-		return fmt.Errorf("--system-namespace %q: %s", f.systemNamespace, strings.Join(errs, "; "))
-	}
-	if _, err := f.install.config(f.cniSocket, f.excluded()); f.installCNI && err != nil {
+	if _, err := f.install.config(f.node.CNISocket, f.excluded()); f.installCNI && err != nil {
 		return err
 	}
-	if f.iptablesLockWait < time.Second || f.iptablesLockWait > time.Minute {
-		return fmt.Errorf("--iptables-lock-wait %v: want between 1s and 1m", f.iptablesLockWait)
-	}
-	if f.podLookupTimeout <= 0 || f.podLookupTimeout > 5*time.Minute {
-		return fmt.Errorf("--pod-lookup-timeout %v: want between 0 and 5m", f.podLookupTimeout)
-	}
-	if f.retryBase <= 0 {
-		return fmt.Errorf("--retry-base-delay %v: must be positive", f.retryBase)
-	}
-	if f.retryMax < f.retryBase {
-		return fmt.Errorf("--retry-max-delay %v: must not be below --retry-base-delay %v", f.retryMax, f.retryBase)
-	}
-	if f.ztunnelGrace < 0 {
-		return fmt.Errorf("--ztunnel-grace %v: want 0 (never) or more", f.ztunnelGrace)
-	}
-	if f.verifyInterval < 0 || (f.verifyInterval > 0 && f.verifyInterval < 100*time.Millisecond) {
-		return fmt.Errorf("--verify-interval %v: want 0 (off) or at least 100ms", f.verifyInterval)
+	if f.rules.LockWait < time.Second || f.rules.LockWait > time.Minute {
+		return fmt.Errorf("--iptables-lock-wait %v: want between 1s and 1m", f.rules.LockWait)
 	}
 	if _, err := f.socketMode(); err != nil {
 		return err
 	}
 	if _, err := f.allowedUIDs(); err != nil {
 		return err
-	}
-	if f.workers < 1 || f.workers > 256 || f.maxParallelAdds < 1 || f.maxParallelAdds > 1024 {
-		return fmt.Errorf("--workers %d / --max-parallel-adds %d: want 1..256 / 1..1024", f.workers, f.maxParallelAdds)
 	}
 	if f.kubeQPS <= 0 || f.kubeBurst < 1 {
 		return fmt.Errorf("--kube-qps %v / --kube-burst %d: must be positive", f.kubeQPS, f.kubeBurst)
@@ -362,70 +334,37 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	}
 	// The backend choice is persisted in the run dir (tmpfs: it survives
 	// restarts, not reboots — as the rules themselves).
-	rulesCfg := iptables.Config{IPv6: f.ipv6, Mode: iptables.Mode(f.iptablesMode),
-		StateDir: f.runDir, HostProc: f.hostProc, KubeletUID: f.kubeletUIDValue(), LockWait: f.iptablesLockWait}
-	rules, err := iptables.NewManager(ctx, rulesCfg, log.With("component", "iptables"))
+	rules, err := iptables.NewManager(ctx, f.rules, log.With("component", "iptables"))
 	if err != nil {
-		return fmt.Errorf("--iptables %s: %w", f.iptablesMode, err)
+		return fmt.Errorf("--iptables %s: %w", f.rules.Mode, err)
 	}
 	if err := rules.EnsureHostRules(ctx); err != nil {
 		return fmt.Errorf("host probe rules: %w", err)
 	}
-	ac := agent.DefaultConfig()
-	ac.NodeName = f.nodeName
-	ac.Policy.ExcludeNamespaces = f.excluded()
-	ac.Policy.SystemNamespace = f.systemNamespace
-	ac.DNSCapture = f.dnsCapture
-	ac.HostProc = f.hostProc
-	ac.FailPending = f.failPending
-	ac.PodLookupTimeout = f.podLookupTimeout
-	ac.RetryBaseDelay, ac.RetryMaxDelay = f.retryBase, f.retryMax
-	ac.PodConditionType = f.podConditionType
-	ac.VerifyInterval, ac.IPv6, ac.RunDir = f.verifyInterval, f.ipv6, f.runDir
-	ac.ZtunnelGrace = f.ztunnelGrace
-	ac.Workers, ac.MaxParallelAdds = f.workers, f.maxParallelAdds
-	mode, _ := f.socketMode()         // validated
-	ztunnelUIDs, _ := f.allowedUIDs() // validated
+	cfg := f.node
+	cfg.Version = version
 	// With --install-cni the installer's own check (our entry last in the
 	// config the runtime uses) feeds /readyz and the node condition;
 	// without it the daemon reads the conf dir itself.
-	var pluginInstalled func() error
-	var first []daemon.Component
 	if f.installCNI {
-		cfg, _ := f.install.config(f.cniSocket, f.excluded()) // validated
-		successor, _ := iptables.ParseSuccessor(f.handover)   // validated
+		icfg, _ := f.install.config(f.node.CNISocket, f.excluded()) // validated
+		successor, _ := iptables.ParseSuccessor(f.handover)         // validated
 		ilog := log.With("component", "cni-install")
-		inst, err := cniinstall.New(cfg, ilog)
+		inst, err := cniinstall.New(icfg, ilog)
 		if err != nil {
 			return err
 		}
-		ci := daemon.NewInstallCNI(inst, cniinstall.NewShutdownRule(client, f.install.namespace, f.install.daemonSet, f.nodeName), rules, successor, ilog)
+		ci := daemon.NewInstallCNI(inst, cniinstall.NewShutdownRule(client, f.install.namespace, f.install.daemonSet, f.node.Agent.NodeName), rules, successor, ilog)
 		defer ci.Finish()
-		ac.HandOver = ci.HandOver
-		pluginInstalled = ci.Check
-		first = append(first, ci.Component())
+		cfg.Agent.HandOver = ci.HandOver
+		cfg.PluginInstalled = ci.Check
+		cfg.Components = append(cfg.Components, ci.Component())
 	}
-	node, err := daemon.New(daemon.Config{
-		Agent:              ac,
-		ZtunnelSocketMode:  mode,
-		ZtunnelAllowedUIDs: ztunnelUIDs,
-		ZtunnelSocket:      f.ztunnelSocket,
-		CNISocket:          f.cniSocket,
-		HealthAddr:         f.healthAddr,
-		MetricsAddr:        f.metricsAddr,
-		PprofAddr:          f.pprofAddr,
-		NodeReady:          f.nodeReady,
-		CNIConfDir:         f.install.confDir,
-		PluginInstalled:    pluginInstalled,
-		Components:         first,
-		AdminSocket:        f.adminSocket,
-		Version:            version,
-		Sidecar:            f.sidecar,
-	}, client, rules, log)
+	node, err := daemon.New(cfg, client, rules, log)
 	if err != nil {
 		return err
 	}
-	log.Info("ambientd starting", "version", version, "node", f.nodeName, "ztunnel_socket", f.ztunnelSocket, "cni_socket", f.cniSocket, "iptables", rules.Mode())
+	log.Info("ambientd starting", "version", version, "node", cfg.Agent.NodeName, "ztunnel_socket", cfg.ZtunnelSocket, "cni_socket", cfg.CNISocket, "iptables", rules.Mode())
 	return node.Run(ctx)
 }
 

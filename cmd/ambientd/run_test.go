@@ -23,21 +23,21 @@ func TestParseRunFlags(t *testing.T) {
 	}{
 		{name: "node name required", env: env(), wantErr: "--node-name"},
 		{name: "defaults", args: []string{"--node-name=n1"}, env: env(), check: func(t *testing.T, f runFlags) {
-			if f.ztunnelSocket != "/var/run/ztunnel/ztunnel.sock" || f.cniSocket != "/var/run/ambientd/cni.sock" ||
-				f.healthAddr != ":8000" || f.metricsAddr != ":15014" || f.hostProc != "/proc" || f.iptablesMode != "auto" ||
-				f.excludeNamespaces != "kube-system" || f.installCNI || !f.dnsCapture || !f.ipv6 || f.podLookupTimeout != 10*time.Second ||
-				f.verifyInterval != time.Minute || f.runDir != "/var/run/ambientd" || f.ztunnelSocketMode != "0600" || f.ztunnelAllowedUIDs != "0" {
+			if f.node.ZtunnelSocket != "/var/run/ztunnel/ztunnel.sock" || f.node.CNISocket != "/var/run/ambientd/cni.sock" ||
+				f.node.HealthAddr != ":8000" || f.node.MetricsAddr != ":15014" || f.node.Agent.HostProc != "/proc" || string(f.rules.Mode) != "auto" ||
+				f.excludeNamespaces != "kube-system" || f.installCNI || !f.node.Agent.DNSCapture || !f.node.Agent.IPv6 || f.node.Agent.PodLookupTimeout != 10*time.Second ||
+				f.node.Agent.VerifyInterval != time.Minute || f.node.Agent.RunDir != "/var/run/ambientd" || f.ztunnelSocketMode != "0600" || f.ztunnelAllowedUIDs != "0" {
 				t.Errorf("defaults: %+v", f)
 			}
 		}},
 		{name: "env fills flags", env: env("NODE_NAME", "n2", "ZTUNNEL_UDS_ADDRESS", "/tmp/z.sock", "KUBECONFIG", "/k", "AMBIENTD_DNS_CAPTURE", "false"), check: func(t *testing.T, f runFlags) {
-			if f.nodeName != "n2" || f.ztunnelSocket != "/tmp/z.sock" || f.kubeconfig != "/k" || f.dnsCapture {
+			if f.node.Agent.NodeName != "n2" || f.node.ZtunnelSocket != "/tmp/z.sock" || f.kubeconfig != "/k" || f.node.Agent.DNSCapture {
 				t.Errorf("env not applied: %+v", f)
 			}
 		}},
 		{name: "flag beats env", args: []string{"--node-name=flag"}, env: env("NODE_NAME", "env"), check: func(t *testing.T, f runFlags) {
-			if f.nodeName != "flag" {
-				t.Errorf("node name %q, want flag", f.nodeName)
+			if f.node.Agent.NodeName != "flag" {
+				t.Errorf("node name %q, want flag", f.node.Agent.NodeName)
 			}
 		}},
 		{name: "bad env value names variable", env: env("NODE_NAME", "n", "AMBIENTD_IPV6", "maybe"), wantErr: "AMBIENTD_IPV6"},
@@ -56,13 +56,13 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "bad metrics addr", args: []string{"--node-name=n", "--metrics-addr=x"}, env: env(), wantErr: "--metrics-addr"},
 		{name: "bad namespace", args: []string{"--node-name=n", "--exclude-namespaces=ok,Not_OK"}, env: env(), wantErr: "--exclude-namespaces"},
 		{name: "system namespace default", args: []string{"--node-name=n"}, env: env(), check: func(t *testing.T, f runFlags) {
-			if f.systemNamespace != "istio-system" {
-				t.Errorf("system namespace %q, want istio-system", f.systemNamespace)
+			if f.node.Agent.Policy.SystemNamespace != "istio-system" {
+				t.Errorf("system namespace %q, want istio-system", f.node.Agent.Policy.SystemNamespace)
 			}
 		}},
 		{name: "system namespace from env", env: env("NODE_NAME", "n", "AMBIENTD_SYSTEM_NAMESPACE", "mesh-system"), check: func(t *testing.T, f runFlags) {
-			if f.systemNamespace != "mesh-system" {
-				t.Errorf("system namespace %q, want mesh-system", f.systemNamespace)
+			if f.node.Agent.Policy.SystemNamespace != "mesh-system" {
+				t.Errorf("system namespace %q, want mesh-system", f.node.Agent.Policy.SystemNamespace)
 			}
 		}},
 		{name: "system namespace empty", args: []string{"--node-name=n", "--system-namespace="}, env: env(), wantErr: "--system-namespace"},
@@ -106,37 +106,37 @@ func TestParseRunFlags(t *testing.T) {
 		}},
 		{name: "node readiness wired", env: env("NODE_NAME", "n", "AMBIENTD_UNTAINT", "true"), args: []string{"--taint-when-unready", "--taint-grace-period=2s"},
 			check: func(t *testing.T, f runFlags) {
-				nr := f.nodeReady
+				nr := f.node.NodeReady
 				if nr.NodeName != "n" || !nr.Untaint || !nr.TaintWhenUnready || nr.TaintGracePeriod != 2*time.Second {
 					t.Errorf("node readiness config %+v", nr)
 				}
-				if f.install.confDir != "/host/etc/cni/net.d" || f.podConditionType != "ambient.istio.io/enrolled" {
-					t.Errorf("cni conf dir %q, pod condition type %q: want the defaults", f.install.confDir, f.podConditionType)
+				if f.install.confDir != "/host/etc/cni/net.d" || f.node.Agent.PodConditionType != "ambient.istio.io/enrolled" {
+					t.Errorf("cni conf dir %q, pod condition type %q: want the defaults", f.install.confDir, f.node.Agent.PodConditionType)
 				}
 			}},
 		{name: "pod condition type from env", env: env("NODE_NAME", "n", "AMBIENTD_POD_CONDITION_TYPE", "example.com/meshed", "AMBIENTD_CNI_CONF_DIR", "/x/net.d"),
 			check: func(t *testing.T, f runFlags) {
-				if f.podConditionType != "example.com/meshed" || f.install.confDir != "/x/net.d" {
-					t.Errorf("pod condition type %q, cni conf dir %q", f.podConditionType, f.install.confDir)
+				if f.node.Agent.PodConditionType != "example.com/meshed" || f.install.confDir != "/x/net.d" {
+					t.Errorf("pod condition type %q, cni conf dir %q", f.node.Agent.PodConditionType, f.install.confDir)
 				}
 			}},
 		{name: "bad pod condition type", args: []string{"--node-name=n", "--pod-condition-type=a/b/c"}, env: env(), wantErr: "--pod-condition-type"},
 		{name: "relative cni conf dir", args: []string{"--node-name=n", "--cni-conf-dir=net.d"}, env: env(), wantErr: "--cni-conf-dir"},
 		{name: "bad taint grace", args: []string{"--node-name=n", "--taint-grace-period=0s"}, env: env(), wantErr: "--taint-grace-period"},
 		{name: "verify interval from env", env: env("NODE_NAME", "n", "AMBIENTD_VERIFY_INTERVAL", "0"), check: func(t *testing.T, f runFlags) {
-			if f.verifyInterval != 0 {
-				t.Errorf("verify interval %v, want 0 (off)", f.verifyInterval)
+			if f.node.Agent.VerifyInterval != 0 {
+				t.Errorf("verify interval %v, want 0 (off)", f.node.Agent.VerifyInterval)
 			}
 		}},
 		{name: "verify interval too short", args: []string{"--node-name=n", "--verify-interval=1ms"}, env: env(), wantErr: "--verify-interval"},
 		{name: "ztunnel grace default", args: []string{"--node-name=n"}, env: env(), check: func(t *testing.T, f runFlags) {
-			if f.ztunnelGrace != 5*time.Second {
-				t.Errorf("ztunnel grace %v, want 5s", f.ztunnelGrace)
+			if f.node.Agent.ZtunnelGrace != 5*time.Second {
+				t.Errorf("ztunnel grace %v, want 5s", f.node.Agent.ZtunnelGrace)
 			}
 		}},
 		{name: "ztunnel grace off from env", env: env("NODE_NAME", "n", "AMBIENTD_ZTUNNEL_GRACE", "0"), check: func(t *testing.T, f runFlags) {
-			if f.ztunnelGrace != 0 {
-				t.Errorf("ztunnel grace %v, want 0 (never)", f.ztunnelGrace)
+			if f.node.Agent.ZtunnelGrace != 0 {
+				t.Errorf("ztunnel grace %v, want 0 (never)", f.node.Agent.ZtunnelGrace)
 			}
 		}},
 		{name: "ztunnel grace negative", args: []string{"--node-name=n", "--ztunnel-grace=-1s"}, env: env(), wantErr: "--ztunnel-grace"},

@@ -70,6 +70,21 @@ type Rules interface {
 	DumpPod(ctx context.Context, podNS ns.NetNS) (string, error)
 }
 
+// Netns is how the agent reaches pods' network namespaces: it opens the
+// one a CNI ADD names, tells the node's own apart, checks that a held one
+// is still the pod's (its addresses) and finds running pods' in the host's
+// /proc. *podnetns.Finder is the real one (New takes podnetns.New of
+// Config.HostProc when Deps.Netns is nil); unit tests of the agent's logic
+// hand it a fake, so they need no network namespace of their own.
+type Netns interface {
+	Open(path string) (*podnetns.Handle, error)
+	IsHost(h *podnetns.Handle) bool
+	Accept(h *podnetns.Handle, ips []netip.Addr) error
+	Current(h *podnetns.Handle, ips []netip.Addr) (ok bool, why string, err error)
+	Find(ctx context.Context, targets []podnetns.Target) (map[string]*podnetns.Handle, error)
+	FindOne(ctx context.Context, t podnetns.Target) (*podnetns.Handle, error)
+}
+
 // Config configures an Agent. DefaultConfig holds the defaults; New takes a
 // zero field from there.
 type Config struct {
@@ -191,7 +206,7 @@ type Agent struct {
 	zt      Ztunnel
 	rules   Rules
 	reg     *registry.Registry
-	finder  *podnetns.Finder
+	finder  Netns
 	state   *podnetns.State // nil without a RunDir
 	status  *podstatus.Patcher
 	metrics *metrics
@@ -249,7 +264,10 @@ type Deps struct {
 	Rules    Rules
 	// Registry is the pod registry; the agent owns it (Run closes it).
 	Registry *registry.Registry
-	Log      *slog.Logger // nil discards
+	// Netns reaches pods' network namespaces (nil: podnetns.New of
+	// Config.HostProc).
+	Netns Netns
+	Log   *slog.Logger // nil discards
 }
 
 // New builds an agent from d. The agent is the ztunnel server's snapshot
@@ -274,11 +292,14 @@ func New(cfg Config, d Deps) (*Agent, error) {
 		rules:    d.Rules,
 		reg:      reg,
 		recorder: d.Recorder,
-		finder:   podnetns.New(cfg.HostProc),
+		finder:   d.Netns,
 		adds:     make(chan struct{}, cfg.MaxParallelAdds),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
+	}
+	if a.finder == nil {
+		a.finder = podnetns.New(cfg.HostProc)
 	}
 	if cfg.ZtunnelGrace < 0 {
 		return nil, fmt.Errorf("agent: ztunnel grace %v: want 0 (off) or more", cfg.ZtunnelGrace)

@@ -520,9 +520,9 @@ func TestSnapshotRefusalMakesPodPending(t *testing.T) {
 }
 
 func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
-	h := newHarness(t, withObjects(namespace("app", true)))
+	h := newHarness(t, withRealNetns(), withObjects(namespace("app", true)))
 	other := testutil.NewNetNS(t)
-	for uid, path := range map[string]string{"uid-old": h.podNS.NS.Path(), "uid-new": other.NS.Path()} {
+	for uid, path := range map[string]string{"uid-old": h.podNetns, "uid-new": other.NS.Path()} {
 		f, err := podnetns.Open(path)
 		if err != nil {
 			t.Fatal(err)
@@ -570,7 +570,7 @@ func TestCNIDelWithUIDOnlyForTheEnrolledSandbox(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h := newHarness(t, withObjects(namespace("app", true)))
+			h := newHarness(t, withRealNetns(), withObjects(namespace("app", true)))
 			if c.enrolled == gone {
 				if err := os.Symlink(current.NS.Path(), gone); err != nil {
 					t.Fatal(err)

@@ -330,3 +330,51 @@ func fakeSandbox(t *testing.T, hostProc string, pid int, uid, netnsPath string) 
 		t.Fatal(err)
 	}
 }
+
+// fakePodNetns is the path of the pod netns behind fakeNetns: the test
+// process's own namespace, opened by a path the node's own is never named
+// by (the agent, like the real Finder, knows the node's as /proc/self/ns/net
+// and <HostProc>/1/ns/net).
+const fakePodNetns = "/proc/thread-self/ns/net"
+
+// fakeNetns is the host's network namespaces for tests of the agent's
+// logic, without root: every path opens as a real nsfs handle; the one
+// opened as fakePodNetns is a pod's (the fake rules never enter it), any
+// other is judged by the real Finder (so /proc/self/ns/net is the node's
+// own); a pod's holds 127.0.0.1 only, as the harness's real pod netns does;
+// and the embedded Finder scans an empty /proc, so no running pod is ever
+// found. What it stands in for (telling namespaces apart, reading their
+// addresses) is tested on real ones in podnetns and by the withRealNetns
+// tests.
+type fakeNetns struct {
+	*podnetns.Finder
+}
+
+func (f *fakeNetns) IsHost(h *podnetns.Handle) bool {
+	return h.Path() != fakePodNetns && f.Finder.IsHost(h)
+}
+
+// holds: a fakeNetns pod namespace holds 127.0.0.1 only.
+func (*fakeNetns) holds(ips []netip.Addr) bool {
+	return slices.Contains(ips, netip.MustParseAddr("127.0.0.1"))
+}
+
+func (f *fakeNetns) Accept(h *podnetns.Handle, ips []netip.Addr) error {
+	if f.IsHost(h) {
+		return fmt.Errorf("netns %s: %w", h.Path(), podnetns.ErrHostNetns)
+	}
+	if !f.holds(ips) {
+		return fmt.Errorf("netns %s holds none of the pod's IPs %v", h.Path(), ips)
+	}
+	return nil
+}
+
+func (f *fakeNetns) Current(h *podnetns.Handle, ips []netip.Addr) (bool, string, error) {
+	if f.IsHost(h) {
+		return false, podnetns.ErrHostNetns.Error(), nil
+	}
+	if len(ips) > 0 && !f.holds(ips) {
+		return false, fmt.Sprintf("the namespace held (%s) has none of the pod's IPs %v", h, ips), nil
+	}
+	return true, "", nil
+}

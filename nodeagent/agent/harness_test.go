@@ -23,6 +23,7 @@ import (
 
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
@@ -47,16 +48,19 @@ func sharedDeps(t testing.TB, client kube.Interface) Deps {
 }
 
 // harness is what every agent test starts from (newHarness): a fake API
-// server holding the test's objects, the fakes of fakes_test.go, a real pod
+// server holding the test's objects, the fakes of fakes_test.go, a pod
 // network namespace, and the agent running on them as the daemon runs it.
 type harness struct {
-	t      testing.TB
-	podNS  *testutil.NetNS // a pod netns whose lo holds 127.0.0.1
-	client *fake.Clientset
-	zt     *fakeZtunnel
-	rules  *fakeRules
-	agent  *Agent
-	reg    *registry.Registry
+	t testing.TB
+	// podNetns is the path of the pod netns CNI events name: fakePodNetns
+	// behind fakeNetns (no root needed), or with withRealNetns a real one
+	// (root) whose lo holds 127.0.0.1.
+	podNetns string
+	client   *fake.Clientset
+	zt       *fakeZtunnel
+	rules    *fakeRules
+	agent    *Agent
+	reg      *registry.Registry
 	// stop stops the agent and waits for Run to return (at most once; the
 	// test's cleanup calls it too).
 	stop func()
@@ -70,6 +74,9 @@ type harnessSetup struct {
 	reactors []reactor
 	config   []func(*Config)
 	rules    *fakeRules
+	// realNetns: the agent reaches namespaces through podnetns (real
+	// ones, root), not fakeNetns.
+	realNetns bool
 }
 
 type reactor struct {
@@ -88,6 +95,13 @@ func withObjects(objs ...runtime.Object) harnessOption {
 func withConfig(mut func(*Config)) harnessOption {
 	return func(s *harnessSetup) { s.config = append(s.config, mut) }
 }
+
+// withRealNetns gives the agent the real podnetns.Finder of its HostProc
+// and a real pod netns (root; the test skips under -short as another
+// user): for tests that tell several namespaces apart. A test that sets
+// HostProc or RunDir (a /proc or state file naming real namespaces) gets it
+// too.
+func withRealNetns() harnessOption { return func(s *harnessSetup) { s.realNetns = true } }
 
 // withRules hands the agent these fake rules (set up before its restart
 // rebuild runs) instead of fresh ones.
@@ -127,8 +141,8 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 			t.Fatal(err)
 		}
 	}
-	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: setup.rules, reg: registry.New(),
-		podNS: testutil.NewNetNS(t)}
+	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: setup.rules, reg: registry.New()}
+	emptyProc := t.TempDir()
 	cfg := Config{
 		NodeName:         node,
 		Policy:           policy.DefaultConfig(),
@@ -136,13 +150,19 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 		CacheWait:        100 * time.Millisecond,
 		RetryBaseDelay:   20 * time.Millisecond,
 		RetryMaxDelay:    200 * time.Millisecond,
-		HostProc:         t.TempDir(), // empty: no running pod is ever found
+		HostProc:         emptyProc, // empty: no running pod is ever found
 	}
 	for _, mut := range setup.config {
 		mut(&cfg)
 	}
 	deps := sharedDeps(t, kubetest.Wrap(client))
 	deps.Ztunnel, deps.Rules, deps.Registry = h.zt, h.rules, h.reg
+	if setup.realNetns || cfg.HostProc != emptyProc || cfg.RunDir != "" {
+		h.podNetns = testutil.NewNetNS(t).NS.Path() // before the agent: removed after it stopped
+	} else {
+		h.podNetns = fakePodNetns
+		deps.Netns = &fakeNetns{Finder: podnetns.New(emptyProc)}
+	}
 	deps.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	a, err := New(cfg, deps)
 	if err != nil {
@@ -220,12 +240,12 @@ func (h *harness) state(uid string) string {
 	return e.Phase.String()
 }
 
-// event is a CNI event for p in the harness's pod netns (a real one: the
-// agent refuses the node's own; the fake rules never enter it).
+// event is a CNI event for p in the harness's pod netns (the fake rules
+// never enter it).
 func (h *harness) event(p *corev1.Pod) PodEvent {
 	ev := PodEvent{
 		Name: p.Name, Namespace: p.Namespace, UID: string(p.UID),
-		NetnsPath: h.podNS.NS.Path(),
+		NetnsPath: h.podNetns,
 		IPs:       []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24")},
 	}
 	if ips := podmeta.IPs(p); len(ips) > 0 { // the runtime's and the API's agree

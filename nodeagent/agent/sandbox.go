@@ -130,7 +130,7 @@ func (a *Agent) ensureNetns(ctx context.Context, e registry.Entry) (registry.Ent
 // openNetns opens a netns path a caller (CNI ADD) gave: it must be a network
 // namespace (checked before it is opened) and not the node's own.
 func (a *Agent) openNetns(path string) (*podnetns.Handle, error) {
-	h, err := podnetns.Open(path)
+	h, err := a.finder.Open(path)
 	if err != nil {
 		a.metrics.failure("netns")
 		return nil, fmt.Errorf("%w: netns %q: %w", ErrNetnsUnusable, path, err)

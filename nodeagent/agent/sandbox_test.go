@@ -60,10 +60,10 @@ func writeState(t *testing.T, records map[string]string) string {
 func TestCNIDelOfLivePodWaitsForReenrollment(t *testing.T) {
 	next := testutil.NewNetNS(t)
 	p := pod("app", "a", "uid-a", nil)
-	h := newHarness(t, withConfig(func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }), withObjects(namespace("app", true), p))
+	h := newHarness(t, withRealNetns(), withConfig(func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }), withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	h.waitFor("pod in the cache", func() bool { return h.agent.podByUID("uid-a") != nil })
-	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNS.NS.Path()}); err != nil {
+	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNetns}); err != nil {
 		t.Fatal(err)
 	}
 	if st := h.state("uid-a"); st != "uncaptured" {
@@ -226,7 +226,7 @@ func TestHostNetworkPodNeverAPod(t *testing.T) {
 		t.Errorf("CNI ADD of a hostNetwork pod: %v, %v; want NotInMesh", out, err)
 	}
 	// Registered anyhow (a bug elsewhere): released, no rule call.
-	hd, err := podnetns.Open(h.podNS.NS.Path())
+	hd, err := podnetns.Open(h.podNetns)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -114,9 +114,9 @@ func TestIPv6OffRefusesIPv6Pod(t *testing.T) {
 // A late CNI DEL naming another (still existing) netns than the pod's own
 // leaves the pod alone, uid given or not.
 func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
-	h := newHarness(t, withObjects(namespace("app", true)))
+	h := newHarness(t, withRealNetns(), withObjects(namespace("app", true)))
 	other := testutil.NewNetNS(t)
-	f, err := podnetns.Open(h.podNS.NS.Path())
+	f, err := podnetns.Open(h.podNetns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 		t.Errorf("DEL with another, vanished netns: state %s, want enabled", h.state("uid-a"))
 	}
 	// The pod's own netns does drop it (no pod object here: forgotten).
-	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNS.NS.Path()}); err != nil {
+	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNetns}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-a") != "absent" {

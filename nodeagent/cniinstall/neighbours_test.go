@@ -61,13 +61,23 @@ func waitFixedPoint(t *testing.T, dir string, within, quiet time.Duration) (time
 	return took, files
 }
 
+// multusTick is the emulated Multus's watch period here, a tenth of the
+// real one's (multusemu.DefaultInterval), and multusQuiet how long the conf
+// dir must stay unchanged to be a fixed point: ten of Multus's looks (with
+// the real period it was three, in 3 s), each a chance to rewrite its file.
+const (
+	multusTick  = 100 * time.Millisecond
+	multusQuiet = 10 * multusTick
+)
+
 // runMultus runs one life of Multus's thin auto-config writer beside the
-// installer; stop ends it (Multus removes its file as it exits).
+// installer (looking every multusTick); stop ends it (Multus removes its
+// file as it exits).
 func runMultus(t *testing.T, dir string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	w := &multusemu.Thin{Dir: dir}
+	w := &multusemu.Thin{Dir: dir, Interval: multusTick}
 	go func() { done <- w.Run(ctx) }()
 	stopped := false
 	stop = func() {
@@ -118,6 +128,7 @@ func assertMultusChain(t *testing.T, i *Installer, dir string, files map[string]
 // writers stop changing files, no config nests Multus in itself, the
 // runtime runs Multus, and our plugin runs exactly once per ADD, last.
 func TestMultusReachesAFixedPoint(t *testing.T) {
+	t.Parallel() // mostly waiting for a quiet conf dir of its own
 	h := newHostTree(t)
 	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
 	i := h.installer(t)
@@ -125,20 +136,20 @@ func TestMultusReachesAFixedPoint(t *testing.T) {
 	waitInstalled(t, i, "installed before Multus")
 
 	stop := runMultus(t, h.conf)
-	took, files := waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	took, files := waitFixedPoint(t, h.conf, 10*time.Second, multusQuiet)
 	t.Logf("Multus started beside the agent: fixed point after %s", took.Round(time.Millisecond))
 	assertMultusChain(t, i, h.conf, files)
 
 	stop() // Multus restarts: its file goes, then it regenerates from scratch
 	runMultus(t, h.conf)
-	took, files = waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	took, files = waitFixedPoint(t, h.conf, 10*time.Second, multusQuiet)
 	t.Logf("Multus restarted: fixed point after %s", took.Round(time.Millisecond))
 	assertMultusChain(t, i, h.conf, files)
 
 	// The primary rewrites its file (a Calico upgrade): it reaches the
 	// runtime through Multus, still with our plugin once.
 	writeFile(t, h.path("10-calico.conflist"), strings.Replace(calicoConflist, "1440", "1400", 1), 0o644)
-	took, files = waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	took, files = waitFixedPoint(t, h.conf, 10*time.Second, multusQuiet)
 	t.Logf("primary rewritten: fixed point after %s", took.Round(time.Millisecond))
 	assertMultusChain(t, i, h.conf, files)
 	_, chainText := effectiveChain(t, h.conf)
@@ -150,13 +161,14 @@ func TestMultusReachesAFixedPoint(t *testing.T) {
 // Multus already runs (its file is there) when the agent installs for the
 // first time: the same fixed point.
 func TestMultusBeforeTheAgent(t *testing.T) {
+	t.Parallel() // mostly waiting for a quiet conf dir of its own
 	h := newHostTree(t)
 	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
 	runMultus(t, h.conf)
 	testutil.Eventually(t, "Multus wrote its file", 10*time.Second, func() bool { return exists(h.path("00-multus.conflist")) })
 	i := h.installer(t)
 	runInstaller(t, i)
-	took, files := waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
+	took, files := waitFixedPoint(t, h.conf, 10*time.Second, multusQuiet)
 	t.Logf("fixed point after %s", took.Round(time.Millisecond))
 	assertMultusChain(t, i, h.conf, files)
 }
@@ -202,8 +214,10 @@ func copyFirst(t *testing.T, dir, own, typ string) {
 // copies sorts first, the dir reaches a fixed point and nobody's copy
 // grows; ours does not copy a file that already holds our plugin.
 func TestCopyFirstInstallerReachesAFixedPoint(t *testing.T) {
+	t.Parallel() // mostly waiting for a quiet conf dir of its own
 	for _, own := range []string{"02-other.conflist", "00-aaa-other.conflist"} {
 		t.Run(own, func(t *testing.T) {
+			t.Parallel()
 			h := newHostTree(t)
 			writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
 			i := h.installer(t)

@@ -57,6 +57,10 @@ func New(hostProc string) *Finder {
 	return &Finder{HostProc: hostProc, addrs: netnsAddrs, host: HostNamespaces(hostProc)}
 }
 
+// Open opens the netns at path (Open); with the Finder's other methods it
+// is everything the agent needs of pods' namespaces (agent.Netns).
+func (f *Finder) Open(path string) (*Handle, error) { return Open(path) }
+
 // HostNamespaces returns the network namespaces that are the node's own as
 // this process sees them: its own (the agent runs in the host network) and
 // that of pid 1 under hostProc (the host's init), whichever can be read.

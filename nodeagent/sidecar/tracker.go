@@ -183,7 +183,7 @@ func (t *Tracker) capture(ctx context.Context, pod *corev1.Pod, netnsPath string
 	}
 	log := t.log.With("namespace", pod.Namespace, "pod", pod.Name, "uid", string(pod.UID))
 	for _, w := range p.Warnings {
-		log.Warn(w)
+		log.Warn("pod setting ignored", "reason", w)
 	}
 	h, err := podnetns.Open(netnsPath)
 	if err != nil {

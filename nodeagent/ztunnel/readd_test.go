@@ -3,6 +3,7 @@ package ztunnel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 
@@ -87,21 +88,23 @@ func TestReaddToRemainingConnection(t *testing.T) {
 	})
 }
 
-// The socket is created owner-only by default, and with the configured mode.
+// The socket is owner-only by default, and with the configured mode. The
+// mode is applied right after bind (unixsock.Listen), and runServer returns
+// once the file exists: wait for the chmod, failing if it never comes.
 func TestSocketMode(t *testing.T) {
 	for _, mode := range []os.FileMode{0, 0o660} {
 		s, _ := runServer(t, Config{SocketMode: mode}, &source{})
-		fi, err := os.Stat(s.cfg.SocketPath)
-		if err != nil {
-			t.Fatal(err)
-		}
 		want := mode
 		if want == 0 {
 			want = 0o600
 		}
-		if got := fi.Mode().Perm(); got != want {
-			t.Errorf("SocketMode %o: socket mode %o, want %o", mode, got, want)
-		}
+		testutil.WaitFor(t, fmt.Sprintf("SocketMode %o: socket mode %o", mode, want), func() bool {
+			fi, err := os.Stat(s.cfg.SocketPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fi.Mode().Perm() == want
+		})
 	}
 }
 

@@ -93,6 +93,21 @@ func runtimeConfig(t *testing.T) string {
 // agentCNISocket is where the plugin reaches the agent (deploy/'s ConfigMap).
 const agentCNISocket = "/run/ambientd/cni.sock"
 
+// waitCNIUnserved waits until nothing answers on agentCNISocket: the old
+// agent of a roll has stopped serving CNI (and the new one does not yet).
+func waitCNIUnserved(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if err := nodeenv.Poll(ctx, "the old agent stops serving CNI", 20*time.Millisecond, func(ctx context.Context) (bool, error) {
+		c, err := net.DialTimeout("unix", agentCNISocket, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func nodeTainted(ctx context.Context) (bool, error) { return node.Tainted(ctx, startupTaint) }
 
 // agentRun is the agent's DaemonSet on the node and the ztunnel emulator.
@@ -801,15 +816,7 @@ func (r *agentRun) rollingUpdateKeepsCapture(t *testing.T, ctx context.Context) 
 	// stopped answering on its CNI socket, the new one does not answer yet):
 	// its sandbox must wait (the plugin fails the ADD, kubelet retries) and
 	// start captured.
-	if err := nodeenv.Poll(ctx, "the old agent stops serving CNI", 20*time.Millisecond, func(ctx context.Context) (bool, error) {
-		c, err := net.DialTimeout("unix", agentCNISocket, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err != nil, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitCNIUnserved(t, ctx)
 	gap := time.Now()
 	t.Logf("apply new tag -> old agent stopped serving CNI: %s", gap.Sub(start).Round(time.Millisecond))
 	during, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, nodeenv.GatedPod("during"), metav1.CreateOptions{})

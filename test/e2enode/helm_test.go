@@ -4,7 +4,6 @@ package e2enode
 
 import (
 	"context"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -121,15 +120,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	if _, err := helm(t, ctx, bins.Helm, home, "upgrade", "ambientd", chart, "-n", "istio-system", "--reuse-values", "--set", "logging.level=debug"); err != nil {
 		t.Fatal(err)
 	}
-	if err := nodeenv.Poll(ctx, "the old agent stops serving CNI", 20*time.Millisecond, func(ctx context.Context) (bool, error) {
-		c, err := net.DialTimeout("unix", agentCNISocket, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err != nil, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitCNIUnserved(t, ctx)
 	during, err := admin.CoreV1().Pods(ns).Create(ctx, nodeenv.GatedPod("during"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

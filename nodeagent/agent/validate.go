@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// SettingError is a Config validation error (the agent's, and the daemon's
+// around it); Field names the Config field (a nested one's as
+// "Policy.<field>"), so a caller can name its own flag for it. Err starts
+// with the value that is wrong.
+type SettingError struct {
+	Field string
+	Err   error
+}
+
+func (e *SettingError) Error() string { return e.Field + " " + e.Err.Error() }
+func (e *SettingError) Unwrap() error { return e.Err }
+
+// Validate checks a Config that runs on a node (the defaults of New do
+// not apply: every field is as the node will use it); errors are
+// *SettingError. Fields are checked in a fixed order, so with several bad
+// ones the same is reported every time.
+func (c Config) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &SettingError{Field: field, Err: fmt.Errorf(format, args...)}
+	}
+	if c.NodeName == "" {
+		return bad("NodeName", "is required")
+	}
+	if errs := validation.IsDNS1123Subdomain(c.NodeName); len(errs) > 0 {
+		return bad("NodeName", "%q: %s", c.NodeName, strings.Join(errs, "; "))
+	}
+	// Both are read and written on the host: a relative path would
+	// depend on the agent's working directory.
+	for _, p := range []struct{ field, path string }{{"HostProc", c.HostProc}, {"RunDir", c.RunDir}} {
+		if !filepath.IsAbs(p.path) {
+			return bad(p.field, "%q: must be an absolute path", p.path)
+		}
+	}
+	if fi, err := os.Stat(c.HostProc); err != nil || !fi.IsDir() {
+		return bad("HostProc", "%q: not a readable directory: %v", c.HostProc, err)
+	}
+	if errs := validation.IsQualifiedName(c.PodConditionType); len(errs) > 0 {
+		return bad("PodConditionType", "%q: %s", c.PodConditionType, strings.Join(errs, "; "))
+	}
+	for _, n := range c.Policy.ExcludeNamespaces {
+		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+			return bad("Policy.ExcludeNamespaces", "%q: %s", n, strings.Join(errs, "; "))
+		}
+	}
+	if errs := validation.IsDNS1123Label(c.Policy.SystemNamespace); len(errs) > 0 {
+		return bad("Policy.SystemNamespace", "%q: %s", c.Policy.SystemNamespace, strings.Join(errs, "; "))
+	}
+	if c.PodLookupTimeout <= 0 || c.PodLookupTimeout > 5*time.Minute {
+		return bad("PodLookupTimeout", "%v: want between 0 and 5m", c.PodLookupTimeout)
+	}
+	if c.RetryBaseDelay <= 0 {
+		return bad("RetryBaseDelay", "%v: must be positive", c.RetryBaseDelay)
+	}
+	if c.RetryMaxDelay < c.RetryBaseDelay {
+		return bad("RetryMaxDelay", "%v: must not be below the base delay %v", c.RetryMaxDelay, c.RetryBaseDelay)
+	}
+	if c.ZtunnelGrace < 0 {
+		return bad("ZtunnelGrace", "%v: want 0 (never) or more", c.ZtunnelGrace)
+	}
+	// A drift pass more often than this would be most of the agent's work.
+	if c.VerifyInterval < 0 || (c.VerifyInterval > 0 && c.VerifyInterval < 100*time.Millisecond) {
+		return bad("VerifyInterval", "%v: want 0 (off) or at least 100ms", c.VerifyInterval)
+	}
+	if c.Workers < 1 || c.Workers > 256 {
+		return bad("Workers", "%d: want 1..256", c.Workers)
+	}
+	if c.MaxParallelAdds < 1 || c.MaxParallelAdds > 1024 {
+		return bad("MaxParallelAdds", "%d: want 1..1024", c.MaxParallelAdds)
+	}
+	return nil
+}
