@@ -1,7 +1,6 @@
 package e2eenv
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/test/infra/multusemu"
 )
 
 // CNIVersion is the spec version of the chain's configuration.
@@ -204,16 +204,7 @@ func runtimeChoice(dir string) (*libcni.NetworkConfigList, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the runtime's CNI config in %s: %w", dir, err)
 	}
-	if strings.HasSuffix(rc.Path, ".conf") || strings.HasSuffix(rc.Path, ".json") {
-		if !bytes.Contains(rc.Data, []byte(`"plugins"`)) {
-			pc, err := libcni.NetworkPluginConfFromBytes(rc.Data)
-			if err != nil {
-				return nil, fmt.Errorf("load %s: %w", rc.Path, err)
-			}
-			return libcni.ConfListFromConf(pc)
-		}
-	}
-	l, err := libcni.NetworkConfFromBytes(rc.Data)
+	l, err := multusemu.ConfList(rc.Data)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", rc.Path, err)
 	}

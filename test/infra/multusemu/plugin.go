@@ -217,22 +217,31 @@ func (n *NetConf) cni() *libcni.CNIConfig {
 // delegate is one delegate's config: a conflist when it has "plugins".
 func delegate(raw []byte) (list *libcni.NetworkConfigList, name string, err error) {
 	var probe struct {
-		Name    string          `json:"name"`
-		Plugins json.RawMessage `json:"plugins"`
+		Name string `json:"name"`
 	}
 	if err := json.Unmarshal(raw, &probe); err != nil {
 		return nil, "", err
 	}
-	if probe.Plugins != nil {
-		l, err := libcni.NetworkConfFromBytes(raw)
-		return l, probe.Name, err
-	}
-	c, err := libcni.NetworkPluginConfFromBytes(raw)
-	if err != nil {
-		return nil, probe.Name, err
-	}
-	l, err := libcni.ConfListFromConf(c)
+	l, err := ConfList(raw)
 	return l, probe.Name, err
+}
+
+// ConfList loads a CNI config as a runtime runs it: a conflist as it is, a
+// single-plugin config (a .conf without "plugins") as a list of one, as
+// libcni's runtimes and Multus's delegates treat it.
+func ConfList(raw []byte) (*libcni.NetworkConfigList, error) {
+	var conf map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &conf); err != nil {
+		return nil, fmt.Errorf("decode CNI config: %w", err)
+	}
+	if _, ok := conf["plugins"]; ok {
+		return libcni.NetworkConfFromBytes(raw)
+	}
+	list, err := json.Marshal(map[string]any{"cniVersion": conf["cniVersion"], "name": conf["name"], "plugins": []any{conf}})
+	if err != nil {
+		return nil, err
+	}
+	return libcni.NetworkConfFromBytes(list)
 }
 
 func cachePath(n *NetConf, containerID string) string { return filepath.Join(n.CNIDir, containerID) }
