@@ -26,6 +26,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
@@ -399,7 +400,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		ci := daemon.NewInstallCNI(inst, cniinstall.NewShutdownRule(client, f.install.namespace, f.install.daemonSet, f.nodeName), rules, successor, ilog)
+		ci := daemon.NewInstallCNI(inst, shutdownrule.New(client, f.install.namespace, f.install.daemonSet, f.nodeName), rules, successor, ilog)
 		defer ci.Finish()
 		ac.HandOver = ci.HandOver
 		pluginInstalled = ci.Check

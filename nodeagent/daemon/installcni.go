@@ -10,6 +10,7 @@ import (
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 )
 
 // InstallCNI is install-cni as `ambientd run --install-cni` runs it: the
@@ -19,7 +20,7 @@ import (
 // pods' rules to a successor's backend at an uninstall (--handover).
 type InstallCNI struct {
 	inst            *cniinstall.Installer
-	shutdown        *cniinstall.ShutdownRule
+	shutdown        *shutdownrule.Rule
 	rules           *iptables.Manager
 	log             *slog.Logger
 	shutdownTimeout time.Duration
@@ -40,7 +41,7 @@ type InstallCNI struct {
 // Check belongs in the agent's readiness (and node condition), HandOver is
 // the agent's Config.HandOver, and Finish, called once the daemon (the
 // installer included) has stopped, applies the uninstall-on-shutdown rule.
-func NewInstallCNI(inst *cniinstall.Installer, shutdown *cniinstall.ShutdownRule, rules *iptables.Manager, successor iptables.Successor, log *slog.Logger) *InstallCNI {
+func NewInstallCNI(inst *cniinstall.Installer, shutdown *shutdownrule.Rule, rules *iptables.Manager, successor iptables.Successor, log *slog.Logger) *InstallCNI {
 	return &InstallCNI{inst: inst, shutdown: shutdown, rules: rules, log: log, shutdownTimeout: 10 * time.Second, successor: successor}
 }
 
@@ -105,7 +106,7 @@ func (c *InstallCNI) Check() error { return c.inst.Check() }
 // Finish, once the installer has stopped (which leaves everything
 // installed), uninstalls only when the DaemonSet is gone, being deleted or
 // no longer selects this node, or the agent's identity was deleted
-// (cniinstall.ShutdownRule); otherwise (upgrade, restart) everything stays.
+// (shutdownrule.Rule); otherwise (upgrade, restart) everything stays.
 func (c *InstallCNI) Finish() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
