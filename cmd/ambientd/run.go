@@ -331,6 +331,14 @@ func runCmd(args []string) int {
 	}
 	level, _ := parseLevel(f.logLevel)
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if f.installCNI {
+		// First, before anything can fail: an agent that crash-loops
+		// still renews the install lease, so the plugin keeps failing
+		// closed (docs/install.md, "An uninstall nobody finished").
+		if err := writeStartLease(f, log); err != nil {
+			log.Warn("cannot write the install lease", "error", err)
+		}
+	}
 	if f.gcPercent > 0 {
 		debug.SetGCPercent(f.gcPercent)
 	}
@@ -341,6 +349,19 @@ func runCmd(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// writeStartLease renews the install lease at process start.
+func writeStartLease(f runFlags, log *slog.Logger) error {
+	cfg, err := f.install.config(f.cniSocket, f.excluded())
+	if err != nil {
+		return err
+	}
+	inst, err := cniinstall.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	return inst.WriteLease()
 }
 
 // defaultGCPercent halves the collector's headroom (Go's default is 100):

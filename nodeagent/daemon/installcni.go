@@ -50,6 +50,13 @@ func NewInstallCNI(inst *cniinstall.Installer, shutdown *shutdownrule.Rule, rule
 func (c *InstallCNI) decide(ctx context.Context) (uninstall bool, reason string, err error) {
 	c.decideOnce.Do(func() {
 		c.uninstall, c.reason, c.decideErr = c.shutdown.Decide(ctx)
+		if c.decideErr == nil && c.uninstall {
+			// From here on an agent that dies (SIGKILL, OOM, the node
+			// going down) leaves an uninstall the plugin finishes.
+			if err := c.inst.MarkUninstalling(); err != nil {
+				c.log.Warn("cannot mark the install lease uninstalling; if this agent dies before the uninstall ends, the plugin finishes it only once the lease's TTL has passed", "error", err)
+			}
+		}
 	})
 	return c.uninstall, c.reason, c.decideErr
 }
@@ -95,6 +102,7 @@ func (c *InstallCNI) Component() Component {
 		// The shutdown rule needs one read of the DaemonSet with the
 		// agent's identity first; it returns once it has it.
 		go c.shutdown.Watch(ctx, c.log)
+		go c.inst.RenewLease(ctx)
 		return c.inst.Run(ctx)
 	})
 }
