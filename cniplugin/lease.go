@@ -168,7 +168,7 @@ func agentGone(log *slog.Logger) bool {
 		return false
 	}
 	log = log.With("lease", leasePath, "conf_dir", v.lease.ConfDir)
-	log.Warn("no agent on the socket and "+v.reason+"; finishing the uninstall and passing the pod through")
+	log.Warn("no agent on the socket and " + v.reason + "; finishing the uninstall and passing the pod through")
 	inst, err := cniinstall.FromLease(v.lease, exe, log.With("component", "cni-uninstall"))
 	if err == nil {
 		err = inst.FinishUninstall()
