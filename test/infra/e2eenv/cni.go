@@ -46,6 +46,12 @@ type ChainConfig struct {
 	// AmbientPlugin is our plugin's entry, appended last; nil leaves it out.
 	// See AmbientPluginConf.
 	AmbientPlugin map[string]any
+	// RuntimeChoice makes every ADD, DEL and CHECK run the config a
+	// container runtime would use from the conf dir (Dir/conf): the first
+	// .conf, .conflist or .json file in lexical order, as containerd and
+	// CRI-O choose — the chain's own conflist, or a file an installer
+	// wrote there (bin/ambientd --install-cni's owned conflist).
+	RuntimeChoice bool
 }
 
 // AmbientPluginConf is the chain entry for bin/ambientd-cni talking to the
@@ -179,9 +185,21 @@ func (c *Chain) conflist(ambient map[string]any) map[string]any {
 }
 
 func (c *Chain) load() (*libcni.NetworkConfigList, error) {
-	l, err := libcni.NetworkConfFromFile(c.ConflistPath)
+	path := c.ConflistPath
+	if c.cfg.RuntimeChoice {
+		dir := filepath.Dir(c.ConflistPath)
+		files, err := libcni.ConfFiles(dir, []string{".conf", ".conflist", ".json"})
+		if err != nil {
+			return nil, fmt.Errorf("runtime's CNI config in %s: %w", dir, err)
+		}
+		if len(files) == 0 {
+			return nil, fmt.Errorf("runtime's CNI config: no config file in %s", dir)
+		}
+		path = files[0] // sorted by name
+	}
+	l, err := libcni.NetworkConfFromFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("load conflist %s: %w", c.ConflistPath, err)
+		return nil, fmt.Errorf("load conflist %s: %w", path, err)
 	}
 	return l, nil
 }
