@@ -136,6 +136,8 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"HostNetworkPodNeverAPod", r.hostNetworkPodNeverAPod},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
+		{"UninstallInterruptedBySIGKILLRecovers", r.uninstallInterruptedBySIGKILLRecovers},
+		{"UninstallInterruptedByRebootRecovers", r.uninstallInterruptedByRebootRecovers},
 		{"UninstallLeavesNodeAsBefore", r.uninstallLeavesNodeAsBefore},
 	}
 	for _, s := range steps {
