@@ -325,19 +325,21 @@ func runCmd(args []string) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "ambientd run: %v\n", err)
-		return 2
-	}
 	level, _ := parseLevel(f.logLevel)
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if f.installCNI {
-		// First, before anything can fail: an agent that crash-loops
-		// still renews the install lease, so the plugin keeps failing
-		// closed (docs/install.md, "An uninstall nobody finished").
-		if err := writeStartLease(f, log); err != nil {
-			log.Warn("cannot write the install lease", "error", err)
+		// First, before anything can fail — a setting refused below
+		// included, as long as the install settings themselves are
+		// usable: an agent that crash-loops still renews the install
+		// lease, so the plugin keeps failing closed (docs/install.md,
+		// "An uninstall nobody finished").
+		if lerr := writeStartLease(f, log); lerr != nil {
+			log.Warn("cannot write the install lease", "error", lerr)
 		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ambientd run: %v\n", err)
+		return 2
 	}
 	if f.gcPercent > 0 {
 		debug.SetGCPercent(f.gcPercent)
