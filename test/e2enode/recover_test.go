@@ -43,6 +43,9 @@ func (r *agentRun) installWith(t *testing.T, ctx context.Context, env map[string
 		t.Fatalf("kubectl apply -k: %v\n%s", err, out)
 	}
 	r.overlay = dir
+	// Ready needs the ztunnel emulator; with an agent already installed
+	// (an earlier step), the new settings roll it: wait for that too.
+	r.serveAndWaitReady(t, ctx)
 	if out, err := node.Kubectl(ctx, "rollout", "status", "-n", "istio-system", "daemonset/ambientd", "--timeout=2m"); err != nil {
 		t.Fatalf("rollout: %v\n%s", err, out)
 	}
