@@ -149,7 +149,7 @@ func agentGone(log *slog.Logger) bool {
 	leasePath := exe + cniapi.LeaseSuffix
 	v := judgeNow(leasePath)
 	if !v.gone {
-		log.Warn("no agent on the socket; "+v.reason, "lease", leasePath)
+		log.Warn("no agent on the socket; "+v.reason, "path", leasePath)
 		return false
 	}
 	unlock, err := lockDir(filepath.Dir(exe))
@@ -161,13 +161,13 @@ func agentGone(log *slog.Logger) bool {
 	// Again under the lock: another ADD may have finished it meanwhile.
 	if v = judgeNow(leasePath); !v.gone {
 		if _, err := os.Stat(leasePath); errors.Is(err, fs.ErrNotExist) {
-			log.Info("another ADD finished the uninstall the agent left; passing the pod through", "lease", leasePath)
+			log.Info("another ADD finished the uninstall the agent left; passing the pod through", "path", leasePath)
 			return true
 		}
-		log.Warn("no agent on the socket; "+v.reason, "lease", leasePath)
+		log.Warn("no agent on the socket; "+v.reason, "path", leasePath)
 		return false
 	}
-	log = log.With("lease", leasePath, "conf_dir", v.lease.ConfDir)
+	log = log.With("path", leasePath, "cni_conf_dir", v.lease.ConfDir)
 	log.Warn("no agent on the socket and " + v.reason + "; finishing the uninstall and passing the pod through")
 	inst, err := cniinstall.FromLease(v.lease, exe, log.With("component", "cni-uninstall"))
 	if err == nil {
