@@ -101,6 +101,12 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		cerr := agentError(ctx, err, conf.AgentSocket, conf.timeout, pod)
 		log.Error("agent call failed", "error", cerr, "took", time.Since(start))
+		// Only when nobody listens may the install lease say that the
+		// agent is gone for good (and never on the normal path: the lease
+		// is not read when the agent answers).
+		if errors.Is(err, errNoAgent) && agentGone(log) {
+			return p.printPrev(conf)
+		}
 		return cerr
 	}
 	if resp.GetOutcome() == cniapi.Outcome_OUTCOME_UNSPECIFIED {

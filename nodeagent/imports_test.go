@@ -27,8 +27,8 @@ func deps(t *testing.T, pkg string) []string {
 	return strings.Fields(string(out))
 }
 
-// TestImports: the plugin imports no client-go and nothing of the agent but
-// the API it shares; ztunnelproto imports no Kubernetes and nothing of ours
+// TestImports: the plugin imports no Kubernetes and nothing of the agent but
+// the API it shares and the installer's file logic; ztunnelproto imports no Kubernetes and nothing of ours
 // (iptables and its layers: TestRuleLayers); the agent core imports no gRPC.
 func TestImports(t *testing.T) {
 	tests := []struct {
@@ -37,14 +37,18 @@ func TestImports(t *testing.T) {
 		forbidden func(pkg, dep string) string
 	}{
 		{
-			pkgs: []string{"cmd/ambientd-cni", "cniplugin"},
+			// The plugin finishes an uninstall nobody finished with the
+			// installer's file logic, which therefore imports no
+			// Kubernetes either.
+			pkgs: []string{"cmd/ambientd-cni", "cniplugin", "nodeagent/cniinstall"},
 			forbidden: func(pkg, dep string) string {
 				switch {
-				case strings.HasPrefix(dep, "k8s.io/client-go"):
-					return "client-go"
+				case strings.HasPrefix(dep, "k8s.io/"), strings.HasPrefix(dep, "sigs.k8s.io/"):
+					return "Kubernetes"
 				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg &&
-					dep != module+"/cniplugin" && dep != module+"/cniplugin/procinit" && dep != module+"/cniapi":
-					return "ours, other than the shared CNI API"
+					dep != module+"/cniplugin" && dep != module+"/cniplugin/procinit" && dep != module+"/cniapi" &&
+					dep != module+"/nodeagent/cniinstall":
+					return "ours, other than the shared CNI API and the installer's file logic"
 				}
 				return ""
 			},

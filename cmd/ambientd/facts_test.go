@@ -17,6 +17,9 @@ var configMapOverrides = map[string]string{
 	"AMBIENTD_HOST_PROC":   "the host's /proc as the DaemonSet mounts it",
 	"AMBIENTD_INSTALL_CNI": "the DaemonSet installs the plugin",
 	"AMBIENTD_UNTAINT":     "the DaemonSet owns the node's startup taint",
+	// The default derives it from --cni-conf-dir; the chart names the
+	// hostPath it mounts, which a values file may move.
+	"AMBIENTD_CNI_HOST_CONF_DIR": "the host path the DaemonSet mounts the conf dir from",
 }
 
 // TestConfigMapIsTheDefaults: every key of the shipped ConfigMap is a

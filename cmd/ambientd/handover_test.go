@@ -19,6 +19,7 @@ import (
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 
 	"github.com/ambientd/ambientd/test/infra/kubetest"
@@ -69,7 +70,7 @@ func testHandOver(t *testing.T, upgrade bool) {
 	var (
 		ci       *daemon.InstallCNI
 		inst     *cniinstall.Installer
-		shutdown *cniinstall.ShutdownRule
+		shutdown *shutdownrule.Rule
 	)
 	var ours *iptables.Manager
 	inNS(t, node, func() error {
@@ -88,7 +89,7 @@ func testHandOver(t *testing.T, upgrade bool) {
 		if err != nil {
 			return err
 		}
-		shutdown = cniinstall.NewShutdownRule(kubetest.Wrap(client), "istio-system", "ambientd", "n1")
+		shutdown = shutdownrule.New(kubetest.Wrap(client), "istio-system", "ambientd", "n1")
 		ci = daemon.NewInstallCNI(inst, shutdown, ours, iptables.SuccessorIstio, log)
 		_, err = inst.Install()
 		return err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/ambientd/ambientd/cniapi"
@@ -15,6 +16,8 @@ import (
 // (with --install-cni) and `ambientd uninstall`.
 type installFlags struct {
 	binSource, binDir, confDir, confName, ownedName string
+	hostConfDir                                     string
+	leaseTTL                                        time.Duration
 	owned                                           bool
 	pluginLogLevel, pluginLogFile                   string
 	pluginTimeout                                   time.Duration
@@ -29,6 +32,8 @@ var installEnvOf = flagEnv{
 	"cni-bin-dir":           "AMBIENTD_CNI_BIN_DIR",
 	"cni-conf-dir":          "AMBIENTD_CNI_CONF_DIR",
 	"cni-conf-name":         "AMBIENTD_CNI_CONF_NAME",
+	"cni-host-conf-dir":     "AMBIENTD_CNI_HOST_CONF_DIR",
+	"cni-install-lease-ttl": "AMBIENTD_CNI_INSTALL_LEASE_TTL",
 	"cni-owned-config":      "AMBIENTD_CNI_OWNED_CONFIG",
 	"cni-owned-config-name": "AMBIENTD_CNI_OWNED_CONFIG_NAME",
 	"cni-plugin-log-level":  "AMBIENTD_CNI_PLUGIN_LOG_LEVEL",
@@ -54,6 +59,8 @@ func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.binSource, "cni-bin-source", "", "the plugin binary to install (default: ambientd-cni beside this executable)")
 	fs.StringVar(&f.binDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
 	fs.StringVar(&f.confDir, "cni-conf-dir", "/host/etc/cni/net.d", "the host's CNI conf dir, as mounted")
+	fs.StringVar(&f.hostConfDir, "cni-host-conf-dir", "", "the host's CNI conf dir as the host names it, written into the install lease for the plugin (default: --cni-conf-dir without a leading /host)")
+	fs.DurationVar(&f.leaseTTL, "cni-install-lease-ttl", cniapi.DefaultLeaseTTL, "with no agent on the node for this long (counted from the last start or renewal, or from the node's boot if later), the plugin takes the agent for uninstalled: it removes itself from the node and lets pods start (docs/install.md)")
 	fs.StringVar(&f.confName, "cni-conf-name", "", "config file to insert into (default: the lexically first valid .conf/.conflist/.json, as runtimes choose)")
 	fs.BoolVar(&f.owned, "cni-owned-config", true, "write our own conflist that sorts first (a copy of the primary config plus our plugin), so a primary CNI rewriting its own file cannot drop our plugin; false = insert our plugin into the primary's file (in-place mode)")
 	fs.StringVar(&f.ownedName, "cni-owned-config-name", cniinstall.DefaultOwnedName, "file name of the owned conflist; must sort before the primary's")
@@ -88,6 +95,19 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 			return cniinstall.Config{}, fmt.Errorf("%s %v: want at least 100ms", d.flag, d.value)
 		}
 	}
+	if f.leaseTTL < time.Second {
+		return cniinstall.Config{}, fmt.Errorf("--cni-install-lease-ttl %v: want at least 1s", f.leaseTTL)
+	}
+	hostConfDir := f.hostConfDir
+	if hostConfDir == "" {
+		hostConfDir = f.confDir
+		if rest, ok := strings.CutPrefix(f.confDir, "/host/"); ok {
+			hostConfDir = "/" + rest
+		}
+	}
+	if !filepath.IsAbs(hostConfDir) {
+		return cniinstall.Config{}, fmt.Errorf("--cni-host-conf-dir %q: must be an absolute path", hostConfDir)
+	}
 	if f.repairLimit < 1 {
 		return cniinstall.Config{}, fmt.Errorf("--cni-repair-limit %d: must be at least 1", f.repairLimit)
 	}
@@ -101,6 +121,7 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 		BinSource: src, BinDir: f.binDir, ConfDir: f.confDir, ConfName: f.confName,
 		InPlace: !f.owned, OwnedName: f.ownedName,
 		PollInterval: f.pollInterval, Resync: f.resync, RepairLimit: f.repairLimit, RepairWindow: f.repairWindow,
+		HostConfDir: hostConfDir, LeaseTTL: f.leaseTTL,
 		Entry: cniinstall.Entry{
 			Type: cniapi.PluginType,
 			PluginSettings: cniapi.PluginSettings{

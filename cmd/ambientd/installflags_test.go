@@ -41,6 +41,25 @@ func TestInstallFlags(t *testing.T) {
 					t.Errorf("config %+v, %v", c, err)
 				}
 			}},
+		{name: "install lease: host conf dir and TTL by default", check: func(t *testing.T, f installFlags) {
+			// The DaemonSet mounts the host's /etc/cni/net.d at
+			// /host/etc/cni/net.d: the plugin, on the host, needs the former.
+			if c, err := f.config("/s", nil); err != nil || c.HostConfDir != "/etc/cni/net.d" || c.LeaseTTL != 10*time.Minute {
+				t.Errorf("host conf dir %q, lease TTL %v, %v", c.HostConfDir, c.LeaseTTL, err)
+			}
+		}},
+		{name: "install lease: conf dir not under /host is the host's", args: []string{"--cni-conf-dir=/etc/cni/net.d"}, check: func(t *testing.T, f installFlags) {
+			if c, err := f.config("/s", nil); err != nil || c.HostConfDir != "/etc/cni/net.d" {
+				t.Errorf("host conf dir %q, %v", c.HostConfDir, err)
+			}
+		}},
+		{name: "install lease: settings", env: map[string]string{"AMBIENTD_CNI_HOST_CONF_DIR": "/var/lib/cni/net.d", "AMBIENTD_CNI_INSTALL_LEASE_TTL": "30m"}, check: func(t *testing.T, f installFlags) {
+			if c, err := f.config("/s", nil); err != nil || c.HostConfDir != "/var/lib/cni/net.d" || c.LeaseTTL != 30*time.Minute {
+				t.Errorf("host conf dir %q, lease TTL %v, %v", c.HostConfDir, c.LeaseTTL, err)
+			}
+		}},
+		{name: "bad lease TTL", args: []string{"--cni-install-lease-ttl=500ms"}, wantErr: "--cni-install-lease-ttl"},
+		{name: "relative host conf dir", args: []string{"--cni-host-conf-dir=etc"}, wantErr: "--cni-host-conf-dir"},
 		{name: "bad poll interval", args: []string{"--cni-poll-interval=1ms"}, wantErr: "--cni-poll-interval"},
 		{name: "bad repair limit", env: map[string]string{"AMBIENTD_CNI_REPAIR_LIMIT": "0"}, wantErr: "--cni-repair-limit"},
 		{name: "relative conf dir", args: []string{"--cni-conf-dir=etc"}, wantErr: "absolute"},

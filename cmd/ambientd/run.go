@@ -25,6 +25,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/nodeagent/kube"
+	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 	"github.com/ambientd/ambientd/ztunnelproto"
 )
 
@@ -296,12 +297,22 @@ func runCmd(args []string) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
+	level, _ := parseLevel(f.logLevel)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if f.installCNI {
+		// First, before anything can fail — a setting refused below
+		// included, as long as the install settings themselves are
+		// usable: an agent that crash-loops still renews the install
+		// lease, so the plugin keeps failing closed (docs/install.md,
+		// "An uninstall nobody finished").
+		if lerr := writeStartLease(f, log); lerr != nil {
+			log.Warn("cannot write the install lease", "error", lerr)
+		}
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ambientd run: %v\n", err)
 		return 2
 	}
-	level, _ := parseLevel(f.logLevel)
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if f.gcPercent > 0 {
 		debug.SetGCPercent(f.gcPercent)
 	}
@@ -312,6 +323,19 @@ func runCmd(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// writeStartLease renews the install lease at process start.
+func writeStartLease(f runFlags, log *slog.Logger) error {
+	cfg, err := f.install.config(f.node.CNISocket, f.excluded())
+	if err != nil {
+		return err
+	}
+	inst, err := cniinstall.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	return inst.WriteLease()
 }
 
 // defaultGCPercent halves the collector's headroom (Go's default is 100):
@@ -354,7 +378,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		ci := daemon.NewInstallCNI(inst, cniinstall.NewShutdownRule(client, f.install.namespace, f.install.daemonSet, f.node.Agent.NodeName), rules, successor, ilog)
+		ci := daemon.NewInstallCNI(inst, shutdownrule.New(client, f.install.namespace, f.install.daemonSet, f.node.Agent.NodeName), rules, successor, ilog)
 		defer ci.Finish()
 		cfg.Agent.HandOver = ci.HandOver
 		cfg.PluginInstalled = ci.Check

@@ -80,6 +80,12 @@ type Config struct {
 	// PollInterval is how often the dirs are re-read while inotify is not
 	// available (instances exhausted, watcher failed).
 	PollInterval time.Duration
+	// HostConfDir is ConfDir as the host names it (the plugin, which runs
+	// on the host, reads it from the install lease); default ConfDir.
+	HostConfDir string
+	// LeaseTTL is the install lease's TTL (cniapi.InstallLease.TTL);
+	// default cniapi.DefaultLeaseTTL.
+	LeaseTTL time.Duration
 }
 
 // Validate checks the config and fills defaults.
@@ -102,7 +108,13 @@ func (c *Config) Validate() error {
 	if c.PollInterval <= 0 {
 		c.PollInterval = DefaultPollInterval
 	}
-	for name, p := range map[string]string{"bin source": c.BinSource, "bin dir": c.BinDir, "conf dir": c.ConfDir} {
+	if c.HostConfDir == "" {
+		c.HostConfDir = c.ConfDir
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = cniapi.DefaultLeaseTTL
+	}
+	for name, p := range map[string]string{"bin source": c.BinSource, "bin dir": c.BinDir, "conf dir": c.ConfDir, "host conf dir": c.HostConfDir} {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("cni install: %s %q must be an absolute path", name, p)
 		}
@@ -136,6 +148,11 @@ type Installer struct {
 
 	hmu    sync.Mutex
 	health health
+
+	// The install lease's state (lease.go).
+	lmu          sync.Mutex
+	uninstalling bool // MarkUninstalling ran
+	leaseGone    bool // an uninstall removed the lease: never write it again
 
 	// stepped, for tests, runs after each change the installer makes to
 	// the conf dir, so a test can look at the runtime's view in between.
@@ -585,17 +602,35 @@ func (i *Installer) Check() error {
 
 // Uninstall removes what the installer put on the node: our entry from every
 // config (restoring a converted .conf byte for byte), our owned config, then
-// the binary (last, so a runtime never calls a missing plugin). Other
+// the binary (last, so a runtime never calls a missing plugin) and the
+// install lease. Other
 // components' entries and files are not touched; edits are compare-and-swap
 // and keep owner, mode and xattrs. Absent is fine.
 func (i *Installer) Uninstall() error {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	var errs []error
+	if err := i.uninstallConfs(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.Remove(i.binPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("removing plugin binary: %w", err))
+	}
+	i.bin = binState{}
+	if err := i.removeLease(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// uninstallConfs removes our entries and files from the conf dir (under
+// mu), starting over when another writer changed a file meanwhile.
+func (i *Installer) uninstallConfs() error {
+	var errs []error
 	for redo := 0; ; redo++ {
 		confs, err := listConfs(i.cfg.ConfDir)
 		if errors.Is(err, fs.ErrNotExist) {
-			break
+			return nil
 		}
 		if err != nil {
 			return err
@@ -609,14 +644,9 @@ func (i *Installer) Uninstall() error {
 			}
 		}
 		if !conflict || redo == maxRedo {
-			break
+			return errors.Join(errs...)
 		}
 	}
-	if err := os.Remove(i.binPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("removing plugin binary: %w", err))
-	}
-	i.bin = binState{}
-	return errors.Join(errs...)
 }
 
 func (i *Installer) uninstallFrom(c confFile, all []confFile) error {

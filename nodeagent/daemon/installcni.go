@@ -10,6 +10,7 @@ import (
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 )
 
 // InstallCNI is install-cni as `ambientd run --install-cni` runs it: the
@@ -19,7 +20,7 @@ import (
 // pods' rules to a successor's backend at an uninstall (--handover).
 type InstallCNI struct {
 	inst            *cniinstall.Installer
-	shutdown        *cniinstall.ShutdownRule
+	shutdown        *shutdownrule.Rule
 	rules           *iptables.Manager
 	log             *slog.Logger
 	shutdownTimeout time.Duration
@@ -40,7 +41,7 @@ type InstallCNI struct {
 // Check belongs in the agent's readiness (and node condition), HandOver is
 // the agent's Config.HandOver, and Finish, called once the daemon (the
 // installer included) has stopped, applies the uninstall-on-shutdown rule.
-func NewInstallCNI(inst *cniinstall.Installer, shutdown *cniinstall.ShutdownRule, rules *iptables.Manager, successor iptables.Successor, log *slog.Logger) *InstallCNI {
+func NewInstallCNI(inst *cniinstall.Installer, shutdown *shutdownrule.Rule, rules *iptables.Manager, successor iptables.Successor, log *slog.Logger) *InstallCNI {
 	return &InstallCNI{inst: inst, shutdown: shutdown, rules: rules, log: log, shutdownTimeout: 10 * time.Second, successor: successor}
 }
 
@@ -49,6 +50,13 @@ func NewInstallCNI(inst *cniinstall.Installer, shutdown *cniinstall.ShutdownRule
 func (c *InstallCNI) decide(ctx context.Context) (uninstall bool, reason string, err error) {
 	c.decideOnce.Do(func() {
 		c.uninstall, c.reason, c.decideErr = c.shutdown.Decide(ctx)
+		if c.decideErr == nil && c.uninstall {
+			// From here on an agent that dies (SIGKILL, OOM, the node
+			// going down) leaves an uninstall the plugin finishes.
+			if err := c.inst.MarkUninstalling(); err != nil {
+				c.log.Warn("cannot mark the install lease uninstalling; if this agent dies before the uninstall ends, the plugin finishes it only once the lease's TTL has passed", "error", err)
+			}
+		}
 	})
 	return c.uninstall, c.reason, c.decideErr
 }
@@ -94,6 +102,7 @@ func (c *InstallCNI) Component() Component {
 		// The shutdown rule needs one read of the DaemonSet with the
 		// agent's identity first; it returns once it has it.
 		go c.shutdown.Watch(ctx, c.log)
+		go c.inst.RenewLease(ctx)
 		return c.inst.Run(ctx)
 	})
 }
@@ -105,7 +114,7 @@ func (c *InstallCNI) Check() error { return c.inst.Check() }
 // Finish, once the installer has stopped (which leaves everything
 // installed), uninstalls only when the DaemonSet is gone, being deleted or
 // no longer selects this node, or the agent's identity was deleted
-// (cniinstall.ShutdownRule); otherwise (upgrade, restart) everything stays.
+// (shutdownrule.Rule); otherwise (upgrade, restart) everything stays.
 func (c *InstallCNI) Finish() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()

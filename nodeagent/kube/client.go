@@ -132,7 +132,7 @@ type ConfigMapInterface interface {
 }
 
 // DaemonSetInterface: the agent reads and watches its own DaemonSet (the
-// uninstall rule, cniinstall.ShutdownRule).
+// uninstall rule, shutdownrule.Rule).
 type DaemonSetInterface interface {
 	Getter[*appsv1.DaemonSet]
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)

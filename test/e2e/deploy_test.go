@@ -27,8 +27,8 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/kube"
+	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -205,7 +205,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	})
 	decide := func(c kube.Interface, proven bool) (bool, string, error) {
 		t.Helper()
-		r := cniinstall.NewShutdownRule(c, nsName, mine.GetName(), testEnv.NodeName)
+		r := shutdownrule.New(c, nsName, mine.GetName(), testEnv.NodeName)
 		if err := r.Probe(ctx); (err == nil) != proven {
 			t.Fatalf("probe with the agent's identity: %v", err)
 		}
@@ -214,7 +214,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	// waitDecision calls decide until it answers uninstall with a reason
 	// containing want (RBAC and authentication caches follow deletions
 	// within moments).
-	waitDecision := func(what string, r *cniinstall.ShutdownRule, want string) {
+	waitDecision := func(what string, r *shutdownrule.Rule, want string) {
 		t.Helper()
 		var u bool
 		var reason string
@@ -229,7 +229,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	}
 	// waitKeep calls decide until the identity is refused (the reason
 	// contains want) and checks that the answer is keep.
-	waitKeep := func(what string, r *cniinstall.ShutdownRule, want string) {
+	waitKeep := func(what string, r *shutdownrule.Rule, want string) {
 		t.Helper()
 		var u bool
 		var reason string
@@ -244,9 +244,9 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	}
 	// watching starts the rule as the running agent does (Probe, then a
 	// watch held open until the test ends).
-	watching := func(c kube.Interface) *cniinstall.ShutdownRule {
+	watching := func(c kube.Interface) *shutdownrule.Rule {
 		t.Helper()
-		r := cniinstall.NewShutdownRule(c, nsName, mine.GetName(), testEnv.NodeName)
+		r := shutdownrule.New(c, nsName, mine.GetName(), testEnv.NodeName)
 		if err := r.Probe(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -315,7 +315,7 @@ func TestUninstallOnShutdownRule(t *testing.T) {
 	// namespace being deleted (no namespace controller runs here: it stays
 	// Terminating with the DaemonSet in it), the DaemonSet being deleted,
 	// then gone.
-	env := cniinstall.NewShutdownRule(agentKube(t), nsName, ds.GetName(), testEnv.NodeName)
+	env := shutdownrule.New(agentKube(t), nsName, ds.GetName(), testEnv.NodeName)
 	if err := env.Probe(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -478,4 +479,10 @@ func stopAPIServer(t *testing.T, ctx context.Context) (restart func()) {
 		}
 		up = true
 	}
+}
+
+// lastLines is the last n lines of s (a log read from a file).
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

@@ -123,7 +123,7 @@ type agentRun struct {
 // ambient namespace. The subtests share the DaemonSet and run in order.
 func TestAgentOnRealNode(t *testing.T) {
 	logsOnFailure(t)
-	ctx := testutil.Context(t, 10*time.Minute)
+	ctx := testutil.Context(t, 15*time.Minute)
 	// Last: the steps' namespaces are deleted asynchronously; the node is
 	// back to its state before (no pod netns, lease, task, shim or cgroup
 	// left) before the next test looks at it.
@@ -153,6 +153,8 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"AgentPodForceDeletedKeepsPlugin", r.agentPodForceDeletedKeepsPlugin},
 		{"MultusOnTheNode", r.multusOnTheNode},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
+		{"UninstallInterruptedBySIGKILLRecovers", r.uninstallInterruptedBySIGKILLRecovers},
+		{"UninstallInterruptedByRebootRecovers", r.uninstallInterruptedByRebootRecovers},
 		{"UninstallLeavesNodeAsBefore", r.uninstallLeavesNodeAsBefore},
 	}
 	for _, s := range steps {

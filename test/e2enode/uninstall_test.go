@@ -3,15 +3,12 @@
 package e2enode
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -237,18 +234,7 @@ func (r *agentRun) uninstallLeavesNodeAsBefore(t *testing.T, ctx context.Context
 // uninstall command returned: the agent uninstalled before it exited.
 func (r *agentRun) nodeLeftAsBefore(t *testing.T, ctx context.Context) {
 	t.Helper()
-	if got := []byte(conflist(t)); string(got) != string(r.pristine.conflist) {
-		t.Errorf("conflist after the uninstall differs from before the install:\nbefore:\n%s\nafter:\n%s", r.pristine.conflist, got)
-	}
-	// The whole conf dir: the agent's own conflist (its default mode) gone
-	// too, nothing else left or changed.
-	if got := confDirFiles(t); !maps.EqualFunc(got, r.pristine.confDir, bytes.Equal) {
-		names := func(m map[string][]byte) []string { return slices.Sorted(maps.Keys(m)) }
-		t.Errorf("CNI conf dir after the uninstall differs from before the install: files %v, before %v (or contents changed)", names(got), names(r.pristine.confDir))
-	}
-	if _, err := os.Stat(filepath.Join(node.CNIBinDir, "ambientd-cni")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("ambientd-cni still in the node's bin dir after the uninstall (%v)", err)
-	}
+	r.cniDirsAsBefore(t)
 	for _, args := range [][]string{{"iptables-legacy-save", "-t", "nat"}, {"iptables-nft-save", "-t", "nat"}, {"nft", "list", "tables"}} {
 		if _, err := exec.LookPath(args[0]); err != nil {
 			continue

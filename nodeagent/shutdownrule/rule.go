@@ -1,4 +1,7 @@
-package cniinstall
+// Package shutdownrule tells, when the agent stops, an uninstall from an
+// upgrade or restart, from its DaemonSet as the API shows it and as the agent
+// last watched it.
+package shutdownrule
 
 import (
 	"context"
@@ -19,7 +22,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/kube"
 )
 
-// ShutdownRule decides, when the agent stops, whether this is an uninstall
+// Rule decides, when the agent stops, whether this is an uninstall
 // or an upgrade/restart. The rule (Istio's agent follows the first part): if
 // the agent's DaemonSet still exists, is not being deleted, is not in a
 // namespace being deleted and still selects this node, another agent pod is
@@ -48,7 +51,7 @@ import (
 // cannot get an answer to (network, timeouts, 5xx) is an error, with
 // uninstall=false: when in doubt, keep the node protected (a leftover
 // plugin fails closed; a missing one fails open). See docs/install.md.
-type ShutdownRule struct {
+type Rule struct {
 	client                         kube.Interface
 	namespace, daemonSet, nodeName string
 	// readOnce: the agent read its DaemonSet at least once (any answer
@@ -62,7 +65,7 @@ type ShutdownRule struct {
 
 // Watching reports whether the rule's watch of the DaemonSet is
 // established right now.
-func (r *ShutdownRule) Watching() bool { return r.watching.Load() }
+func (r *Rule) Watching() bool { return r.watching.Load() }
 
 // seenDS is what the agent last learnt of its DaemonSet: gone (deleted,
 // or not found), or the object.
@@ -72,17 +75,17 @@ type seenDS struct {
 	ds   *appsv1.DaemonSet
 }
 
-// NewShutdownRule returns the rule for the agent's DaemonSet
+// New returns the rule for the agent's DaemonSet
 // namespace/daemonSet on node nodeName, read with client (the agent's own
 // identity). Call Probe (or Watch) at start.
-func NewShutdownRule(client kube.Interface, namespace, daemonSet, nodeName string) *ShutdownRule {
-	return &ShutdownRule{client: client, namespace: namespace, daemonSet: daemonSet, nodeName: nodeName}
+func New(client kube.Interface, namespace, daemonSet, nodeName string) *Rule {
+	return &Rule{client: client, namespace: namespace, daemonSet: daemonSet, nodeName: nodeName}
 }
 
 // Probe reads the DaemonSet once and returns nil when the API answered with
 // anything but 401/403 (a missing DaemonSet is an answer): from then on a
 // 401/403 at shutdown means the identity or its rights were deleted.
-func (r *ShutdownRule) Probe(ctx context.Context) error {
+func (r *Rule) Probe(ctx context.Context) error {
 	ds, err := r.client.AppsV1().DaemonSets(r.namespace).Get(ctx, r.daemonSet, metav1.GetOptions{})
 	if err == nil || apierrors.IsNotFound(err) {
 		r.readOnce.Store(true)
@@ -94,7 +97,7 @@ func (r *ShutdownRule) Probe(ctx context.Context) error {
 
 // follow watches the DaemonSet from resourceVersion rv until the watch
 // ends or ctx does, recording every state it sees.
-func (r *ShutdownRule) follow(ctx context.Context, rv string) error {
+func (r *Rule) follow(ctx context.Context, rv string) error {
 	w, err := r.client.AppsV1().DaemonSets(r.namespace).Watch(ctx, metav1.ListOptions{
 		FieldSelector:   "metadata.name=" + r.daemonSet,
 		ResourceVersion: rv,
@@ -134,7 +137,7 @@ func (r *ShutdownRule) follow(ctx context.Context, rv string) error {
 // Once the probe worked it keeps a watch on the DaemonSet open until ctx
 // ends (re-reading and re-watching when a watch ends), so that the rule
 // knows the DaemonSet's last state even after the agent's identity is gone.
-func (r *ShutdownRule) Watch(ctx context.Context, log *slog.Logger) {
+func (r *Rule) Watch(ctx context.Context, log *slog.Logger) {
 	probed := false
 	for backoff := time.Second; ; backoff = min(2*backoff, 30*time.Second) {
 		err := r.Probe(ctx)
@@ -168,7 +171,7 @@ func (r *ShutdownRule) Watch(ctx context.Context, log *slog.Logger) {
 }
 
 // Decide applies the rule. reason says why, for the log.
-func (r *ShutdownRule) Decide(ctx context.Context) (uninstall bool, reason string, err error) {
+func (r *Rule) Decide(ctx context.Context) (uninstall bool, reason string, err error) {
 	what := fmt.Sprintf("DaemonSet %s/%s", r.namespace, r.daemonSet)
 	ds, err := r.client.AppsV1().DaemonSets(r.namespace).Get(ctx, r.daemonSet, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -218,7 +221,7 @@ func (r *ShutdownRule) Decide(ctx context.Context) (uninstall bool, reason strin
 // it → the agent pod or its identity went while the DaemonSet stays (a
 // force-deleted pod, a recreated ServiceAccount): keep, a replacement is
 // coming.
-func (r *ShutdownRule) decideFromWatch(ctx context.Context, what, why string) (bool, string, error) {
+func (r *Rule) decideFromWatch(ctx context.Context, what, why string) (bool, string, error) {
 	s := r.seen.Load()
 	switch {
 	case s == nil:
@@ -239,7 +242,7 @@ func (r *ShutdownRule) decideFromWatch(ctx context.Context, what, why string) (b
 // identityGone reports whether err is the API saying that the agent's
 // identity or its rights, which worked before, are gone: only an uninstall
 // does that to a running agent.
-func (r *ShutdownRule) identityGone(err error) (bool, string) {
+func (r *Rule) identityGone(err error) (bool, string) {
 	if !r.readOnce.Load() {
 		return false, ""
 	}

@@ -1,4 +1,4 @@
-package cniinstall
+package shutdownrule
 
 import (
 	"context"
@@ -61,7 +61,7 @@ func TestUninstallOnShutdown(t *testing.T) {
 				objs = append(objs, tc.ds)
 			}
 			objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}})
-			got, reason, err := NewShutdownRule(kubetest.Wrap(fake.NewClientset(objs...)), "istio-system", "ambientd", "n1").Decide(context.Background())
+			got, reason, err := New(kubetest.Wrap(fake.NewClientset(objs...)), "istio-system", "ambientd", "n1").Decide(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -131,7 +131,7 @@ func TestShutdownRuleWhenTheAPIRefuses(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			r := NewShutdownRule(kubetest.Wrap(c), "istio-system", "ambientd", "n1")
+			r := New(kubetest.Wrap(c), "istio-system", "ambientd", "n1")
 			if err := r.Probe(context.Background()); (err == nil) != (tc.probeErr == nil) {
 				t.Fatalf("probe: %v, want error %v", err, tc.probeErr)
 			}
