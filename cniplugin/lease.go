@@ -149,7 +149,7 @@ func agentGone(log *slog.Logger) bool {
 	leasePath := exe + cniapi.LeaseSuffix
 	v := judgeNow(leasePath)
 	if !v.gone {
-		log.Warn("no agent on the socket; "+v.reason, "path", leasePath)
+		log.Warn("no agent on the socket; waiting for it", "reason", v.reason, "path", leasePath)
 		return false
 	}
 	unlock, err := lockDir(filepath.Dir(exe))
@@ -164,11 +164,11 @@ func agentGone(log *slog.Logger) bool {
 			log.Info("another ADD finished the uninstall the agent left; passing the pod through", "path", leasePath)
 			return true
 		}
-		log.Warn("no agent on the socket; "+v.reason, "path", leasePath)
+		log.Warn("no agent on the socket; waiting for it", "reason", v.reason, "path", leasePath)
 		return false
 	}
 	log = log.With("path", leasePath, "cni_conf_dir", v.lease.ConfDir)
-	log.Warn("no agent on the socket and " + v.reason + "; finishing the uninstall and passing the pod through")
+	log.Warn("no agent on the socket and the install lease says it is gone; finishing the uninstall and passing the pod through", "reason", v.reason)
 	inst, err := cniinstall.FromLease(v.lease, exe, log.With("component", "cni-uninstall"))
 	if err == nil {
 		err = inst.FinishUninstall()
