@@ -111,6 +111,15 @@ func (a *Agent) releaseConditions(ctx context.Context) {
 			continue
 		}
 		cur, _ := a.shows(pod)
+		// For a pod the agent holds, what its phase derives rather than
+		// only what the informer shows: a False written (or queued) just
+		// before the stop may not have come back through the watch yet,
+		// and a gated pod left False would be NotReady for ever.
+		if e, held := a.reg.Get(string(pod.UID)); held {
+			if st, ok := statusFor(e, true); ok {
+				cur = st
+			}
+		}
 		if want, ok := handedOver(cur); ok {
 			a.status.Set(pod.Namespace, pod.Name, string(pod.UID), want)
 			n++
