@@ -35,6 +35,12 @@ func startNode(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*
 		return nil, err
 	}
 	args := append([]string{"--verify-interval=" + c.verifyInterval.String()}, c.agentArgs...)
+	if c.agentBin != "" {
+		// The agent's process keeps its binary across the restarts of
+		// the faults; the environment's default is back for the next run.
+		defer func(bin string) { env.Bins.Agent = bin }(env.Bins.Agent)
+		env.Bins.Agent = c.agentBin
+	}
 	a, err := env.StartAgent(ctx, e2eenv.AgentConfig{Args: args})
 	if err != nil {
 		return nil, err
@@ -108,12 +114,22 @@ func emuServing(ctx context.Context, em *e2eenv.Emulator) (ztunnelemu.State, boo
 
 // served: a ztunnel is connected and has its snapshot (any emulator).
 func (n *node) served(ctx context.Context) bool {
+	ok, _ := n.view(ctx)
+	return ok
+}
+
+// view is the emulators' own view: whether one serves (connected, its
+// snapshot complete), and the uids of the workloads any of them holds.
+func (n *node) view(ctx context.Context) (bool, map[string]bool) {
+	served, held := false, map[string]bool{}
 	for _, em := range n.emulators() {
-		if _, ok := emuServing(ctx, em); ok {
-			return true
+		st, ok := emuServing(ctx, em)
+		served = served || ok
+		for _, w := range st.Workloads {
+			held[w.UID] = true
 		}
 	}
-	return false
+	return served, held
 }
 
 // waitServed waits until some emulator serves.
