@@ -16,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -455,18 +454,7 @@ func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, ki
 // golden case's labels, annotations and containers: istio-proxy,
 // istio-validation, sidecar.istio.io/status).
 func (s *soak) sidecarSpec(ns, name string) e2eenv.PodSpec {
-	c := s.sidecarGolden
-	return e2eenv.PodSpec{Namespace: ns, Name: name, Labels: maps.Clone(c.Injected.Labels), Annotations: maps.Clone(c.Injected.Annotations),
-		Mutate: func(p *corev1.Pod) {
-			p.Spec.InitContainers = slices.Clone(c.Injected.Spec.InitContainers)
-			p.Spec.Containers = slices.Clone(c.Injected.Spec.Containers)
-			p.Spec.Volumes = nil
-			for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
-				for i := range cs {
-					cs[i].VolumeMounts = nil
-				}
-			}
-		}}
+	return e2eenv.InjectedPodSpec(s.sidecarGolden.Injected, ns, name)
 }
 
 // listen starts the app in the pod's (current) netns, and in a sidecar pod
