@@ -175,6 +175,7 @@ func (s *soak) wipeWhileDown(rng *rand.Rand) (*podRec, error) {
 	s.mu.Lock()
 	r.downWipedAt, r.downWipeReadyAt = time.Now(), time.Time{}
 	s.mu.Unlock()
+	s.downWipes.Add(1)
 	return r, nil
 }
 

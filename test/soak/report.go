@@ -29,9 +29,12 @@ type result struct {
 	leaks        []leakCheck
 	created      int64
 	deleted      int64
-	ops          map[string]*opCount
-	agentLog     string
-	violations   []violation
+	// sidecars: sidecar-mode pods made; downWipes: resident pods wiped
+	// while the agent was down, downWipesSeen: judged after its restart.
+	sidecars, downWipes, downWipesSeen int64
+	ops                                map[string]*opCount
+	agentLog                           string
+	violations                         []violation
 }
 
 func (r *result) violationCount() int { return len(r.violations) }
@@ -112,7 +115,8 @@ func (r *result) summary() string {
 	}
 	fmt.Fprintf(&b, "agent: %s --verify-interval=%v %s\n", bin, r.cfg.verifyInterval, strings.Join(r.cfg.agentArgs, " "))
 	fmt.Fprintf(&b, "bounds: bypass %v, black hole while served %v, lost pod %v after the last fault\n", bypassBound(r.cfg), blackHoleBound, lostBound)
-	fmt.Fprintf(&b, "pods: %d created, %d deleted\n", r.created, r.deleted)
+	fmt.Fprintf(&b, "pods: %d created (%d of them sidecar-mode, %d resident), %d deleted\n", r.created, r.sidecars, residentPods, r.deleted)
+	fmt.Fprintf(&b, "rules wiped while the agent was down (agent-kill, agent-term): %d; judged after the restarted agent was ready (seen back in order, or reported): %d\n", r.downWipes, r.downWipesSeen)
 	b.WriteString("churn operations (ok / failed):")
 	for _, k := range sortedKeys(r.ops) {
 		fmt.Fprintf(&b, " %s %d/%d;", k, r.ops[k].ok, r.ops[k].failed)

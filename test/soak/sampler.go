@@ -302,6 +302,7 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 	quietFor, windowStart, pendingRecovery := s.rec.quiet(t0)
 	agentDown := s.rec.agentDown()
 	allInPolicy := true
+	var outOfPolicy []string // pods keeping the storm's recovery open
 	// Per fault: recovered once every pod unchanged since before its end
 	// is in its policy state (pods not sampled this round do not count).
 	faultEnds := s.rec.pendingRecoveries()
@@ -374,6 +375,7 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 		} else {
 			if since.Before(windowStart) {
 				allInPolicy = false
+				outOfPolicy = append(outOfPolicy, fmt.Sprintf("%s (policy %s, sampled out=%s in=%s, unchanged for %v)", pod, policy, x.out, x.in, x.at.Sub(since).Round(time.Millisecond)))
 			}
 			for id, end := range faultEnds {
 				if since.Before(end) {
@@ -390,6 +392,12 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 	}
 	if pendingRecovery && allInPolicy {
 		s.rec.recovered(t0)
+	}
+	// A slow recovery says which pods it waits for (once per storm, 5 s
+	// after its end): the log keeps what the summary's figure hides.
+	if pendingRecovery && !allInPolicy && t0.Sub(windowStart) > 5*time.Second && s.slowLogged != windowStart {
+		s.slowLogged = windowStart
+		s.logf("recovery from the storm that ended %v ago still waits for: %s", t0.Sub(windowStart).Round(time.Millisecond), strings.Join(outOfPolicy, "; "))
 	}
 	for id := range faultEnds {
 		s.rec.faultRecovered(id, t0)
@@ -417,6 +425,7 @@ func (s *soak) judgeRestored(x sample, pod string, claimed, claimsOK bool, since
 	}
 	bad := claimed && (x.out == outDirect || x.in == outDirect)
 	if d, report := j.restored.observe(s.rec, kindRestored, bad, x.at, restartBypassBound); report {
+		s.downWipesSeen.Add(1)
 		s.rec.violation(violation{At: j.restored.since, Kind: kindRestored, Pod: pod, UID: r.uid,
 			Detail: fmt.Sprintf("rules wiped while the agent was down; claimed enrolled while out=%s in=%s for %v after the restarted agent was ready (bound %v)",
 				x.out, x.in, d.Round(time.Millisecond), restartBypassBound)})
@@ -425,6 +434,9 @@ func (s *soak) judgeRestored(x sample, pod string, claimed, claimsOK bool, since
 		s.mu.Lock()
 		if r.downWipedAt.Equal(downWiped) {
 			r.downWipedAt = time.Time{}
+			if !j.restored.reported {
+				s.downWipesSeen.Add(1)
+			}
 		}
 		s.mu.Unlock()
 	}

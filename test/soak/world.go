@@ -118,6 +118,11 @@ type soak struct {
 
 	// sidecarGolden is the injected pod the sidecar-mode pods copy.
 	sidecarGolden istiogolden.Case
+	// sidecars counts the sidecar-mode pods made; downWipes the resident
+	// pods wiped while the agent was down, downWipesSeen those of them
+	// sampled after the restarted agent was ready (judged).
+	sidecars, downWipes, downWipesSeen atomic.Int64
+	slowLogged                         time.Time // the sampler's alone
 
 	claimMu    sync.Mutex
 	lastClaims map[string]claim // by pod uid
@@ -205,6 +210,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 		}
 	}
 	res.created, res.deleted = s.created.Load(), s.deleted.Load()
+	res.sidecars, res.downWipes, res.downWipesSeen = s.sidecars.Load(), s.downWipes.Load(), s.downWipesSeen.Load()
 	res.ops = s.ops
 	res.agentLog = s.node.agent.LogPath
 	res.attachLogs()
@@ -438,6 +444,9 @@ func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, ki
 		return err
 	}
 	s.created.Add(1)
+	if kind.sidecar {
+		s.sidecars.Add(1)
+	}
 	r := &podRec{id: id, ns: ns, name: name, p: p, uid: p.UID, podMode: mode, resident: kind.resident, sidecar: kind.sidecar}
 	if err := r.listen(); err != nil {
 		return errors.Join(err, s.env.DeletePod(ctx, p))
