@@ -124,9 +124,10 @@ func agentKill(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	if err := a.Start(); err != nil {
 		return "", err
 	}
-	err = s.node.waitAgentReady(ctx)
-	s.restartedReady(wiped, err)
-	return fmt.Sprintf("down %v, wiped %s", down.Round(time.Millisecond), wiped.nameOr()), err
+	if err := s.restarted(ctx, wiped); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("down %v, wiped %s", down.Round(time.Millisecond), wiped.nameOr()), s.node.waitAgentReady(ctx)
 }
 
 // agentTerm: SIGTERM (the upgrade path: the agent shuts down as a
@@ -144,9 +145,10 @@ func agentTerm(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	if err := a.Start(); err != nil {
 		return "", err
 	}
-	err = s.node.waitAgentReady(ctx)
-	s.restartedReady(wiped, err)
-	return "wiped " + wiped.nameOr(), err
+	if err := s.restarted(ctx, wiped); err != nil {
+		return "", err
+	}
+	return "wiped " + wiped.nameOr(), s.node.waitAgentReady(ctx)
 }
 
 // wipeWhileDown flushes the rules of a random resident pod while no agent
@@ -179,16 +181,18 @@ func (s *soak) wipeWhileDown(rng *rand.Rand) (*podRec, error) {
 	return r, nil
 }
 
-// restartedReady marks when the restarted agent was ready, for the pod
-// wiped while it was down (nothing when it never got ready: the node is
-// then judged as not restored).
-func (s *soak) restartedReady(r *podRec, err error) {
-	if r == nil || err != nil {
-		return
+// restarted waits for the restarted agent's registry to be rebuilt, and
+// marks when, for the pod wiped while it was down: from then on that pod
+// must be back in order (the agent verifies what it restores before that).
+func (s *soak) restarted(ctx context.Context, r *podRec) error {
+	at, err := s.node.waitRebuilt(ctx)
+	if err != nil || r == nil {
+		return err
 	}
 	s.mu.Lock()
-	r.downWipeReadyAt = time.Now()
+	r.downWipeReadyAt = at
 	s.mu.Unlock()
+	return nil
 }
 
 func (r *podRec) nameOr() string {

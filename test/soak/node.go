@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,6 +95,38 @@ func (n *node) waitAgentReady(ctx context.Context) error {
 		return fmt.Errorf("agent not ready: %w\n%s", err, n.agent.LogTail(30))
 	}
 	return nil
+}
+
+// notRebuilt is part of what the agent's /readyz answers while its registry
+// is not rebuilt yet (nodeready.Compute). A restarted agent verifies the
+// pods it restores before that goes, and well before it is ready (a
+// ztunnel must reconnect first).
+const notRebuilt = "registry not rebuilt"
+
+// waitRebuilt waits until the agent's /readyz answers without notRebuilt
+// (ready or not) and returns when it saw that.
+func (n *node) waitRebuilt(ctx context.Context) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	c := &http.Client{Timeout: time.Second}
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.agent.HealthAddr+"/readyz", nil)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if resp, err := c.Do(req); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+			resp.Body.Close()
+			if !strings.Contains(string(b), notRebuilt) {
+				return time.Now(), nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("agent registry not rebuilt: %w\n%s", ctx.Err(), n.agent.LogTail(30))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // emuServing reports whether em is connected to the agent and its

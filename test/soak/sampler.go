@@ -331,6 +331,9 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 		pod := r.ns.name + "/" + r.name
 
 		s.mu.Lock()
+		if r.sidecarUnsure && (st == stSidecar || st == stPlain) {
+			r.sidecarRules, r.sidecarUnsure = st == stSidecar, false
+		}
 		want, since, policy := wantMesh(r), stable(r), policyState(r)
 		s.mu.Unlock()
 		direct := x.out == outDirect || x.in == outDirect

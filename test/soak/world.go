@@ -74,8 +74,11 @@ type podRec struct {
 	stableSince time.Time
 	// sidecarRules (sidecar pods): its current sandbox was made through
 	// our plugin with the conflist intact, so it must be captured for its
-	// own proxy; otherwise nothing captures it.
-	sidecarRules bool
+	// own proxy; otherwise nothing captures it. sidecarUnsure: the
+	// conflist was being rewritten while the sandbox was made, so whether
+	// the runtime read it with our plugin is not known: the first sample
+	// that is sidecar or plain decides (the sampler's).
+	sidecarRules, sidecarUnsure bool
 	// downWipedAt: an agent-restart fault wiped the pod's rules while the
 	// agent was down; downWipeReadyAt: the restarted agent was ready (zero
 	// until then). A restarted agent verifies the pods it restores before it
@@ -453,7 +456,8 @@ func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, ki
 	}
 	s.mu.Lock()
 	r.stableSince = time.Now()
-	r.sidecarRules = kind.sidecar && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
+	r.sidecarUnsure = kind.sidecar && s.rec.overlaps("conflist-rewritten", began, r.stableSince)
+	r.sidecarRules = kind.sidecar && !r.sidecarUnsure
 	s.pods[id] = r
 	s.mu.Unlock()
 	return nil
@@ -579,7 +583,8 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 	}
 	s.mu.Lock()
 	r.stableSince = time.Now()
-	r.sidecarRules = r.sidecar && !withoutPlugin && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
+	r.sidecarUnsure = r.sidecar && !withoutPlugin && s.rec.overlaps("conflist-rewritten", began, r.stableSince)
+	r.sidecarRules = r.sidecar && !withoutPlugin && !r.sidecarUnsure
 	s.mu.Unlock()
 	return r.listen()
 }
