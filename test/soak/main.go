@@ -2,11 +2,13 @@
 // end-to-end environment (kube-apiserver + etcd, the libcni chain with
 // bin/ambientd-cni, bin/ambientd, bin/ztunnel-emulator in netns mode) it
 // churns pods for a while — creates and deletes in ambient, plain and
-// opted-out namespaces, flips namespace and pod labels, recreates sandboxes
-// with and without our plugin — while faults are injected at random
-// (seeded) times, and an invariant sampler, which reads only the API's
-// claims and real connections, judges every pod several times a second:
-// bypass, black hole while a ztunnel serves, lost pod, and leaks at the end.
+// opted-out namespaces, sidecar-mode pods among them, flips namespace and
+// pod labels, recreates sandboxes with and without our plugin — while
+// faults are injected at random (seeded) times, and an invariant sampler,
+// which reads only the API's claims, the emulators' state and real
+// connections, judges every pod several times a second: bypass, black hole
+// while a ztunnel serves, a restored pod left unverified, a sidecar pod in
+// ambient, lost pod, and leaks at the end.
 // It prints a summary, draws a timeline plot and ends with one line:
 //
 //	soak: <pods> pods, <faults> faults, <samples> samples, <violations> violations
