@@ -331,8 +331,8 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 		pod := r.ns.name + "/" + r.name
 
 		s.mu.Lock()
-		if r.sidecarUnsure && (st == stSidecar || st == stPlain) {
-			r.sidecarRules, r.sidecarUnsure = st == stSidecar, false
+		if r.sidecar && st == stSidecar {
+			r.sidecarRules = true // captured for its proxy: held to it from now on
 		}
 		want, since, policy := wantMesh(r), stable(r), policyState(r)
 		s.mu.Unlock()

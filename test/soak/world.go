@@ -72,13 +72,12 @@ type podRec struct {
 	// change of its sandbox or labels.
 	podMode     string
 	stableSince time.Time
-	// sidecarRules (sidecar pods): its current sandbox was made through
-	// our plugin with the conflist intact, so it must be captured for its
-	// own proxy; otherwise nothing captures it. sidecarUnsure: the
-	// conflist was being rewritten while the sandbox was made, so whether
-	// the runtime read it with our plugin is not known: the first sample
-	// that is sidecar or plain decides (the sampler's).
-	sidecarRules, sidecarUnsure bool
+	// sidecarRules (sidecar pods): the pod must be captured for its own
+	// proxy — its current sandbox was made through our plugin with the
+	// conflist intact, or it was seen captured so since (a restarted
+	// agent captures every running sidecar pod it finds, whatever made its
+	// sandbox; the sampler sets it then). Otherwise it may be plain.
+	sidecarRules bool
 	// downWipedAt: an agent-restart fault wiped the pod's rules while the
 	// agent was down; downWipeReadyAt: the restarted agent was ready (zero
 	// until then). A restarted agent verifies the pods it restores before it
@@ -456,8 +455,7 @@ func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, ki
 	}
 	s.mu.Lock()
 	r.stableSince = time.Now()
-	r.sidecarUnsure = kind.sidecar && s.rec.overlaps("conflist-rewritten", began, r.stableSince)
-	r.sidecarRules = kind.sidecar && !r.sidecarUnsure
+	r.sidecarRules = kind.sidecar && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
 	s.pods[id] = r
 	s.mu.Unlock()
 	return nil
@@ -583,8 +581,7 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 	}
 	s.mu.Lock()
 	r.stableSince = time.Now()
-	r.sidecarUnsure = r.sidecar && !withoutPlugin && s.rec.overlaps("conflist-rewritten", began, r.stableSince)
-	r.sidecarRules = r.sidecar && !withoutPlugin && !r.sidecarUnsure
+	r.sidecarRules = r.sidecar && !withoutPlugin && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
 	s.mu.Unlock()
 	return r.listen()
 }
