@@ -153,3 +153,36 @@ func TestOverlaps(t *testing.T) {
 		}
 	}
 }
+
+// TestSidecarPolicy: a sidecar pod made through our plugin must be
+// captured for its own proxy; one made without it may be plain until
+// something captures it (a restarted agent does), and is held to that
+// from then on; a sidecar pod is never in the mesh, whatever its labels.
+func TestSidecarPolicy(t *testing.T) {
+	ambient := &nsRec{name: "a", ambient: true}
+	steps := []struct {
+		name    string
+		r       *podRec
+		observe []state
+		want    state
+	}{
+		{"made through our plugin", &podRec{ns: ambient, sidecar: true, sidecarRules: true}, nil, stSidecar},
+		{"made without our plugin", &podRec{ns: ambient, sidecar: true}, nil, stPlain},
+		{"made without, still plain", &podRec{ns: ambient, sidecar: true}, []state{stPlain, stPlain}, stPlain},
+		{"made without, then captured", &podRec{ns: ambient, sidecar: true}, []state{stPlain, stSidecar}, stSidecar},
+		{"captured, then plain again", &podRec{ns: ambient, sidecar: true}, []state{stSidecar, stPlain}, stSidecar},
+		{"labelled ambient", &podRec{ns: ambient, sidecar: true, sidecarRules: true, podMode: "ambient"}, nil, stSidecar},
+		{"an ambient pod", &podRec{ns: ambient}, []state{stSidecar}, stMeshed},
+	}
+	for _, c := range steps {
+		for _, st := range c.observe {
+			observeSidecar(c.r, st)
+		}
+		if got := policyState(c.r); got != c.want {
+			t.Errorf("%s: policy state %v, want %v", c.name, got, c.want)
+		}
+		if c.r.sidecar && wantMesh(c.r) {
+			t.Errorf("%s: a sidecar pod wanted in the mesh", c.name)
+		}
+	}
+}

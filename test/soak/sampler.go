@@ -331,9 +331,7 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 		pod := r.ns.name + "/" + r.name
 
 		s.mu.Lock()
-		if r.sidecar && st == stSidecar {
-			r.sidecarRules = true // captured for its proxy: held to it from now on
-		}
+		observeSidecar(r, st)
 		want, since, policy := wantMesh(r), stable(r), policyState(r)
 		s.mu.Unlock()
 		direct := x.out == outDirect || x.in == outDirect

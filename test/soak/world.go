@@ -307,6 +307,15 @@ func policyState(r *podRec) state {
 	return stPlain
 }
 
+// observeSidecar takes a sample of the pod: a sidecar pod seen captured for
+// its own proxy is held to that from then on, whatever made its sandbox (a
+// restarted agent captures every running sidecar pod it finds). Under s.mu.
+func observeSidecar(r *podRec, st state) {
+	if r.sidecar && st == stSidecar {
+		r.sidecarRules = true
+	}
+}
+
 // stable is when the pod last changed in a way that moves its policy state.
 // Under s.mu.
 func stable(r *podRec) time.Time {
