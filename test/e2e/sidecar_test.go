@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
@@ -34,17 +33,7 @@ func golden(t *testing.T, name string) istiogolden.Case {
 // injected makes a PodSpec of a golden injected pod (its labels,
 // annotations and containers) in namespace ns.
 func injected(c istiogolden.Case, ns, name string) e2eenv.PodSpec {
-	return e2eenv.PodSpec{Namespace: ns, Name: name, Labels: c.Injected.Labels, Annotations: c.Injected.Annotations,
-		Mutate: func(p *corev1.Pod) {
-			p.Spec.InitContainers = c.Injected.Spec.InitContainers
-			p.Spec.Containers = c.Injected.Spec.Containers
-			p.Spec.Volumes = nil
-			for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
-				for i := range cs {
-					cs[i].VolumeMounts = nil
-				}
-			}
-		}}
+	return e2eenv.InjectedPodSpec(c.Injected, ns, name)
 }
 
 // validate runs our istio-validation (bin/sidecar-validation) in the pod's

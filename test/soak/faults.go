@@ -108,10 +108,15 @@ func jitter(rng *rand.Rand, lo, hi time.Duration) time.Duration {
 }
 
 // agentKill: SIGKILL (a crash, an OOM kill), down a moment, started again;
-// the fault lasts until the new agent is ready.
+// the fault lasts until the new agent is ready. While it is down a resident
+// pod's rules are wiped (wipeWhileDown).
 func agentKill(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	a := s.node.agent
 	if err := a.Kill(); err != nil {
+		return "", err
+	}
+	wiped, err := s.wipeWhileDown(rng)
+	if err != nil {
 		return "", err
 	}
 	down := jitter(rng, 200*time.Millisecond, 3*time.Second)
@@ -119,20 +124,82 @@ func agentKill(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	if err := a.Start(); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("down %v", down.Round(time.Millisecond)), s.node.waitAgentReady(ctx)
+	if err := s.restarted(ctx, wiped); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("down %v, wiped %s", down.Round(time.Millisecond), wiped.nameOr()), s.node.waitAgentReady(ctx)
 }
 
 // agentTerm: SIGTERM (the upgrade path: the agent shuts down as a
-// DaemonSet rollout stops it), the new one started at once.
-func agentTerm(ctx context.Context, s *soak, _ *rand.Rand) (string, error) {
+// DaemonSet rollout stops it), the new one started at once (after a
+// resident pod's rules are wiped: wipeWhileDown).
+func agentTerm(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	a := s.node.agent
 	if err := a.Stop(30 * time.Second); err != nil {
+		return "", err
+	}
+	wiped, err := s.wipeWhileDown(rng)
+	if err != nil {
 		return "", err
 	}
 	if err := a.Start(); err != nil {
 		return "", err
 	}
-	return "", s.node.waitAgentReady(ctx)
+	if err := s.restarted(ctx, wiped); err != nil {
+		return "", err
+	}
+	return "wiped " + wiped.nameOr(), s.node.waitAgentReady(ctx)
+}
+
+// wipeWhileDown flushes the rules of a random resident pod while no agent
+// runs (a runtime or a NET_ADMIN container flushing them then): only the
+// restarted agent's verification of the pods it restores can find it
+// before it is ready; its drift pass comes a period later.
+func (s *soak) wipeWhileDown(rng *rand.Rand) (*podRec, error) {
+	var res []*podRec
+	for _, r := range s.alive() {
+		if r.resident {
+			res = append(res, r)
+		}
+	}
+	if len(res) == 0 {
+		return nil, nil
+	}
+	r := res[rng.IntN(len(res))]
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.deleted {
+		return nil, nil
+	}
+	if err := r.p.WipeRules(); err != nil {
+		return nil, fmt.Errorf("wiping %s while the agent is down: %w", r.name, err)
+	}
+	s.mu.Lock()
+	r.downWipedAt, r.downWipeReadyAt = time.Now(), time.Time{}
+	s.mu.Unlock()
+	s.downWipes.Add(1)
+	return r, nil
+}
+
+// restarted waits for the restarted agent's registry to be rebuilt, and
+// marks when, for the pod wiped while it was down: from then on that pod
+// must be back in order (the agent verifies what it restores before that).
+func (s *soak) restarted(ctx context.Context, r *podRec) error {
+	at, err := s.node.waitRebuilt(ctx)
+	if err != nil || r == nil {
+		return err
+	}
+	s.mu.Lock()
+	r.downWipeReadyAt = at
+	s.mu.Unlock()
+	return nil
+}
+
+func (r *podRec) nameOr() string {
+	if r == nil {
+		return "none"
+	}
+	return r.name
 }
 
 // ztunnelKill: the ztunnel emulator SIGKILLed (its listeners go with it),
@@ -223,6 +290,9 @@ func podRulesWiped(ctx context.Context, s *soak, rng *rand.Rand) (string, error)
 	}
 	r.wiping.Store(true)
 	defer r.wiping.Store(false)
+	s.mu.Lock()
+	r.downWipedAt = time.Time{} // judged as a wipe under a running agent from now on
+	s.mu.Unlock()
 	return r.ns.name + "/" + r.name, r.p.WipeRules()
 }
 

@@ -11,17 +11,22 @@ func TestClassify(t *testing.T) {
 	for _, c := range []struct {
 		name, line string
 		err        error
+		own        string // the pod's own proxy's answer ("" for an ambient pod)
 		want       outcome
 	}{
-		{"the emulator for this pod", "ztunnel-emulator uid=u1 listener=15001 orig_dst=10.88.0.2:7000", nil, outProxy},
-		{"the emulator for another pod", "ztunnel-emulator uid=u2 listener=15001 orig_dst=10.88.0.2:7000", nil, outForeign},
-		{"a uid that only starts the same", "ztunnel-emulator uid=u10 listener=15006 orig_dst=x", nil, outForeign},
-		{"the far end itself", "remote", nil, outDirect},
-		{"refused or timed out", "", errors.New("connection refused"), outDead},
-		{"garbage", "hello", nil, outForeign},
+		{"the emulator for this pod", "ztunnel-emulator uid=u1 listener=15001 orig_dst=10.88.0.2:7000", nil, "", outProxy},
+		{"the emulator for another pod", "ztunnel-emulator uid=u2 listener=15001 orig_dst=10.88.0.2:7000", nil, "", outForeign},
+		{"a uid that only starts the same", "ztunnel-emulator uid=u10 listener=15006 orig_dst=x", nil, "", outForeign},
+		{"the far end itself", "remote", nil, "", outDirect},
+		{"refused or timed out", "", errors.New("connection refused"), "", outDead},
+		{"garbage", "hello", nil, "", outForeign},
+		{"a sidecar pod's own proxy", "sidecar sc1", nil, "sidecar sc1", outSidecar},
+		{"another sidecar pod's proxy", "sidecar sc2", nil, "sidecar sc1", outForeign},
+		{"a sidecar answer to an ambient pod", "sidecar sc1", nil, "", outForeign},
+		{"the emulator for a sidecar pod", "ztunnel-emulator uid=u1 listener=15001 orig_dst=x", nil, "sidecar sc1", outProxy},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := classify(c.line, c.err, "u1", "remote"); got != c.want {
+			if got := classify(c.line, c.err, "u1", "remote", c.own); got != c.want {
 				t.Errorf("classify(%q, %v) = %v, want %v", c.line, c.err, got, c.want)
 			}
 		})
@@ -43,6 +48,9 @@ func TestCombine(t *testing.T) {
 		{outDead, outProxy, stBlackHole},
 		{outDead, outDead, stBlackHole},
 		{outForeign, outProxy, stForeign},
+		{outSidecar, outSidecar, stSidecar},
+		{outSidecar, outDirect, stPartial},
+		{outSidecar, outDead, stBlackHole},
 	} {
 		if got := combine(c.out, c.in); got != c.want {
 			t.Errorf("combine(%v, %v) = %v, want %v", c.out, c.in, got, c.want)
@@ -96,5 +104,85 @@ func TestBadRun(t *testing.T) {
 	}
 	if w := rec.windows[kindBypass]; len(w) != 1 || w[0] != 5*time.Second {
 		t.Errorf("windows %v, want one of 5s", w)
+	}
+}
+
+// TestFaultRecovery: each fault that ran is measured from its end to the
+// round that saw every pod back, once; a fault that failed to run is not.
+func TestFaultRecovery(t *testing.T) {
+	rec := newRecorder(time.Now())
+	a := rec.faultStarted("agent-kill")
+	b := rec.faultStarted("ztunnel-kill")
+	rec.faultFinished(a, "", nil)
+	rec.faultFinished(b, "", errors.New("did not run"))
+	ends := rec.pendingRecoveries()
+	if len(ends) != 1 || ends[a].IsZero() {
+		t.Fatalf("pending %v, want only fault %d", ends, a)
+	}
+	rec.faultRecovered(a, ends[a].Add(700*time.Millisecond))
+	rec.faultRecovered(a, ends[a].Add(5*time.Second)) // measured once
+	if got := rec.recovery[a]; got != 700*time.Millisecond || len(rec.pendingRecoveries()) != 0 {
+		t.Errorf("recovery %v (pending %v), want 700ms and none pending", got, rec.pendingRecoveries())
+	}
+}
+
+// TestOverlaps: whether a fault of a kind was in flight in an interval
+// (a sidecar pod made then may have missed our plugin).
+func TestOverlaps(t *testing.T) {
+	rec := newRecorder(time.Now())
+	id := rec.faultStarted("conflist-rewritten")
+	start := rec.faults[id].Start
+	if !rec.overlaps("conflist-rewritten", start.Add(-time.Second), start.Add(time.Second)) {
+		t.Error("a fault in flight does not overlap")
+	}
+	rec.faultFinished(id, "", nil)
+	end := rec.faults[id].End
+	for _, c := range []struct {
+		name     string
+		from, to time.Time
+		kind     string
+		want     bool
+	}{
+		{"before it", start.Add(-2 * time.Second), start.Add(-time.Second), "conflist-rewritten", false},
+		{"after it", end.Add(time.Second), end.Add(2 * time.Second), "conflist-rewritten", false},
+		{"across its end", end.Add(-time.Nanosecond), end.Add(time.Second), "conflist-rewritten", true},
+		{"another kind", start, end, "agent-kill", false},
+	} {
+		if got := rec.overlaps(c.kind, c.from, c.to); got != c.want {
+			t.Errorf("%s: overlaps = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestSidecarPolicy: a sidecar pod made through our plugin must be
+// captured for its own proxy; one made without it may be plain until
+// something captures it (a restarted agent does), and is held to that
+// from then on; a sidecar pod is never in the mesh, whatever its labels.
+func TestSidecarPolicy(t *testing.T) {
+	ambient := &nsRec{name: "a", ambient: true}
+	steps := []struct {
+		name    string
+		r       *podRec
+		observe []state
+		want    state
+	}{
+		{"made through our plugin", &podRec{ns: ambient, sidecar: true, sidecarRules: true}, nil, stSidecar},
+		{"made without our plugin", &podRec{ns: ambient, sidecar: true}, nil, stPlain},
+		{"made without, still plain", &podRec{ns: ambient, sidecar: true}, []state{stPlain, stPlain}, stPlain},
+		{"made without, then captured", &podRec{ns: ambient, sidecar: true}, []state{stPlain, stSidecar}, stSidecar},
+		{"captured, then plain again", &podRec{ns: ambient, sidecar: true}, []state{stSidecar, stPlain}, stSidecar},
+		{"labelled ambient", &podRec{ns: ambient, sidecar: true, sidecarRules: true, podMode: "ambient"}, nil, stSidecar},
+		{"an ambient pod", &podRec{ns: ambient}, []state{stSidecar}, stMeshed},
+	}
+	for _, c := range steps {
+		for _, st := range c.observe {
+			observeSidecar(c.r, st)
+		}
+		if got := policyState(c.r); got != c.want {
+			t.Errorf("%s: policy state %v, want %v", c.name, got, c.want)
+		}
+		if c.r.sidecar && wantMesh(c.r) {
+			t.Errorf("%s: a sidecar pod wanted in the mesh", c.name)
+		}
 	}
 }

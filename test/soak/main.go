@@ -2,11 +2,13 @@
 // end-to-end environment (kube-apiserver + etcd, the libcni chain with
 // bin/ambientd-cni, bin/ambientd, bin/ztunnel-emulator in netns mode) it
 // churns pods for a while — creates and deletes in ambient, plain and
-// opted-out namespaces, flips namespace and pod labels, recreates sandboxes
-// with and without our plugin — while faults are injected at random
-// (seeded) times, and an invariant sampler, which reads only the API's
-// claims and real connections, judges every pod several times a second:
-// bypass, black hole while a ztunnel serves, lost pod, and leaks at the end.
+// opted-out namespaces, sidecar-mode pods among them, flips namespace and
+// pod labels, recreates sandboxes with and without our plugin — while
+// faults are injected at random (seeded) times, and an invariant sampler,
+// which reads only the API's claims, the emulators' state and real
+// connections, judges every pod several times a second: bypass, black hole
+// while a ztunnel serves, a restored pod left unverified, a sidecar pod in
+// ambient, lost pod, and leaks at the end.
 // It prints a summary, draws a timeline plot and ends with one line:
 //
 //	soak: <pods> pods, <faults> faults, <samples> samples, <violations> violations
@@ -34,6 +36,9 @@ type config struct {
 	out      string // directory for summary.txt and timeline.png/svg
 	// agentArgs are extra flags for `ambientd run` (after the soak's own).
 	agentArgs []string
+	// agentBin, when set, is the agent binary run instead of bin/ambientd
+	// (a build made on purpose with a known bug: docs/soak.md).
+	agentBin string
 	// faults are the fault kinds injected (default: all).
 	faults []string
 	// verifyInterval is the agent's --verify-interval (drift pass); the
@@ -74,6 +79,7 @@ func parseConfig(args []string) (config, error) {
 	fs.IntVar(&c.pods, "pods", e2eenv.EnvInt("SOAK_PODS", 24), "pods alive at once, about (env SOAK_PODS)")
 	fs.Int64Var(&c.seed, "seed", int64(e2eenv.EnvInt("SOAK_SEED", 1)), "random seed: the same seed makes the same plan of churn and faults (env SOAK_SEED)")
 	fs.StringVar(&c.out, "out", e2eenv.EnvString("SOAK_OUT", ".cache/soak"), "directory for summary.txt and timeline.png/.svg (env SOAK_OUT)")
+	fs.StringVar(&c.agentBin, "agent-bin", os.Getenv("SOAK_AGENT_BIN"), "the agent binary to run instead of bin/ambientd (env SOAK_AGENT_BIN)")
 	agentArgs := fs.String("agent-args", os.Getenv("SOAK_AGENT_ARGS"), "extra flags for `ambientd run`, space separated (env SOAK_AGENT_ARGS)")
 	faults := fs.String("faults", e2eenv.EnvString("SOAK_FAULTS", strings.Join(allFaultKinds(), ",")), "fault kinds to inject, comma separated, or none (env SOAK_FAULTS)")
 	fs.DurationVar(&c.verifyInterval, "verify-interval", e2eenv.EnvDuration("SOAK_VERIFY_INTERVAL", 5*time.Second), "the agent's --verify-interval; 0 turns the drift pass off (env SOAK_VERIFY_INTERVAL)")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +36,12 @@ func startNode(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*
 		return nil, err
 	}
 	args := append([]string{"--verify-interval=" + c.verifyInterval.String()}, c.agentArgs...)
+	if c.agentBin != "" {
+		// The agent's process keeps its binary across the restarts of
+		// the faults; the environment's default is back for the next run.
+		defer func(bin string) { env.Bins.Agent = bin }(env.Bins.Agent)
+		env.Bins.Agent = c.agentBin
+	}
 	a, err := env.StartAgent(ctx, e2eenv.AgentConfig{Args: args})
 	if err != nil {
 		return nil, err
@@ -90,6 +97,38 @@ func (n *node) waitAgentReady(ctx context.Context) error {
 	return nil
 }
 
+// notRebuilt is part of what the agent's /readyz answers while its registry
+// is not rebuilt yet (nodeready.Compute). A restarted agent verifies the
+// pods it restores before that goes, and well before it is ready (a
+// ztunnel must reconnect first).
+const notRebuilt = "registry not rebuilt"
+
+// waitRebuilt waits until the agent's /readyz answers without notRebuilt
+// (ready or not) and returns when it saw that.
+func (n *node) waitRebuilt(ctx context.Context) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	c := &http.Client{Timeout: time.Second}
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.agent.HealthAddr+"/readyz", nil)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if resp, err := c.Do(req); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+			resp.Body.Close()
+			if !strings.Contains(string(b), notRebuilt) {
+				return time.Now(), nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("agent registry not rebuilt: %w\n%s", ctx.Err(), n.agent.LogTail(30))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // emuServing reports whether em is connected to the agent and its
 // connection's snapshot is complete: the emulator's own view.
 func emuServing(ctx context.Context, em *e2eenv.Emulator) (ztunnelemu.State, bool) {
@@ -108,12 +147,22 @@ func emuServing(ctx context.Context, em *e2eenv.Emulator) (ztunnelemu.State, boo
 
 // served: a ztunnel is connected and has its snapshot (any emulator).
 func (n *node) served(ctx context.Context) bool {
+	ok, _ := n.view(ctx)
+	return ok
+}
+
+// view is the emulators' own view: whether one serves (connected, its
+// snapshot complete), and the uids of the workloads any of them holds.
+func (n *node) view(ctx context.Context) (bool, map[string]bool) {
+	served, held := false, map[string]bool{}
 	for _, em := range n.emulators() {
-		if _, ok := emuServing(ctx, em); ok {
-			return true
+		st, ok := emuServing(ctx, em)
+		served = served || ok
+		for _, w := range st.Workloads {
+			held[w.UID] = true
 		}
 	}
-	return false
+	return served, held
 }
 
 // waitServed waits until some emulator serves.

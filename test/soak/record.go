@@ -14,6 +14,13 @@ const (
 	kindLost      = "lost pod"
 	kindLeak      = "leak"
 	kindStuck     = "node not restored"
+	// kindRestored: a pod whose rules were wiped while the agent was down
+	// is claimed enrolled with its traffic direct after the restarted
+	// agent was ready (it verifies what it restores before that).
+	kindRestored = "restored unverified"
+	// kindSidecar: a sidecar-mode pod claimed enrolled in ambient, handed
+	// to a ztunnel, or answered for by one.
+	kindSidecar = "sidecar pod in ambient"
 )
 
 type violation struct {
@@ -63,10 +70,17 @@ type recorder struct {
 	// windows: the length of every bypass and every black hole while
 	// served, within the bounds or not.
 	windows map[string][]time.Duration
+	// pending are the faults (by index) whose recovery is not measured
+	// yet: from each one's end to the first round in which every pod
+	// unchanged since before that end was in its policy state.
+	pending []int
+	// recovery is, per fault (by index), that time; unrecovered counts
+	// those still pending when the run settled.
+	recovery map[int]time.Duration
 }
 
 func newRecorder(start time.Time) *recorder {
-	return &recorder{start: start, lastFaultEnd: start, windows: map[string][]time.Duration{}}
+	return &recorder{start: start, lastFaultEnd: start, windows: map[string][]time.Duration{}, recovery: map[int]time.Duration{}}
 }
 
 func (r *recorder) faultStarted(kind string) int {
@@ -84,6 +98,47 @@ func (r *recorder) faultFinished(id int, detail string, err error) {
 	f := &r.faults[id]
 	f.End, f.Detail, f.Err, f.done = time.Now(), detail, err, true
 	r.inFlight--
+	if err == nil {
+		r.pending = append(r.pending, id)
+	}
+}
+
+// pendingRecoveries are the ends of the faults whose recovery is still
+// measured, by fault index.
+func (r *recorder) pendingRecoveries() map[int]time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[int]time.Time, len(r.pending))
+	for _, id := range r.pending {
+		out[id] = r.faults[id].End
+	}
+	return out
+}
+
+// faultRecovered records that every pod was in its policy state at t, for
+// the pending fault id.
+func (r *recorder) faultRecovered(id int, t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := slices.Index(r.pending, id)
+	if i < 0 {
+		return
+	}
+	r.pending = slices.Delete(r.pending, i, i+1)
+	r.recovery[id] = max(t.Sub(r.faults[id].End), 0)
+}
+
+// overlaps reports whether a fault of kind was in flight at some time
+// between from and to.
+func (r *recorder) overlaps(kind string, from, to time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.faults {
+		if f.Kind == kind && !f.Start.After(to) && (!f.done || !f.End.Before(from)) {
+			return true
+		}
+	}
+	return false
 }
 
 // faultEnded marks the end of a storm (every fault undone): the lost-pod

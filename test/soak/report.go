@@ -29,9 +29,12 @@ type result struct {
 	leaks        []leakCheck
 	created      int64
 	deleted      int64
-	ops          map[string]*opCount
-	agentLog     string
-	violations   []violation
+	// sidecars: sidecar-mode pods made; downWipes: resident pods wiped
+	// while the agent was down, downWipesSeen: judged after its restart.
+	sidecars, downWipes, downWipesSeen int64
+	ops                                map[string]*opCount
+	agentLog                           string
+	violations                         []violation
 }
 
 func (r *result) violationCount() int { return len(r.violations) }
@@ -106,9 +109,14 @@ func (r *result) summary() string {
 	fmt.Fprintf(&b, "machine: %s; load average at the end %s\n", r.machineStart, r.machineEnd)
 	fmt.Fprintf(&b, "duration: %v of churn and faults, settled %v after the start; about %d pods alive at once\n",
 		r.cfg.duration, r.settled.Sub(rec.start).Round(time.Second), r.cfg.pods)
-	fmt.Fprintf(&b, "agent: --verify-interval=%v %s\n", r.cfg.verifyInterval, strings.Join(r.cfg.agentArgs, " "))
+	bin := "bin/ambientd"
+	if r.cfg.agentBin != "" {
+		bin = r.cfg.agentBin
+	}
+	fmt.Fprintf(&b, "agent: %s --verify-interval=%v %s\n", bin, r.cfg.verifyInterval, strings.Join(r.cfg.agentArgs, " "))
 	fmt.Fprintf(&b, "bounds: bypass %v, black hole while served %v, lost pod %v after the last fault\n", bypassBound(r.cfg), blackHoleBound, lostBound)
-	fmt.Fprintf(&b, "pods: %d created, %d deleted\n", r.created, r.deleted)
+	fmt.Fprintf(&b, "pods: %d created (%d of them sidecar-mode, %d resident), %d deleted\n", r.created, r.sidecars, residentPods, r.deleted)
+	fmt.Fprintf(&b, "rules wiped while the agent was down (agent-kill, agent-term): %d; judged after the restarted agent was ready (seen back in order, or reported): %d\n", r.downWipes, r.downWipesSeen)
 	b.WriteString("churn operations (ok / failed):")
 	for _, k := range sortedKeys(r.ops) {
 		fmt.Fprintf(&b, " %s %d/%d;", k, r.ops[k].ok, r.ops[k].failed)
@@ -119,7 +127,17 @@ func (r *result) summary() string {
 	for _, f := range rec.faults {
 		byKind[f.Kind] = append(byKind[f.Kind], f)
 	}
-	fmt.Fprintf(&b, "faults: %d\n", len(rec.faults))
+	recByKind := map[string][]time.Duration{}
+	var allRec []time.Duration
+	for id, d := range rec.recovery {
+		recByKind[rec.faults[id].Kind] = append(recByKind[rec.faults[id].Kind], d)
+		allRec = append(allRec, d)
+	}
+	unrecovered := map[string]int{}
+	for _, id := range rec.pending {
+		unrecovered[rec.faults[id].Kind]++
+	}
+	fmt.Fprintf(&b, "faults: %d; recovery = from a fault's end to the first sampler round with every pod unchanged since before it in its policy state\n", len(rec.faults))
 	for _, k := range sortedKeys(byKind) {
 		var d []time.Duration
 		errs := 0
@@ -129,8 +147,11 @@ func (r *result) summary() string {
 				errs++
 			}
 		}
-		fmt.Fprintf(&b, "  %-20s %4d  (lasting p50 %v, max %v; %d failed to run)\n", k, len(d),
-			e2eenv.Percentile(d, .5).Round(time.Millisecond), e2eenv.Percentile(d, 1).Round(time.Millisecond), errs)
+		rd := recByKind[k]
+		fmt.Fprintf(&b, "  %-20s %4d  (lasting p50 %v, max %v; %d failed to run; recovery p50 %v, p99 %v, max %v, %d never)\n", k, len(d),
+			e2eenv.Percentile(d, .5).Round(time.Millisecond), e2eenv.Percentile(d, 1).Round(time.Millisecond), errs,
+			e2eenv.Percentile(rd, .5).Round(time.Millisecond), e2eenv.Percentile(rd, .99).Round(time.Millisecond),
+			e2eenv.Percentile(rd, 1).Round(time.Millisecond), unrecovered[k])
 	}
 	fmt.Fprintf(&b, "samples: %d in %d rounds; gap between two samples of one pod (outside its churn operations) p50 %v, p99 %v, max %v\n",
 		r.rec.samples.Load(), len(rec.rounds), e2eenv.Percentile(rec.gaps, .5).Round(time.Millisecond),
@@ -143,7 +164,10 @@ func (r *result) summary() string {
 		fmt.Fprintf(&b, "%s windows (%s), within the bound or not: %d, p50 %v, p99 %v, max %v\n", k.kind, k.what, len(w),
 			e2eenv.Percentile(w, .5).Round(time.Millisecond), e2eenv.Percentile(w, .99).Round(time.Millisecond), e2eenv.Percentile(w, 1).Round(time.Millisecond))
 	}
-	fmt.Fprintf(&b, "recovery (end of a storm of faults → every pod in its policy state): %d storms, p50 %v, p99 %v, max %v\n",
+	fmt.Fprintf(&b, "recovery per fault (its end → every pod unchanged since before it in its policy state; other faults may still be in flight): %d faults, p50 %v, p99 %v, max %v; %d not recovered when the run settled\n",
+		len(allRec), e2eenv.Percentile(allRec, .5).Round(time.Millisecond), e2eenv.Percentile(allRec, .99).Round(time.Millisecond),
+		e2eenv.Percentile(allRec, 1).Round(time.Millisecond), len(rec.pending))
+	fmt.Fprintf(&b, "recovery per storm (end of a storm of faults → every pod in its policy state): %d storms, p50 %v, p99 %v, max %v\n",
 		len(rec.recoveries), e2eenv.Percentile(rec.recoveries, .5).Round(time.Millisecond),
 		e2eenv.Percentile(rec.recoveries, .99).Round(time.Millisecond), e2eenv.Percentile(rec.recoveries, 1).Round(time.Millisecond))
 	b.WriteString("leaks at the end (every pod deleted):\n")
@@ -235,6 +259,7 @@ func (r *result) plot() (*plot.Plot, error) {
 		{stPlain.String(), func(x round) int { return x.Counts[stPlain] }},
 		{stBlackHole.String(), func(x round) int { return x.Counts[stBlackHole] }},
 		{stPartial.String() + " / foreign", func(x round) int { return x.Counts[stPartial] + x.Counts[stForeign] }},
+		{"sidecar (own proxy)", func(x round) int { return x.Counts[stSidecar] }},
 		{"claimed enrolled, traffic direct", func(x round) int { return x.Bypassing }},
 	}
 	for i, s := range series {

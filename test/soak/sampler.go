@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -32,6 +33,14 @@ const (
 	// lostBound: how long after the last fault ended (and after the pod's
 	// own last change) a pod may be out of its policy state.
 	lostBound = 15 * time.Second
+	// restartBypassBound: how long a pod whose rules were wiped while the
+	// agent was down may be claimed enrolled with its traffic direct once
+	// the restarted agent is ready. The agent verifies and repairs every
+	// pod it restores before it reports ready, so this is only the
+	// sampler's own slack (a probe begun just before the soak saw it
+	// ready, a late round); an agent that left the repair to its drift
+	// pass (a period later) is caught.
+	restartBypassBound = 2 * time.Second
 )
 
 // bypassBound is how long a pod may be claimed enrolled while its traffic
@@ -52,10 +61,11 @@ const (
 	outProxy                  // the ztunnel emulator answered, for this pod's uid
 	outDirect                 // the app (inbound) or the remote (outbound) answered: not captured
 	outForeign                // the emulator answered for another uid, or garbage
+	outSidecar                // a sidecar-mode pod's own proxy answered
 )
 
 func (o outcome) String() string {
-	return [...]string{"dead", "proxy", "direct", "foreign"}[o]
+	return [...]string{"dead", "proxy", "direct", "foreign", "sidecar"}[o]
 }
 
 // state is a pod's sample: both directions together.
@@ -67,14 +77,17 @@ const (
 	stBlackHole              // a direction went nowhere, none reached the app
 	stPartial                // one direction direct, the other not
 	stForeign                // someone else's proxy
+	stSidecar                // both directions reached the pod's own (sidecar) proxy
 	numStates
 )
 
 func (s state) String() string {
-	return [...]string{"meshed", "plain", "black hole", "partial", "foreign proxy"}[s]
+	return [...]string{"meshed", "plain", "black hole", "partial", "foreign proxy", "sidecar"}[s]
 }
 
-func classify(line string, err error, uid, direct string) outcome {
+// classify reads one probe's answer: direct is what the far end answers,
+// own what the pod's own proxy answers ("" for a pod without one).
+func classify(line string, err error, uid, direct, own string) outcome {
 	switch {
 	case err != nil:
 		return outDead
@@ -82,6 +95,8 @@ func classify(line string, err error, uid, direct string) outcome {
 		return outProxy
 	case line == direct:
 		return outDirect
+	case own != "" && line == own:
+		return outSidecar
 	default:
 		return outForeign
 	}
@@ -91,6 +106,8 @@ func combine(out, in outcome) state {
 	switch {
 	case out == outProxy && in == outProxy:
 		return stMeshed
+	case out == outSidecar && in == outSidecar:
+		return stSidecar
 	case out == outDirect && in == outDirect:
 		return stPlain
 	case out == outDirect || in == outDirect:
@@ -106,8 +123,12 @@ func combine(out, in outcome) state {
 type judgeState struct {
 	last         time.Time
 	bypass, dead badRun
-	lostR        bool
-	lastState    atomic.Int32 // state+1; 0 = never sampled
+	// restored: the run of a pod wiped while the agent was down, claimed
+	// enrolled with its traffic direct after the agent was ready again.
+	restored  badRun
+	lostR     bool
+	sidecarR  bool         // a sidecar pod's violation reported
+	lastState atomic.Int32 // state+1; 0 = never sampled
 }
 
 // badRun is a run of consecutive samples in one bad condition.
@@ -152,7 +173,7 @@ func (s *soak) sample(ctx context.Context) {
 	go s.claimsLoop(ctx)
 	for ctx.Err() == nil {
 		t0 := time.Now()
-		served0 := s.node.served(ctx)
+		served0, held := s.node.view(ctx)
 		claims, claimsOK := s.freshClaims()
 		pods := s.alive()
 		results := make([]sample, len(pods))
@@ -169,8 +190,9 @@ func (s *soak) sample(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		served := served0 && s.node.served(ctx)
-		s.judge(t0, results, claims, claimsOK, served)
+		served1, held1 := s.node.view(ctx)
+		maps.Copy(held, held1)
+		s.judge(t0, results, claims, claimsOK, served0 && served1, held)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Until(t0.Add(roundEvery))):
@@ -257,22 +279,38 @@ func (s *soak) probe(ctx context.Context, r *podRec) sample {
 		return sample{r: r}
 	}
 	at := time.Now()
+	own := ""
+	if r.sidecar {
+		own = sidecarAnswerPrefix + r.name
+	}
 	line, err := readLine(ctx, func(ctx context.Context) (net.Conn, error) { return r.p.Dial(ctx, "tcp", s.proberIP) })
-	out := classify(line, err, r.uid, "remote")
+	out := classify(line, err, r.uid, "remote", own)
 	line, err = readLine(ctx, func(ctx context.Context) (net.Conn, error) {
 		return s.prober.Dial(ctx, "tcp", netIPPort(r.p.IP().String(), appPort))
 	})
-	in := classify(line, err, r.uid, "app "+r.name)
+	in := classify(line, err, r.uid, "app "+r.name, own)
 	return sample{r: r, at: at, out: out, in: in, ok: true}
 }
 
-func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, claimsOK, served bool) {
+// judge judges a round's samples: claims are the API's (claimsOK: fresh),
+// served whether a ztunnel served the node through the round, held the
+// uids the ztunnel emulators held workloads for.
+func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, claimsOK, served bool, held map[string]bool) {
 	bound := bypassBound(s.cfg)
 	var counts [numStates]int
 	bypassing := 0
 	quietFor, windowStart, pendingRecovery := s.rec.quiet(t0)
 	agentDown := s.rec.agentDown()
 	allInPolicy := true
+	var outOfPolicy []string // pods keeping the storm's recovery open
+	// Per fault: recovered once every pod unchanged since before its end
+	// is in its policy state (pods not sampled this round do not count).
+	faultEnds := s.rec.pendingRecoveries()
+	for id, end := range faultEnds {
+		if !end.Before(t0) {
+			delete(faultEnds, id) // ended during this round: judged from the next
+		}
+	}
 	for _, x := range results {
 		if x.busy {
 			// The gap across a churn operation is not a sampling gap.
@@ -293,10 +331,31 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 		pod := r.ns.name + "/" + r.name
 
 		s.mu.Lock()
-		want, since := wantMesh(r), stable(r)
+		observeSidecar(r, st)
+		want, since, policy := wantMesh(r), stable(r), policyState(r)
 		s.mu.Unlock()
 		direct := x.out == outDirect || x.in == outDirect
 		claimed := claimsOK && claims[r.uid].enrolled(want)
+		if r.sidecar && !j.sidecarR {
+			// Never in ambient, whatever its labels: never claimed (not
+			// even True/NotInMesh), never a ztunnel's workload, never
+			// answered for by a ztunnel.
+			c := claims[r.uid]
+			var why string
+			switch {
+			case claimsOK && (c.annotation || c.condition):
+				why = fmt.Sprintf("claims ambient (annotation enabled %v, enrolled condition True %v)", c.annotation, c.condition)
+			case held[r.uid]:
+				why = "a ztunnel holds it as a workload"
+			case x.out == outProxy || x.in == outProxy:
+				why = fmt.Sprintf("a ztunnel answered for it (out=%s in=%s)", x.out, x.in)
+			}
+			if why != "" {
+				j.sidecarR = true
+				s.rec.violation(violation{At: x.at, Kind: kindSidecar, Pod: pod, UID: r.uid, Detail: why})
+			}
+		}
+		s.judgeRestored(x, pod, claimed, claimsOK, since)
 		if claimed && direct {
 			bypassing++
 		}
@@ -312,15 +371,17 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 				Detail: fmt.Sprintf("out=%s in=%s with a ztunnel serving for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), blackHoleBound)})
 		}
 
-		policy := stPlain
-		if want {
-			policy = stMeshed
-		}
 		if st == policy {
 			j.lostR = false
 		} else {
 			if since.Before(windowStart) {
 				allInPolicy = false
+				outOfPolicy = append(outOfPolicy, fmt.Sprintf("%s (policy %s, sampled out=%s in=%s, unchanged for %v)", pod, policy, x.out, x.in, x.at.Sub(since).Round(time.Millisecond)))
+			}
+			for id, end := range faultEnds {
+				if since.Before(end) {
+					delete(faultEnds, id)
+				}
 			}
 			if quietFor >= lostBound && x.at.Sub(since) >= lostBound && !j.lostR {
 				j.lostR = true
@@ -333,7 +394,53 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 	if pendingRecovery && allInPolicy {
 		s.rec.recovered(t0)
 	}
+	// A slow recovery says which pods it waits for (once per storm, 5 s
+	// after its end): the log keeps what the summary's figure hides.
+	if pendingRecovery && !allInPolicy && t0.Sub(windowStart) > 5*time.Second && s.slowLogged != windowStart {
+		s.slowLogged = windowStart
+		s.logf("recovery from the storm that ended %v ago still waits for: %s", t0.Sub(windowStart).Round(time.Millisecond), strings.Join(outOfPolicy, "; "))
+	}
+	for id := range faultEnds {
+		s.rec.faultRecovered(id, t0)
+	}
 	s.rec.round(t0, counts, bypassing, served)
+}
+
+// judgeRestored judges a pod whose rules were wiped while the agent was
+// down, unchanged since: once the restarted agent is ready it must not be
+// claimed enrolled while a direction is direct (the restart verified it)
+// for longer than restartBypassBound; the first sample that is not ends
+// the watch. Rounds without fresh claims judge nothing here (and end
+// nothing).
+func (s *soak) judgeRestored(x sample, pod string, claimed, claimsOK bool, since time.Time) {
+	r, j := x.r, &x.r.judge
+	s.mu.Lock()
+	downWiped, downReady := r.downWipedAt, r.downWipeReadyAt
+	s.mu.Unlock()
+	if downWiped.IsZero() || downReady.IsZero() || !x.at.After(downReady) || !since.Before(downWiped) || r.wiping.Load() {
+		j.restored = badRun{}
+		return
+	}
+	if !claimsOK {
+		return
+	}
+	bad := claimed && (x.out == outDirect || x.in == outDirect)
+	if d, report := j.restored.observe(s.rec, kindRestored, bad, x.at, restartBypassBound); report {
+		s.downWipesSeen.Add(1)
+		s.rec.violation(violation{At: j.restored.since, Kind: kindRestored, Pod: pod, UID: r.uid,
+			Detail: fmt.Sprintf("rules wiped while the agent was down; claimed enrolled while out=%s in=%s for %v after the restarted agent was ready (bound %v)",
+				x.out, x.in, d.Round(time.Millisecond), restartBypassBound)})
+	}
+	if !bad {
+		s.mu.Lock()
+		if r.downWipedAt.Equal(downWiped) {
+			r.downWipedAt = time.Time{}
+			if !j.restored.reported {
+				s.downWipesSeen.Add(1)
+			}
+		}
+		s.mu.Unlock()
+	}
 }
 
 // waitAllInPolicy waits until the sampler saw every pod in its policy state
@@ -343,12 +450,8 @@ func (s *soak) waitAllInPolicy(ctx context.Context) {
 		all := true
 		for _, r := range s.alive() {
 			s.mu.Lock()
-			want := wantMesh(r)
+			policy := policyState(r)
 			s.mu.Unlock()
-			policy := stPlain
-			if want {
-				policy = stMeshed
-			}
 			if r.judge.lastState.Load() != int32(policy)+1 {
 				all = false
 			}

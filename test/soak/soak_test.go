@@ -48,12 +48,16 @@ func (l testLog) Write(p []byte) (int, error) {
 
 // TestSoak is the 60-second soak of make check: every churn operation and
 // every fault kind, seed 1, the agent's drift pass at the soak's period; any
-// violation (bypass, black hole while served, lost pod, leak) fails it.
+// violation (bypass, black hole while served, restored unverified, sidecar
+// pod in ambient, lost pod, leak) fails it. Seed 1's first storm restarts
+// the agent three times with a resident pod's rules wiped while it is down:
+// an agent built with ambientd_trust_restored fails it (docs/soak.md).
 func TestSoak(t *testing.T) {
-	// SOAK_AGENT_ARGS adds agent flags (a later flag wins), to run the
-	// same soak against another agent setting.
+	// SOAK_AGENT_ARGS adds agent flags (a later flag wins) and
+	// SOAK_AGENT_BIN runs another agent binary, to run the same soak
+	// against another agent (docs/soak.md, "Proving the soak fails").
 	c := config{duration: 60 * time.Second, pods: 16, seed: 1, faults: allFaultKinds(), verifyInterval: 5 * time.Second,
-		agentArgs: strings.Fields(os.Getenv("SOAK_AGENT_ARGS"))}
+		agentArgs: strings.Fields(os.Getenv("SOAK_AGENT_ARGS")), agentBin: os.Getenv("SOAK_AGENT_BIN")}
 	res := soakFor(t, c)
 	if res.rec.samples.Load() == 0 || res.faultCount() == 0 || res.created == 0 {
 		t.Fatalf("the soak did nothing: %s", res.lastLine())

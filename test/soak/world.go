@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -21,13 +22,21 @@ import (
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/istiogolden"
 )
 
 // Ports inside the pods: every soak pod serves appPort (answers "app
-// <name>"); the prober pod serves remotePort (answers "remote").
+// <name>"); the prober pod serves remotePort (answers "remote"); a
+// sidecar-mode pod's stand-in for its istio-proxy listens on Envoy's
+// outbound and inbound capture ports (answers "sidecar <name>").
 const (
-	appPort    = 8080
-	remotePort = 7000
+	appPort             = 8080
+	remotePort          = 7000
+	envoyOutboundPort   = 15001
+	envoyInboundPort    = 15006
+	residentPods        = 2
+	sidecarGoldenCase   = "redirect-default"
+	sidecarAnswerPrefix = "sidecar "
 )
 
 // nsRec is one of the soak's namespaces.
@@ -47,13 +56,34 @@ type podRec struct {
 	name    string
 	p       *e2eenv.Pod
 	uid     string
-	ln      net.Listener
+	lns     []net.Listener
 	deleted bool
+
+	// resident pods (made at setup, in the ambient namespace) are never
+	// deleted, recreated or relabelled by the churn: the agent-restart
+	// faults wipe their rules while the agent is down, and they live long
+	// enough for a restarted agent that trusts them unverified to be seen.
+	resident bool
+	// sidecar: a pod as Istio's injector makes it (sidecar.istio.io/status,
+	// istio-proxy, istio-validation), never in ambient whatever its labels.
+	sidecar bool
 
 	// Under soak.mu: the pod's own label ("", ambient, none) and the last
 	// change of its sandbox or labels.
 	podMode     string
 	stableSince time.Time
+	// sidecarRules (sidecar pods): the pod must be captured for its own
+	// proxy — its current sandbox was made through our plugin with the
+	// conflist intact, or it was seen captured so since (a restarted
+	// agent captures every running sidecar pod it finds, whatever made its
+	// sandbox; the sampler sets it then). Otherwise it may be plain.
+	sidecarRules bool
+	// downWipedAt: an agent-restart fault wiped the pod's rules while the
+	// agent was down; downWipeReadyAt: the restarted agent was ready (zero
+	// until then). A restarted agent verifies the pods it restores before it
+	// is ready, so from then on the pod must not be claimed enrolled with
+	// its traffic direct (restartBypassBound).
+	downWipedAt, downWipeReadyAt time.Time
 
 	// wiping is set while a pod-rules-wiped fault works on the pod: the
 	// agent is judged on the bypass only from the end of the wipe (on a
@@ -87,6 +117,14 @@ type soak struct {
 	ops              map[string]*opCount
 
 	rec *recorder
+
+	// sidecarGolden is the injected pod the sidecar-mode pods copy.
+	sidecarGolden istiogolden.Case
+	// sidecars counts the sidecar-mode pods made; downWipes the resident
+	// pods wiped while the agent was down, downWipesSeen those of them
+	// sampled after the restarted agent was ready (judged).
+	sidecars, downWipes, downWipesSeen atomic.Int64
+	slowLogged                         time.Time // the sampler's alone
 
 	claimMu    sync.Mutex
 	lastClaims map[string]claim // by pod uid
@@ -129,6 +167,9 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	s.rec = newRecorder(s.start)
 	res := &result{cfg: c, machineStart: e2eenv.Machine(), rec: s.rec}
 	var err error
+	if s.sidecarGolden, err = istiogolden.LoadCase(sidecarGoldenCase); err != nil {
+		return nil, fmt.Errorf("the sidecar-mode pods' injected spec: %w", err)
+	}
 	if s.node, err = startNode(ctx, env, c, log); err != nil {
 		return nil, err
 	}
@@ -171,6 +212,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 		}
 	}
 	res.created, res.deleted = s.created.Load(), s.deleted.Load()
+	res.sidecars, res.downWipes, res.downWipesSeen = s.sidecars.Load(), s.downWipes.Load(), s.downWipesSeen.Load()
 	res.ops = s.ops
 	res.agentLog = s.node.agent.LogPath
 	res.attachLogs()
@@ -208,6 +250,15 @@ func (s *soak) setup(ctx context.Context) error {
 		return err
 	}
 	go serveLine(ln, "remote")
+	for range residentPods {
+		s.mu.Lock()
+		s.nextID++
+		id := s.nextID
+		s.mu.Unlock()
+		if err := s.createPod(ctx, id, s.nss[0], "", podKind{resident: true}); err != nil {
+			return fmt.Errorf("resident pod: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -234,12 +285,35 @@ func serveLine(ln net.Listener, line string) {
 }
 
 // wantMesh is the enrollment policy for the pod as the soak set its labels
-// (the soak's own record, not the agent's view). Under s.mu.
+// (the soak's own record, not the agent's view): a sidecar pod never. Under
+// s.mu.
 func wantMesh(r *podRec) bool {
-	if r.podMode == podmeta.ModeNone {
+	if r.sidecar || r.podMode == podmeta.ModeNone {
 		return false
 	}
 	return r.ns.ambient || r.podMode == podmeta.ModeAmbient
+}
+
+// policyState is the state the pod must be sampled in: meshed (in the
+// mesh), captured by its own proxy (a sidecar pod made through our plugin)
+// or plain. Under s.mu.
+func policyState(r *podRec) state {
+	switch {
+	case r.sidecar && r.sidecarRules:
+		return stSidecar
+	case wantMesh(r):
+		return stMeshed
+	}
+	return stPlain
+}
+
+// observeSidecar takes a sample of the pod: a sidecar pod seen captured for
+// its own proxy is held to that from then on, whatever made its sandbox (a
+// restarted agent captures every running sidecar pod it finds). Under s.mu.
+func observeSidecar(r *podRec, st state) {
+	if r.sidecar && st == stSidecar {
+		r.sidecarRules = true
+	}
 }
 
 // stable is when the pod last changed in a way that moves its policy state.
@@ -320,7 +394,7 @@ func (s *soak) pickOp() churnOp {
 // withPod picks a random live pod now (in the churn's goroutine, so the
 // plan follows the seed) and runs f on it later.
 func (s *soak) withPod(name string, f func(context.Context, *podRec) error) churnOp {
-	pods := s.alive()
+	pods := slices.DeleteFunc(s.alive(), func(r *podRec) bool { return r.resident })
 	if len(pods) == 0 {
 		return s.createOp()
 	}
@@ -330,7 +404,9 @@ func (s *soak) withPod(name string, f func(context.Context, *podRec) error) chur
 
 // createOp makes a pod of a random kind: in the ambient namespace (some
 // opted out with dataplane-mode=none), in the plain namespace (some opted
-// in with dataplane-mode=ambient), or in the namespace whose label flips.
+// in with dataplane-mode=ambient), in the namespace whose label flips, or a
+// sidecar-mode pod (in the ambient or the flip namespace: its labels must
+// never put it in ambient).
 func (s *soak) createOp() churnOp {
 	s.mu.Lock()
 	s.nextID++
@@ -339,53 +415,95 @@ func (s *soak) createOp() churnOp {
 	r := s.rng.Float64()
 	var ns *nsRec
 	mode := ""
+	var kind podKind
 	switch {
-	case r < 0.45:
+	case r < 0.42:
 		ns = s.nss[0]
-	case r < 0.55:
+	case r < 0.52:
 		ns, mode = s.nss[0], podmeta.ModeNone
-	case r < 0.70:
+	case r < 0.66:
 		ns = s.nss[1]
-	case r < 0.80:
+	case r < 0.76:
 		ns, mode = s.nss[1], podmeta.ModeAmbient
-	default:
+	case r < 0.93:
 		ns = s.nss[2]
+	case r < 0.965:
+		ns, kind.sidecar = s.nss[0], true
+	default:
+		ns, kind.sidecar = s.nss[2], true
 	}
-	return churnOp{"create", func(ctx context.Context) { s.countOp("create", s.createPod(ctx, id, ns, mode)) }}
+	return churnOp{"create", func(ctx context.Context) { s.countOp("create", s.createPod(ctx, id, ns, mode, kind)) }}
 }
 
-func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string) error {
+// podKind: what else than its namespace and label a new pod is.
+type podKind struct{ resident, sidecar bool }
+
+func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, kind podKind) error {
 	var labels map[string]string
 	if mode != "" {
 		labels = map[string]string{podmeta.LabelDataplaneMode: mode}
 	}
 	name := fmt.Sprintf("p%05d", id)
-	p, err := s.env.CreatePod(ctx, e2eenv.PodSpec{Namespace: ns.name, Name: name, Labels: labels})
+	spec := e2eenv.PodSpec{Namespace: ns.name, Name: name, Labels: labels}
+	if kind.sidecar {
+		name = fmt.Sprintf("sc%05d", id)
+		spec = s.sidecarSpec(ns.name, name)
+	}
+	began := time.Now()
+	p, err := s.env.CreatePod(ctx, spec)
 	if err != nil {
 		return err
 	}
 	s.created.Add(1)
-	r := &podRec{id: id, ns: ns, name: name, p: p, uid: p.UID, podMode: mode}
+	if kind.sidecar {
+		s.sidecars.Add(1)
+	}
+	r := &podRec{id: id, ns: ns, name: name, p: p, uid: p.UID, podMode: mode, resident: kind.resident, sidecar: kind.sidecar}
 	if err := r.listen(); err != nil {
 		return errors.Join(err, s.env.DeletePod(ctx, p))
 	}
 	s.mu.Lock()
 	r.stableSince = time.Now()
+	r.sidecarRules = kind.sidecar && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
 	s.pods[id] = r
 	s.mu.Unlock()
 	return nil
 }
 
-// listen starts the app in the pod's (current) netns. Under r.mu or before
+// sidecarSpec is a pod as Istio's injector makes it in CNI mode (the
+// golden case's labels, annotations and containers: istio-proxy,
+// istio-validation, sidecar.istio.io/status).
+func (s *soak) sidecarSpec(ns, name string) e2eenv.PodSpec {
+	return e2eenv.InjectedPodSpec(s.sidecarGolden.Injected, ns, name)
+}
+
+// listen starts the app in the pod's (current) netns, and in a sidecar pod
+// the stand-in for its proxy on Envoy's capture ports. Under r.mu or before
 // the pod is shared.
 func (r *podRec) listen() error {
-	ln, err := r.p.Listen("tcp", fmt.Sprintf(":%d", appPort))
-	if err != nil {
-		return err
+	ports := map[int]string{appPort: "app " + r.name}
+	if r.sidecar {
+		ports[envoyOutboundPort] = sidecarAnswerPrefix + r.name
+		ports[envoyInboundPort] = sidecarAnswerPrefix + r.name
 	}
-	r.ln = ln
-	go serveLine(ln, "app "+r.name)
+	r.lns = nil
+	for _, port := range slices.Sorted(maps.Keys(ports)) {
+		ln, err := r.p.Listen("tcp", fmt.Sprintf(":%d", port))
+		if err != nil {
+			r.closeListeners()
+			return err
+		}
+		r.lns = append(r.lns, ln)
+		go serveLine(ln, ports[port])
+	}
 	return nil
+}
+
+func (r *podRec) closeListeners() {
+	for _, ln := range r.lns {
+		ln.Close()
+	}
+	r.lns = nil
 }
 
 func (s *soak) deletePod(ctx context.Context, r *podRec) error {
@@ -399,7 +517,7 @@ func (s *soak) deletePod(ctx context.Context, r *podRec) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.deleted = true
-	r.ln.Close()
+	r.closeListeners()
 	s.deleted.Add(1)
 	return s.env.DeletePod(ctx, r.p)
 }
@@ -455,7 +573,8 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 	if r.deleted {
 		return nil
 	}
-	r.ln.Close()
+	r.closeListeners()
+	began := time.Now()
 	_, err := s.env.RecreateSandbox(ctx, r.p, e2eenv.SandboxOptions{Chain: chain})
 	if err != nil {
 		// The old sandbox is gone and no new one was made (e.g. the ADD
@@ -471,6 +590,7 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 	}
 	s.mu.Lock()
 	r.stableSince = time.Now()
+	r.sidecarRules = r.sidecar && !withoutPlugin && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
 	s.mu.Unlock()
 	return r.listen()
 }

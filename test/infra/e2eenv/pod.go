@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -34,6 +36,24 @@ type PodSpec struct {
 	// mirror pod (controlled by the Node, annotated config.mirror and
 	// config.hash = StaticUID, no service account).
 	StaticUID string
+}
+
+// InjectedPodSpec is a PodSpec of the pod an injector made (Istio's, for
+// sidecar mode): its labels, annotations, init and regular containers, in
+// namespace ns as name. Volumes and mounts are dropped: the environment
+// runs no containers.
+func InjectedPodSpec(injected *corev1.Pod, ns, name string) PodSpec {
+	return PodSpec{Namespace: ns, Name: name, Labels: maps.Clone(injected.Labels), Annotations: maps.Clone(injected.Annotations),
+		Mutate: func(p *corev1.Pod) {
+			p.Spec.InitContainers = slices.Clone(injected.Spec.InitContainers)
+			p.Spec.Containers = slices.Clone(injected.Spec.Containers)
+			p.Spec.Volumes = nil
+			for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+				for i := range cs {
+					cs[i].VolumeMounts = nil
+				}
+			}
+		}}
 }
 
 // The kubelet's mirror pod annotations (k8s.io/kubelet/pkg/types).
