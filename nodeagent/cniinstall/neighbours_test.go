@@ -75,23 +75,7 @@ const (
 // file as it exits).
 func runMultus(t *testing.T, dir string) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	w := &multusemu.Thin{Dir: dir, Interval: multusTick}
-	go func() { done <- w.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("multus: %v", err)
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	return multusemu.Start(context.Background(), t, &multusemu.Thin{Dir: dir, Interval: multusTick})
 }
 
 // assertMultusChain: the runtime runs Multus (its secondary networks are

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -71,24 +70,8 @@ func TestMultusPodAddRunsOurPluginOnce(t *testing.T) {
 	ctx := s.ctx
 
 	runMultus := func() (stop func()) {
-		mctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		w := &multusemu.Thin{Dir: confDir, Kubeconfig: testEnv.CP.AdminKubeconfig, BinDir: binDir,
-			CNIDir: filepath.Join(root, "multus"), LogFile: multusLog}
-		go func() { done <- w.Run(mctx) }()
-		stopped := false
-		stop = func() {
-			if stopped {
-				return
-			}
-			stopped = true
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("multus: %v", err)
-			}
-		}
-		t.Cleanup(stop)
-		return stop
+		return multusemu.Start(ctx, t, &multusemu.Thin{Dir: confDir, Kubeconfig: testEnv.CP.AdminKubeconfig, BinDir: binDir,
+			CNIDir: filepath.Join(root, "multus"), LogFile: multusLog})
 	}
 
 	check := func(step, pod string) {

@@ -44,32 +44,10 @@ func (r *agentRun) multusOnTheNode(t *testing.T, ctx context.Context) {
 	work := t.TempDir()
 	multusLog := filepath.Join(work, "multus.log")
 
-	var stops []func()
 	runMultus := func() (stop func()) {
-		mctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		w := &multusemu.Thin{Dir: nodeenv.StdCNIConfDir, Kubeconfig: node.Env.CP.AdminKubeconfig,
-			CNIDir: filepath.Join(work, "cache"), LogFile: multusLog}
-		go func() { done <- w.Run(mctx) }()
-		stopped := false
-		stop = func() {
-			if stopped {
-				return
-			}
-			stopped = true
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("multus: %v", err)
-			}
-		}
-		stops = append(stops, stop)
-		return stop
+		return multusemu.Start(ctx, t, &multusemu.Thin{Dir: nodeenv.StdCNIConfDir, Kubeconfig: node.Env.CP.AdminKubeconfig,
+			CNIDir: filepath.Join(work, "cache"), LogFile: multusLog})
 	}
-	t.Cleanup(func() {
-		for _, s := range stops {
-			s()
-		}
-	})
 
 	check := func(step, name string) {
 		t.Helper()
