@@ -376,18 +376,24 @@ func TestBinaryUpgrade(t *testing.T) {
 	}
 }
 
-// runInstaller starts Run and stops it at cleanup, checking it returned.
-func runInstaller(t *testing.T, i *Installer) {
+// runInstaller starts Run; stop (also at cleanup; again does nothing)
+// stops it and checks it returned without error.
+func runInstaller(t *testing.T, i *Installer) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- i.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func waitInstalled(t *testing.T, i *Installer, what string) {

@@ -268,9 +268,7 @@ func TestUninstallTakesUsOutOfMultus(t *testing.T) {
 	h := newHostTree(t)
 	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
 	i := h.installer(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- i.Run(ctx) }()
+	stop := runInstaller(t, i)
 	waitInstalled(t, i, "installed before Multus")
 	runMultus(t, h.conf)
 	_, files := waitFixedPoint(t, h.conf, 10*time.Second, 3*time.Second)
@@ -278,10 +276,7 @@ func TestUninstallTakesUsOutOfMultus(t *testing.T) {
 	if _, chain := effectiveChain(t, h.conf); !slices.Contains(chain, "ambientd-cni") || chain[len(chain)-1] == "ambientd-cni" && chain[len(chain)-2] == ")" {
 		t.Fatalf("Multus did not take our copy as its master (%v): not the case under test", chain)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	stop()
 	if err := i.Uninstall(); err != nil {
 		t.Fatalf("Uninstall: %v", err)
 	}

@@ -389,7 +389,7 @@ func TestNoRecoveryWhileTheAgentIsComing(t *testing.T) {
 			})
 			kill(t, a)
 			if i%2 == 0 {
-				n.waitsForAgent(t, ctx, ns, "loop-"+time.Now().Format("150405.000"), "agent crash-looping")
+				n.waitsForAgent(t, ctx, ns, "loop-"+time.Now().Format("150405000"), "agent crash-looping")
 			}
 			time.Sleep(time.Second)
 		}

@@ -90,22 +90,20 @@ func loadNetConf(b []byte) (*NetConf, error) {
 // k8sArgs are the Kubernetes CNI args Multus reads.
 type k8sArgs struct{ namespace, name, infraID, uid string }
 
-func parseK8sArgs(s string) k8sArgs {
-	var a k8sArgs
-	for _, kv := range strings.Split(s, ";") {
-		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "K8S_POD_NAMESPACE":
-			a.namespace = v
-		case "K8S_POD_NAME":
-			a.name = v
-		case "K8S_POD_INFRA_CONTAINER_ID":
-			a.infraID = v
-		case "K8S_POD_UID":
-			a.uid = v
-		}
+// parseK8sArgs reads CNI_ARGS with CNI's types.LoadArgs, as Multus does (a
+// key it does not know fails unless IgnoreUnknown is set).
+func parseK8sArgs(s string) (k8sArgs, error) {
+	var raw struct {
+		types.CommonArgs
+		K8S_POD_NAMESPACE          types.UnmarshallableString
+		K8S_POD_NAME               types.UnmarshallableString
+		K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString
+		K8S_POD_UID                types.UnmarshallableString
 	}
-	return a
+	if err := types.LoadArgs(s, &raw); err != nil {
+		return k8sArgs{}, fmt.Errorf("LoadK8sArgs: %w", err)
+	}
+	return k8sArgs{string(raw.K8S_POD_NAMESPACE), string(raw.K8S_POD_NAME), string(raw.K8S_POD_INFRA_CONTAINER_ID), string(raw.K8S_POD_UID)}, nil
 }
 
 // Plugin is the multus binary's commands.
@@ -256,7 +254,10 @@ func (Plugin) Add(args *skel.CmdArgs) (types.Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("error getting k8s client: %w", err)
 	}
-	a := parseK8sArgs(args.Args)
+	a, err := parseK8sArgs(args.Args)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := getPod(c, a, false); err != nil {
 		if errors.Is(err, errPodNotFound) {
 			n.logf("ADD %s/%s: pod not found, empty result", a.namespace, a.name)
@@ -316,7 +317,10 @@ func (Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return fmt.Errorf("error getting k8s client: %w", err)
 	}
-	a := parseK8sArgs(args.Args)
+	a, err := parseK8sArgs(args.Args)
+	if err != nil {
+		return err
+	}
 	known, _ := getPod(c, a, true) // a failure is only logged by Multus
 	delegates := n.Delegates
 	b, err := os.ReadFile(cachePath(n, args.ContainerID))
@@ -342,7 +346,10 @@ func (Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	a := parseK8sArgs(args.Args)
+	a, err := parseK8sArgs(args.Args)
+	if err != nil {
+		return err
+	}
 	cni := n.cni()
 	for idx, raw := range n.Delegates {
 		list, _, err := delegate(raw)
