@@ -376,24 +376,10 @@ func TestBinaryUpgrade(t *testing.T) {
 	}
 }
 
-// runInstaller starts Run; stop (also at cleanup; again does nothing)
-// stops it and checks it returned without error.
+// runInstaller starts Run until stop (or the test's cleanup).
 func runInstaller(t *testing.T, i *Installer) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- i.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testutil.Run(t, i.Run)
 }
 
 func waitInstalled(t *testing.T, i *Installer, what string) {

@@ -75,7 +75,7 @@ const (
 // file as it exits).
 func runMultus(t *testing.T, dir string) (stop func()) {
 	t.Helper()
-	return multusemu.Start(context.Background(), t, &multusemu.Thin{Dir: dir, Interval: multusTick})
+	return testutil.Run(t, (&multusemu.Thin{Dir: dir, Interval: multusTick}).Run)
 }
 
 // assertMultusChain: the runtime runs Multus (its secondary networks are

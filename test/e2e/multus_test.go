@@ -70,8 +70,8 @@ func TestMultusPodAddRunsOurPluginOnce(t *testing.T) {
 	ctx := s.ctx
 
 	runMultus := func() (stop func()) {
-		return multusemu.Start(ctx, t, &multusemu.Thin{Dir: confDir, Kubeconfig: testEnv.CP.AdminKubeconfig, BinDir: binDir,
-			CNIDir: filepath.Join(root, "multus"), LogFile: multusLog})
+		return testutil.Run(t, (&multusemu.Thin{Dir: confDir, Kubeconfig: testEnv.CP.AdminKubeconfig, BinDir: binDir,
+			CNIDir: filepath.Join(root, "multus"), LogFile: multusLog}).Run)
 	}
 
 	check := func(step, pod string) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ambientd/ambientd/test/infra/multusemu"
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // multusOnTheNode: Multus (thin plugin, auto-config; the writer and plugin
@@ -45,8 +46,8 @@ func (r *agentRun) multusOnTheNode(t *testing.T, ctx context.Context) {
 	multusLog := filepath.Join(work, "multus.log")
 
 	runMultus := func() (stop func()) {
-		return multusemu.Start(ctx, t, &multusemu.Thin{Dir: nodeenv.StdCNIConfDir, Kubeconfig: node.Env.CP.AdminKubeconfig,
-			CNIDir: filepath.Join(work, "cache"), LogFile: multusLog})
+		return testutil.Run(t, (&multusemu.Thin{Dir: nodeenv.StdCNIConfDir, Kubeconfig: node.Env.CP.AdminKubeconfig,
+			CNIDir: filepath.Join(work, "cache"), LogFile: multusLog}).Run)
 	}
 
 	check := func(step, name string) {

@@ -37,7 +37,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"text/template"
 	"time"
 
@@ -74,35 +73,6 @@ type Thin struct {
 	Generated func(path string, data []byte)
 
 	cniVersion string // learnt from the first master, as Multus does
-}
-
-// T is the part of *testing.T that Start uses.
-type T interface {
-	Helper()
-	Errorf(format string, args ...any)
-	Cleanup(func())
-}
-
-// Start runs w (one life of Multus) in the background until the returned
-// stop is called, or at t's cleanup; stop waits for Run to return (Multus
-// removes its file as it exits) and reports Run's error on t. Calling stop
-// again does nothing.
-func Start(ctx context.Context, t T, w *Thin) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("multus: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 // Run is one life of the entrypoint: generate, then watch until ctx ends,
