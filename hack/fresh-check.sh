@@ -51,7 +51,10 @@ check e2e-switch "$d" go test -tags e2enode -count=1 -run '^$' ./test/e2eswitch/
 # The image alone.
 fresh image
 d="$scratch_root/image"
-tar -tf "$d/bin/ambientd-image.tar" | grep -qx 'index.json' || { echo "fresh-check: FAIL: make image alone built no OCI archive" >&2; exit 1; }
+# The listing is read whole before grep looks at it: grep -q in a pipe exits at
+# the first match, tar then dies of SIGPIPE, and pipefail fails the check.
+listing=$(tar -tf "$d/bin/ambientd-image.tar") || { echo "fresh-check: FAIL: bin/ambientd-image.tar cannot be read" >&2; exit 1; }
+grep -qx 'index.json' <<<"$listing" || { echo "fresh-check: FAIL: make image alone built no OCI archive" >&2; exit 1; }
 echo "fresh-check: [image] bin/ambientd-image.tar is an OCI archive"
 
 echo "fresh-check: ok in $(( $(date +%s) - start ))s"

@@ -32,7 +32,10 @@ remove_cgroup_tree() {
 for d in /proc/[0-9]*; do
   pid=${d#/proc/}
   [ "$pid" = "$$" ] && continue
-  if { tr '\0' '\n' < "$d/environ"; } 2>/dev/null | grep -qx "AMBIENTD_E2E_RUN=$run"; then
+  # Read whole, then matched: grep -q in a pipe would exit at the first match
+  # and (pipefail) turn a leftover into a miss when tr dies of SIGPIPE.
+  environ=$({ tr '\0' '\n' < "$d/environ"; } 2>/dev/null) || continue
+  if grep -qx "AMBIENTD_E2E_RUN=$run" <<<"$environ"; then
     report "process $pid still running: $({ tr '\0' ' ' < "$d/cmdline"; } 2>/dev/null)"
     kill -9 "$pid" 2>/dev/null || true
   fi
