@@ -52,7 +52,7 @@ func (s sidecarArgs) sidecarPod(ann annFlag) (*corev1.Pod, error) {
 		}
 		return &p, nil
 	}
-	proxy := corev1.Container{Name: policy.ContainerProxy, Args: []string{"proxy", "sidecar"},
+	proxy := corev1.Container{Name: podmeta.ContainerProxy, Args: []string{"proxy", "sidecar"},
 		SecurityContext: &corev1.SecurityContext{RunAsUser: &s.proxyUID, RunAsGroup: &s.proxyGID}}
 	for k, v := range s.proxyEnv {
 		proxy.Env = append(proxy.Env, corev1.EnvVar{Name: k, Value: v})

@@ -25,7 +25,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/listers"
 	"k8s.io/client-go/tools/cache"
@@ -325,9 +324,9 @@ func New(cfg Config, d Deps) (*Agent, error) {
 
 	// Pods of this node only; namespaces: all (their labels enroll pods).
 	a.podInformer = d.Informers.Pods
-	// The agent never reads managed fields; dropping them from the cache
-	// saves memory at hundreds of pods (docs/scale.md).
-	if err := a.podInformer.SetTransform(dropManagedFields); err != nil {
+	// The cache keeps only what the agent reads of a pod (podmeta.Trim):
+	// the rest is most of its heap at hundreds of pods (docs/scale.md).
+	if err := a.podInformer.SetTransform(podmeta.Trim); err != nil {
 		return nil, fmt.Errorf("agent: pod informer transform: %w", err)
 	}
 	if err := a.podInformer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
@@ -343,7 +342,7 @@ func New(cfg Config, d Deps) (*Agent, error) {
 		Help: "Pods of this node in the agent's informer cache.",
 	}, func() float64 { return float64(len(a.podInformer.GetStore().ListKeys())) }))
 	a.nsInformer = d.Informers.Namespaces
-	if err := a.nsInformer.SetTransform(dropManagedFields); err != nil {
+	if err := a.nsInformer.SetTransform(podmeta.Trim); err != nil {
 		return nil, fmt.Errorf("agent: namespace informer transform: %w", err)
 	}
 	a.nsLister = listers.New[*corev1.Namespace](a.nsInformer.GetIndexer(), corev1.Resource("namespace"))
@@ -368,15 +367,6 @@ func New(cfg Config, d Deps) (*Agent, error) {
 		return nil, fmt.Errorf("agent: namespace event handler: %w", err)
 	}
 	return a, nil
-}
-
-// dropManagedFields is the informers' transform: objects are cached without
-// their managed fields.
-func dropManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 func (a *Agent) enqueuePod(obj any) {

@@ -96,6 +96,10 @@ func New(cfg Config, h Handler, log *slog.Logger) *Server {
 // Serving reports whether the socket is up and accepting calls.
 func (s *Server) Serving() bool { return s.serving.Load() }
 
+// readBufferSize is each connection's read buffer: the largest call (an
+// AddPod with its CNI result) fits many times over.
+const readBufferSize = 4 << 10
+
 // Run creates the socket directory, replaces a stale socket left by a
 // previous agent, listens with mode 0600, and serves until ctx is done; then
 // it drains calls in flight (up to ShutdownGrace) and removes the socket. It
@@ -113,6 +117,13 @@ func (s *Server) Run(ctx context.Context) error {
 
 	gs := grpc.NewServer(
 		grpc.Creds(peerCredentials{}),
+		// Every plugin process opens its own connection and sends a few
+		// hundred bytes. gRPC's 32 KiB read and write buffers per
+		// connection made a burst of ADDs hold megabytes at once; a small
+		// read buffer and one write buffer shared between flushes hold
+		// what the calls need.
+		grpc.ReadBufferSize(readBufferSize),
+		grpc.SharedWriteBuffer(true),
 		grpc.ChainUnaryInterceptor(s.unaryRootOnly),
 		grpc.ChainStreamInterceptor(s.streamRootOnly),
 	)

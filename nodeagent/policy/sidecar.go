@@ -10,18 +10,6 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
 )
 
-// Container names Istio's injector uses.
-const (
-	// ContainerProxy is the sidecar (a native sidecar in initContainers,
-	// or a regular container).
-	ContainerProxy = "istio-proxy"
-	// ContainerInit programs the rules itself (NET_ADMIN): the injector's
-	// choice when no node agent does it.
-	ContainerInit = "istio-init"
-	// ContainerValidation only checks that the node agent programmed them.
-	ContainerValidation = "istio-validation"
-)
-
 // SidecarDecision applies Istio's istio-cni skip order to a pod that is not
 // ambient, and reports whether its traffic is to be captured for its
 // istio-proxy; if not, skip is why, in Istio's words. A skip is a success
@@ -40,7 +28,7 @@ const (
 // handled before, by Decide, for both modes.
 func SidecarDecision(pod *corev1.Pod) (capture bool, skip string) {
 	all := slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers)
-	if slices.ContainsFunc(all, func(c corev1.Container) bool { return c.Name == ContainerInit }) {
+	if slices.ContainsFunc(all, func(c corev1.Container) bool { return c.Name == podmeta.ContainerInit }) {
 		return false, "excluded due to being already injected with istio-init container"
 	}
 	proxy := ProxyInfo(pod)
@@ -89,7 +77,7 @@ type Proxy struct {
 func ProxyInfo(pod *corev1.Pod) Proxy {
 	p := Proxy{Env: map[string]string{}}
 	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
-		if c.Name != ContainerProxy {
+		if c.Name != podmeta.ContainerProxy {
 			continue
 		}
 		p.Found = true
@@ -108,7 +96,7 @@ func ProxyInfo(pod *corev1.Pod) Proxy {
 
 func proxyContainer(pod *corev1.Pod) (corev1.Container, bool) {
 	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
-		if c.Name == ContainerProxy {
+		if c.Name == podmeta.ContainerProxy {
 			return c, true
 		}
 	}

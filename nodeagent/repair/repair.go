@@ -32,7 +32,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/ambientd/ambientd/nodeagent/podmeta"
-	"github.com/ambientd/ambientd/nodeagent/policy"
 )
 
 // Mode is what the controller does with a broken pod.
@@ -100,7 +99,7 @@ func DefaultConfig() Config {
 		LabelKey:          podmeta.LabelBrokenPod,
 		LabelValue:        "true",
 		SidecarAnnotation: podmeta.AnnotationSidecarStatus,
-		InitContainerName: policy.ContainerValidation,
+		InitContainerName: podmeta.ContainerValidation,
 		InitExitCode:      126,
 		MaxAttempts:       5,
 	}
