@@ -326,7 +326,8 @@ func New(cfg Config, d Deps) (*Agent, error) {
 	a.podInformer = d.Informers.Pods
 	// The cache keeps only what the agent reads of a pod (podmeta.Trim):
 	// the rest is most of its heap at hundreds of pods (docs/scale.md).
-	if err := a.podInformer.SetTransform(podmeta.Trim); err != nil {
+	trim := podmeta.Trim(corev1.PodConditionType(cfg.PodConditionType), corev1.PodReadyToStartContainers)
+	if err := a.podInformer.SetTransform(trim); err != nil {
 		return nil, fmt.Errorf("agent: pod informer transform: %w", err)
 	}
 	if err := a.podInformer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
@@ -342,7 +343,7 @@ func New(cfg Config, d Deps) (*Agent, error) {
 		Help: "Pods of this node in the agent's informer cache.",
 	}, func() float64 { return float64(len(a.podInformer.GetStore().ListKeys())) }))
 	a.nsInformer = d.Informers.Namespaces
-	if err := a.nsInformer.SetTransform(podmeta.Trim); err != nil {
+	if err := a.nsInformer.SetTransform(trim); err != nil {
 		return nil, fmt.Errorf("agent: namespace informer transform: %w", err)
 	}
 	a.nsLister = listers.New[*corev1.Namespace](a.nsInformer.GetIndexer(), corev1.Resource("namespace"))

@@ -1,6 +1,8 @@
 package podmeta
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 )
@@ -17,52 +19,60 @@ const (
 	ContainerValidation = "istio-validation"
 )
 
-// Trim is the agent's informer transform: what the cache keeps of an object.
-// A pod keeps its metadata (without managed fields) and only the spec and
-// status fields some part of the agent reads:
+// Trim returns the agent's informer transform: what the cache keeps of an
+// object. A pod keeps its metadata (without managed fields) and only the
+// spec and status fields some part of the agent reads:
 //
 //   - spec: nodeName, hostNetwork, serviceAccountName, readinessGates, and
 //     of each container and init container its name; of a container named
 //     istio-proxy also its env, args and securityContext (sidecar mode,
 //     policy.ProxyInfo);
-//   - status: phase, conditions, podIP, podIPs, initContainerStatuses
-//     (the repair controller reads istio-validation's exit).
+//   - status: phase, podIP, podIPs, initContainerStatuses (the repair
+//     controller reads istio-validation's exit), and of the conditions
+//     those whose type is one of conditions (the agent's own and
+//     PodReadyToStartContainers).
 //
 // Everything else (volumes, images, probes, resources, tolerations, the
-// containers' statuses, ...) is dropped: at a thousand pods it is most of
-// the agent's heap (docs/scale.md). The agent never writes a cached pod
-// back (it patches), so nothing dropped here can be lost. Other objects
-// lose their managed fields only.
+// containers' statuses, kubelet's other conditions, ...) is dropped: at a
+// thousand pods it is most of the agent's heap (docs/scale.md). The agent
+// never writes a cached pod back (it patches), so nothing dropped here can
+// be lost. Other objects lose their managed fields only.
 //
 // A reader of a new pod field adds it here; TestTrimKeepsWhatTheAgentReads
 // compares every reader's answer on a trimmed pod with its answer on the
 // full one.
-func Trim(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		if m, err := meta.Accessor(obj); err == nil {
-			m.SetManagedFields(nil)
+func Trim(conditions ...corev1.PodConditionType) func(obj any) (any, error) {
+	return func(obj any) (any, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			if m, err := meta.Accessor(obj); err == nil {
+				m.SetManagedFields(nil)
+			}
+			return obj, nil
 		}
-		return obj, nil
+		out := &corev1.Pod{TypeMeta: p.TypeMeta, ObjectMeta: p.ObjectMeta}
+		out.ManagedFields = nil
+		out.Spec = corev1.PodSpec{
+			NodeName:           p.Spec.NodeName,
+			HostNetwork:        p.Spec.HostNetwork,
+			ServiceAccountName: p.Spec.ServiceAccountName,
+			ReadinessGates:     p.Spec.ReadinessGates,
+			InitContainers:     trimContainers(p.Spec.InitContainers),
+			Containers:         trimContainers(p.Spec.Containers),
+		}
+		out.Status = corev1.PodStatus{
+			Phase:                 p.Status.Phase,
+			PodIP:                 p.Status.PodIP,
+			PodIPs:                p.Status.PodIPs,
+			InitContainerStatuses: p.Status.InitContainerStatuses,
+		}
+		for _, c := range p.Status.Conditions {
+			if slices.Contains(conditions, c.Type) {
+				out.Status.Conditions = append(out.Status.Conditions, c)
+			}
+		}
+		return out, nil
 	}
-	out := &corev1.Pod{TypeMeta: p.TypeMeta, ObjectMeta: p.ObjectMeta}
-	out.ManagedFields = nil
-	out.Spec = corev1.PodSpec{
-		NodeName:           p.Spec.NodeName,
-		HostNetwork:        p.Spec.HostNetwork,
-		ServiceAccountName: p.Spec.ServiceAccountName,
-		ReadinessGates:     p.Spec.ReadinessGates,
-		InitContainers:     trimContainers(p.Spec.InitContainers),
-		Containers:         trimContainers(p.Spec.Containers),
-	}
-	out.Status = corev1.PodStatus{
-		Phase:                 p.Status.Phase,
-		Conditions:            p.Status.Conditions,
-		PodIP:                 p.Status.PodIP,
-		PodIPs:                p.Status.PodIPs,
-		InitContainerStatuses: p.Status.InitContainerStatuses,
-	}
-	return out, nil
 }
 
 // trimContainers keeps each container's name, and istio-proxy's env, args

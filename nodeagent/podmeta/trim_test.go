@@ -16,7 +16,10 @@ import (
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
 )
 
-const trimNode = "node-a"
+const (
+	trimNode      = "node-a"
+	trimCondition = corev1.PodConditionType(podmeta.ConditionEnrolled)
+)
 
 // readings is every answer the agent derives from a cached pod, through
 // the readers other packages own: when Trim drops a field one of them
@@ -45,9 +48,16 @@ func readings(t *testing.T, p *corev1.Pod) map[string]string {
 		t.Fatal(err)
 	}
 	r["repair.Broken"] = fmt.Sprint(c.Broken(p))
-	// The agent's own readers (readiness gate and condition, the status
-	// patch's base, the event's object reference) take these whole.
-	r["readiness gates, conditions, phase"] = fmt.Sprintf("%+v %+v %s", p.Spec.ReadinessGates, p.Status.Conditions, p.Status.Phase)
+	// The agent's own readers (the readiness gate, its condition and the
+	// sandbox's, the event's object reference) take these whole.
+	r["readiness gates, phase"] = fmt.Sprintf("%+v %s", p.Spec.ReadinessGates, p.Status.Phase)
+	for _, ct := range []corev1.PodConditionType{trimCondition, corev1.PodReadyToStartContainers} {
+		for _, c := range p.Status.Conditions {
+			if c.Type == ct {
+				r["condition "+string(ct)] += fmt.Sprintf("%+v", c)
+			}
+		}
+	}
 	r["meta"] = fmt.Sprintf("%s/%s %s %s %v %v %v", p.Namespace, p.Name, p.UID, p.ResourceVersion, p.Labels, p.Annotations, p.OwnerReferences)
 	return r
 }
@@ -104,14 +114,18 @@ func TestTrimKeepsWhatTheAgentReads(t *testing.T) {
 			ReadinessGates: []corev1.PodReadinessGate{{ConditionType: "ambient.istio.io/enrolled"}},
 			Containers:     []corev1.Container{{Name: "app", Image: "app:1", Env: []corev1.EnvVar{{Name: "X", Value: "1"}}}},
 			Volumes:        []corev1.Volume{{Name: "token"}}},
-		Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{Type: "ambient.istio.io/enrolled", Status: corev1.ConditionFalse}},
+		Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
+			{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Unix(1000, 0)},
+			{Type: trimCondition, Status: corev1.ConditionFalse, Reason: "ZtunnelUnavailable"},
+			{Type: corev1.PodReady, Status: corev1.ConditionFalse, Message: "containers with unready status: [app]"}},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "app", Image: "app:1"}}},
 	}
 	for name, full := range pods {
 		t.Run(name, func(t *testing.T) {
 			want := readings(t, full)
 			before := full.DeepCopy()
-			obj, err := podmeta.Trim(full)
+			obj, err := podmeta.Trim(trimCondition, corev1.PodReadyToStartContainers)(full)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -127,6 +141,11 @@ func TestTrimKeepsWhatTheAgentReads(t *testing.T) {
 			if got.ManagedFields != nil || got.Spec.Volumes != nil || got.Status.ContainerStatuses != nil {
 				t.Errorf("trimmed pod still holds managed fields, volumes or container statuses: %+v", got)
 			}
+			for _, c := range got.Status.Conditions {
+				if c.Type != trimCondition && c.Type != corev1.PodReadyToStartContainers {
+					t.Errorf("trimmed pod keeps condition %s, which no part of the agent reads", c.Type)
+				}
+			}
 			for _, c := range append(got.Spec.InitContainers, got.Spec.Containers...) {
 				if c.Image != "" || c.Resources.Requests != nil || c.VolumeMounts != nil {
 					t.Errorf("container %s keeps its image, resources or mounts", c.Name)
@@ -140,7 +159,7 @@ func TestTrimKeepsWhatTheAgentReads(t *testing.T) {
 func TestTrimOtherObjects(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant", Labels: map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient},
 		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}}}
-	obj, err := podmeta.Trim(ns)
+	obj, err := podmeta.Trim(trimCondition)(ns)
 	if err != nil {
 		t.Fatal(err)
 	}

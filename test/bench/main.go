@@ -135,6 +135,7 @@ type result struct {
 	execLoP, execLoM, execBrP, execBrM, execOursAdd []time.Duration
 	rssAnon0, rssFile0, rssAnon1, rssFile1          int64   // KiB, ready with 0 pods / N enrolled
 	heap0, heap1                                    float64 // go_memstats_heap_inuse_bytes: 0 pods, N enrolled
+	runtime1                                        string  // the Go runtime's other memory and goroutines, N enrolled
 	// addSteps is ambientd_cni_add_step_duration_seconds by step over the
 	// ambient pods' ADDs; plugin the plugin's own breakdown from its log.
 	addSteps map[string]histogram
@@ -386,6 +387,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 	}
 	r.rssAnon1, r.rssFile1 = statusKiB(a.Pid(), "RssAnon:"), statusKiB(a.Pid(), "RssFile:")
 	r.heap1 = metric(ctx, a, "go_memstats_heap_inuse_bytes", "")
+	r.runtime1 = runtimeMemory(ctx, a)
 	r.execLoM, r.execBrM = env.Chain.ExecDurations("loopback", "ADD"), env.Chain.ExecDurations("bridge", "ADD")
 	r.execOursAdd = env.Chain.ExecDurations("ambientd-cni", "ADD")
 	if sum, n := metric(ctx, a, "ambientd_cni_add_duration_seconds_sum", `outcome="enrolled"`), metric(ctx, a, "ambientd_cni_add_duration_seconds_count", `outcome="enrolled"`); n > 0 {
@@ -694,6 +696,16 @@ func cpuOf(pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on Linux
 }
 
+// runtimeMemory is the row of the Go runtime's memory besides the heap in
+// use: what the rest of the agent's anonymous RSS is made of.
+func runtimeMemory(ctx context.Context, a *e2eenv.Agent) string {
+	mib := func(name string) float64 { return metric(ctx, a, name, "") / (1 << 20) }
+	return fmt.Sprintf("%.1f / %.1f / %.1f / %.1f MiB; %.0f, %.0f",
+		mib("go_memstats_heap_idle_bytes")-mib("go_memstats_heap_released_bytes"), mib("go_memstats_stack_inuse_bytes"),
+		mib("go_memstats_gc_sys_bytes"), mib("go_memstats_other_sys_bytes")+mib("go_memstats_mspan_inuse_bytes")+mib("go_memstats_mcache_inuse_bytes")+mib("go_memstats_buck_hash_sys_bytes"),
+		metric(ctx, a, "go_goroutines", ""), metric(ctx, a, "go_threads", ""))
+}
+
 // peakRSS returns VmHWM of the process in KiB.
 func peakRSS(pid int) int64 { return statusKiB(pid, "VmHWM:") }
 
@@ -801,6 +813,7 @@ func (r *result) markdown() string {
 	row("agent RSS ready with 0 pods → with N enrolled: anonymous (heap, stacks) / file-backed (its executable's pages, shared and reclaimable)",
 		fmt.Sprintf("%.1f / %.1f MiB → %.1f / %.1f MiB", float64(r.rssAnon0)/1024, float64(r.rssFile0)/1024, float64(r.rssAnon1)/1024, float64(r.rssFile1)/1024))
 	row("agent Go heap in use (go_memstats_heap_inuse_bytes): 0 pods → N enrolled", fmt.Sprintf("%.1f MiB → %.1f MiB", r.heap0/(1<<20), r.heap1/(1<<20)))
+	row("agent's other Go runtime memory with N enrolled (go_memstats_*): heap idle not yet returned / stacks / GC metadata / other; goroutines, threads", r.runtime1)
 	row(fmt.Sprintf("one verification pass (VerifyPod ×N with the agent's defaults, %d at once, timed by the bench; the agent's own pass is ambientd_verify_pass_duration_seconds)", r.cfg.verifyWorkers),
 		fmt.Sprintf("%s (%d pods with drift)", sec(r.verify), r.verifyDrift))
 	row("restart → snapshot acked (/readyz), N enrolled", fmt.Sprintf("%s (snapshot of %d)", sec(r.restartAck), r.snapshotAdds))
