@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -315,6 +316,12 @@ func runCmd(args []string) int {
 	}
 	if f.gcPercent > 0 {
 		debug.SetGCPercent(f.gcPercent)
+	}
+	if f.node.PprofAddr == "" {
+		// Nobody can read a heap profile: stop sampling allocations. The
+		// samples' stacks fill a 1.4 MiB hash table page by page, and the
+		// agent runs on every node (docs/scale.md, "Memory").
+		runtime.MemProfileRate = 0
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
