@@ -118,12 +118,10 @@ func (s *Server) Run(ctx context.Context) error {
 	gs := grpc.NewServer(
 		grpc.Creds(peerCredentials{}),
 		// Every plugin process opens its own connection and sends a few
-		// hundred bytes. gRPC's 32 KiB read and write buffers per
-		// connection made a burst of ADDs hold megabytes at once; a small
-		// read buffer and one write buffer shared between flushes hold
-		// what the calls need.
+		// hundred bytes. gRPC's 32 KiB read buffer per connection made a
+		// burst of ADDs hold megabytes at once (its write buffers are
+		// already shared between flushes).
 		grpc.ReadBufferSize(readBufferSize),
-		grpc.SharedWriteBuffer(true),
 		grpc.ChainUnaryInterceptor(s.unaryRootOnly),
 		grpc.ChainStreamInterceptor(s.streamRootOnly),
 	)
