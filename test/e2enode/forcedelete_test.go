@@ -31,7 +31,8 @@ import (
 // read as an uninstall: the plugin stays in the runtime's CNI config at
 // every moment of the swap (sampled every 20 ms), the dying agent logs that
 // it leaves the plugin, and its replacement becomes Ready with the plugin
-// installed. Pods created every 300 ms through the swap in an ambient
+// installed. Pods created through the swap (every 300 ms for the first
+// swapFastPods, then every second, at most swapMaxPods) in an ambient
 // namespace each either wait (their sandbox is refused while no agent
 // answers) or start captured — the agent answered the CNI ADD that put the
 // rules into the netns their app runs in before the app started — never
@@ -92,6 +93,16 @@ func recreateServiceAccount(t *testing.T, ctx context.Context, agent *corev1.Pod
 	t.Logf("ServiceAccount recreated -> the agent's token refused: %s", time.Since(recreated).Round(time.Millisecond))
 }
 
+// The pods created through a swap: fast at first (the swap's start), then
+// one a second, so that a swap that takes a minute on a loaded machine
+// (the replacement is created only once the old pod is gone) still gets new
+// pods all through it without reaching the kubelet's 110-pod limit (pods
+// the scheduler cannot place would never start and fail the test).
+const (
+	swapFastPods = 30
+	swapMaxPods  = 80
+)
+
 // agentSwapKeepsPlugin runs before (when set), deletes the agent's pod with
 // the extra kubectl flags, and checks the swap (see
 // agentPodForceDeletedKeepsPlugin).
@@ -142,16 +153,20 @@ func (r *agentRun) agentSwapKeepsPlugin(t *testing.T, ctx context.Context, nsNam
 	creating := make(chan struct{})
 	go func() {
 		defer close(creating)
-		for i := 0; createCtx.Err() == nil; i++ {
+		for i := 0; createCtx.Err() == nil && i < swapMaxPods; i++ {
 			name := fmt.Sprintf("swap-%d", i)
 			if _, err := admin.CoreV1().Pods(ns).Create(createCtx, nodeenv.GatedPod(name), metav1.CreateOptions{}); err == nil {
 				created = append(created, name)
 			} else if createCtx.Err() == nil {
 				t.Errorf("create %s: %v", name, err)
 			}
+			interval := 300 * time.Millisecond
+			if i >= swapFastPods {
+				interval = time.Second
+			}
 			select {
 			case <-createCtx.Done():
-			case <-time.After(300 * time.Millisecond):
+			case <-time.After(interval):
 			}
 		}
 	}()
@@ -242,8 +257,33 @@ func (r *agentRun) agentSwapKeepsPlugin(t *testing.T, ctx context.Context, nsNam
 		uid := string(p.UID)
 		r.waitEmu(t, ctx, "pod "+p.Name+" held by ztunnel", func(s ztunnelemu.State) bool { _, ok := s.Workload(uid); return ok })
 	}
-	t.Logf("%d pods created every 300 ms through the swap: %d Ready and enrolled, %d started uncaptured, %d waited (sandbox refused while no agent answered); the plugin was missing from the runtime's config in %d of %d samples",
+	t.Logf("%d pods created through the swap: %d Ready and enrolled, %d started uncaptured, %d waited (sandbox refused while no agent answered); the plugin was missing from the runtime's config in %d of %d samples",
 		len(created), len(ready), uncaptured, waited, len(missing), samples)
+	deletePodsAndWait(t, ctx, ns)
+}
+
+// deletePodsAndWait deletes every pod of namespace ns the ordinary way
+// (the kubelet stops them and tears their sandboxes down) and waits until
+// the API holds none: the namespace's own deletion at cleanup does not
+// wait, and pods still terminating count against the node's pod limit for
+// the tests that follow.
+func deletePodsAndWait(t *testing.T, ctx context.Context, ns string) {
+	t.Helper()
+	pods := node.Env.CP.Admin.CoreV1().Pods(ns)
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatalf("deleting the pods of %s: %v", ns, err)
+	}
+	left := 0
+	if err := nodeenv.Poll(ctx, "the pods of "+ns+" gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		l, err := pods.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		left = len(l.Items)
+		return left == 0, nil
+	}); err != nil {
+		t.Fatalf("%d pods of %s still in the API: %v", left, ns, err)
+	}
 }
 
 // tail is the last n lines of s.
