@@ -75,7 +75,9 @@ const (
 // file as it exits).
 func runMultus(t *testing.T, dir string) (stop func()) {
 	t.Helper()
-	return testutil.Run(t, (&multusemu.Thin{Dir: dir, Interval: multusTick}).Run)
+	return testutil.Run(t, multusemu.Restarting(func() *multusemu.Thin {
+		return &multusemu.Thin{Dir: dir, Interval: multusTick}
+	}, multusTick, func(err error) { t.Logf("emulated Multus exited, restarting it: %v", err) }))
 }
 
 // assertMultusChain: the runtime runs Multus (its secondary networks are

@@ -70,8 +70,10 @@ func TestMultusPodAddRunsOurPluginOnce(t *testing.T) {
 	ctx := s.ctx
 
 	runMultus := func() (stop func()) {
-		return testutil.Run(t, (&multusemu.Thin{Dir: confDir, Kubeconfig: testEnv.CP.AdminKubeconfig, BinDir: binDir,
-			CNIDir: filepath.Join(root, "multus"), LogFile: multusLog}).Run)
+		return testutil.Run(t, multusemu.Restarting(func() *multusemu.Thin {
+			return &multusemu.Thin{Dir: confDir, Kubeconfig: testEnv.CP.AdminKubeconfig, BinDir: binDir,
+				CNIDir: filepath.Join(root, "multus"), LogFile: multusLog}
+		}, time.Second, func(err error) { t.Logf("Multus's writer exited, restarting it: %v", err) }))
 	}
 
 	check := func(step, pod string) {

@@ -46,8 +46,10 @@ func (r *agentRun) multusOnTheNode(t *testing.T, ctx context.Context) {
 	multusLog := filepath.Join(work, "multus.log")
 
 	runMultus := func() (stop func()) {
-		return testutil.Run(t, (&multusemu.Thin{Dir: nodeenv.StdCNIConfDir, Kubeconfig: node.Env.CP.AdminKubeconfig,
-			CNIDir: filepath.Join(work, "cache"), LogFile: multusLog}).Run)
+		return testutil.Run(t, multusemu.Restarting(func() *multusemu.Thin {
+			return &multusemu.Thin{Dir: nodeenv.StdCNIConfDir, Kubeconfig: node.Env.CP.AdminKubeconfig,
+				CNIDir: filepath.Join(work, "cache"), LogFile: multusLog}
+		}, time.Second, func(err error) { t.Logf("Multus's writer exited, restarting it: %v", err) }))
 	}
 
 	check := func(step, name string) {

@@ -75,6 +75,33 @@ type Thin struct {
 	cniVersion string // learnt from the first master, as Multus does
 }
 
+// Restarting runs one life of the entrypoint after another, as the kubelet
+// runs Multus's container (restartPolicy Always). The entrypoint exits
+// when a generation fails, for instance when the master it chose is
+// removed before it could read it (the agent removes its owned copy once
+// Multus has adopted it); its container then restarts. A life that ends in
+// an error is handed to exited and followed, after backoff, by a new one
+// from newThin (Multus keeps no state across restarts). The returned func
+// returns nil once ctx ends.
+func Restarting(newThin func() *Thin, backoff time.Duration, exited func(error)) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		for {
+			err := newThin().Run(ctx)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if exited != nil {
+				exited(err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+		}
+	}
+}
+
 // Run is one life of the entrypoint: generate, then watch until ctx ends,
 // then remove Multus's files. A "Multus restart" is Run returning and Run
 // again (a new Thin: Multus keeps no state across restarts).
