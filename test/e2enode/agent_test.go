@@ -620,21 +620,8 @@ func (r *agentRun) startupCost(t *testing.T, ctx context.Context) {
 				t.Fatal(err)
 			}
 			t.Logf("run %d: %s pod create -> Ready: %s", i+1, c.ns, time.Since(start).Round(time.Millisecond))
-			deletePodAndWait(t, ctx, c.ns, "app")
+			deletePodsAndWait(t, ctx, c.ns, metav1.ListOptions{FieldSelector: "metadata.name=app"})
 		}
-	}
-}
-
-func deletePodAndWait(t *testing.T, ctx context.Context, ns, name string) {
-	t.Helper()
-	if err := node.Env.CP.Admin.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nodeenv.Poll(ctx, "pod "+ns+"/"+name+" gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		_, err := node.Env.CP.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	}); err != nil {
-		t.Fatal(err)
 	}
 }
 

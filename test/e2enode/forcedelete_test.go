@@ -259,23 +259,23 @@ func (r *agentRun) agentSwapKeepsPlugin(t *testing.T, ctx context.Context, nsNam
 	}
 	t.Logf("%d pods created through the swap: %d Ready and enrolled, %d started uncaptured, %d waited (sandbox refused while no agent answered); the plugin was missing from the runtime's config in %d of %d samples",
 		len(created), len(ready), uncaptured, waited, len(missing), samples)
-	deletePodsAndWait(t, ctx, ns)
+	deletePodsAndWait(t, ctx, ns, metav1.ListOptions{})
 }
 
-// deletePodsAndWait deletes every pod of namespace ns the ordinary way
-// (the kubelet stops them and tears their sandboxes down) and waits until
-// the API holds none: the namespace's own deletion at cleanup does not
-// wait, and pods still terminating count against the node's pod limit for
-// the tests that follow.
-func deletePodsAndWait(t *testing.T, ctx context.Context, ns string) {
+// deletePodsAndWait deletes the pods of namespace ns that sel selects, the
+// ordinary way (the kubelet stops them and tears their sandboxes down), and
+// waits until the API holds none of them: pods still terminating count
+// against the node's pod limit for the tests that follow, and the
+// namespace's own deletion at cleanup does not wait.
+func deletePodsAndWait(t *testing.T, ctx context.Context, ns string, sel metav1.ListOptions) {
 	t.Helper()
 	pods := node.Env.CP.Admin.CoreV1().Pods(ns)
-	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		t.Fatalf("deleting the pods of %s: %v", ns, err)
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+		t.Fatalf("deleting pods of %s (%+v): %v", ns, sel, err)
 	}
 	left := 0
-	if err := nodeenv.Poll(ctx, "the pods of "+ns+" gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		l, err := pods.List(ctx, metav1.ListOptions{})
+	if err := nodeenv.Poll(ctx, "pods of "+ns+" gone", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		l, err := pods.List(ctx, sel)
 		if err != nil {
 			return false, err
 		}

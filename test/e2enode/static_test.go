@@ -102,7 +102,7 @@ func (r *agentRun) staticPods(t *testing.T, ctx context.Context) {
 		t.Fatal(err)
 	}
 	plainTook := time.Since(plainStart)
-	deletePodAndWait(t, ctx, "default", "ordinary")
+	deletePodsAndWait(t, ctx, "default", metav1.ListOptions{FieldSelector: "metadata.name=ordinary"})
 	mirror, took := startStaticPod(t, ctx, "default", "node-cache")
 	t.Logf("create -> Ready in default: static pod %s, ordinary pod %s (one run each; the machine is shared)", took.Round(time.Millisecond), plainTook.Round(time.Millisecond))
 	static := mirror.Annotations[podmeta.AnnotationConfigMirror]
