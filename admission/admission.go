@@ -2,8 +2,8 @@
 // deploy/pod-admission.yaml: whether the MutatingAdmissionPolicy adds the
 // readiness gate to a pod being created (Decide, Gates), with the same
 // settings the policy reads from the agent's ConfigMap (SettingsFrom). The
-// agent's enrollment rules themselves live in nodeagent/policy; the
-// annotation rules in nodeagent/podmeta. `ambientd inject` and `ambientd
+// agent's enrollment rules themselves live in policy; the
+// annotation rules in podmeta. `ambientd inject` and `ambientd
 // check` (admission/inject, admission/check) decide with this package, and
 // the case tables in admission/cases run against it and against the shipped
 // CEL on a real kube-apiserver, so the two cannot drift apart unnoticed.
@@ -15,8 +15,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
-	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/policy"
 )
 
 // The gate's opt-out: this label set to "false" on a pod (or pod template)
@@ -77,7 +77,7 @@ func SettingsFrom(data map[string]string) Settings {
 
 // Decision is what admission does with a pod being created.
 type Decision struct {
-	// Policy is the agent's verdict on the pod as created (nodeagent/policy).
+	// Policy is the agent's verdict on the pod as created (policy).
 	Policy policy.Decision
 	// HasGate: the pod already names the condition in spec.readinessGates.
 	HasGate bool

@@ -40,14 +40,14 @@ func TestImports(t *testing.T) {
 			// The plugin finishes an uninstall nobody finished with the
 			// installer's file logic, which therefore imports no
 			// Kubernetes either.
-			pkgs: []string{"cmd/ambientd-cni", "cniplugin", "nodeagent/cniinstall"},
+			pkgs: []string{"cmd/ambientd-cni", "cniplugin", "cniinstall"},
 			forbidden: func(pkg, dep string) string {
 				switch {
 				case strings.HasPrefix(dep, "k8s.io/"), strings.HasPrefix(dep, "sigs.k8s.io/"):
 					return "Kubernetes"
 				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg &&
 					dep != module+"/cniplugin" && dep != module+"/cniplugin/procinit" && dep != module+"/cniapi" &&
-					dep != module+"/nodeagent/cniinstall":
+					dep != module+"/cniinstall":
 					return "ours, other than the shared CNI API and the installer's file logic"
 				}
 				return ""
@@ -93,8 +93,8 @@ func TestImports(t *testing.T) {
 			},
 		},
 		{
-			pkgs: []string{"nodeagent/agent", "nodeagent/registry", "nodeagent/podstatus", "nodeagent/policy",
-				"nodeagent/podnetns", "nodeagent/podmeta", "nodeagent/ztunnel", "nodeagent/sidecar", "nodeagent/repair"},
+			pkgs: []string{"nodeagent/agent", "nodeagent/registry", "nodeagent/podstatus", "policy",
+				"nodeagent/podnetns", "podmeta", "nodeagent/ztunnel", "nodeagent/sidecar", "nodeagent/repair"},
 			forbidden: func(_, dep string) string {
 				if strings.HasPrefix(dep, "google.golang.org/grpc") {
 					return "gRPC (only nodeagent/cniserver speaks it)"

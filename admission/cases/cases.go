@@ -35,7 +35,7 @@ type EnrollmentCase struct {
 	Settings map[string]string `json:"settings,omitempty"`
 	// Pod is the pod as submitted (no name, no containers).
 	Pod corev1.Pod `json:"pod"`
-	// Enrolled and Reason are nodeagent/policy's verdict.
+	// Enrolled and Reason are policy's verdict.
 	Enrolled bool   `json:"enrolled"`
 	Reason   string `json:"reason"`
 	// Gates are spec.readinessGates' condition types after admission.
@@ -87,7 +87,7 @@ func Groups(cs []EnrollmentCase) [][]EnrollmentCase {
 }
 
 // AnnotationCase is one case of annotations.json: a pod's annotations, the
-// ones the agent calls invalid (nodeagent/podmeta.ValidateAnnotations), and
+// ones the agent calls invalid (podopts.ValidateAnnotations), and
 // the capture options it derives for a new pod on a node with DNS capture on.
 // An admission policy enforcing the agent's rules must admit exactly the
 // cases whose Invalid is empty.
@@ -106,7 +106,7 @@ type AnnotationCase struct {
 func (c AnnotationCase) Valid() bool { return len(c.Invalid) == 0 }
 
 // LoadAnnotations parses annotations.json: the one table of the agent's
-// annotation rules (nodeagent/podmeta tests it against the Go parsing, test/e2e
+// annotation rules (podmeta tests it against the Go parsing, test/e2e
 // against the shipped ValidatingAdmissionPolicy).
 func LoadAnnotations() ([]AnnotationCase, error) {
 	var t struct {

@@ -16,7 +16,7 @@ func shippedConfig(t *testing.T) map[string]string {
 }
 
 // TestEnrollmentTable judges enrollment.yaml with the Go side: the agent's
-// policy (nodeagent/policy.Decide) and the gate decision of admission. The
+// policy (policy.Decide) and the gate decision of admission. The
 // same table runs against the shipped CEL in test/e2e.
 func TestEnrollmentTable(t *testing.T) {
 	e, err := LoadEnrollment()
@@ -99,5 +99,5 @@ func TestShippedConfigIsTheDefault(t *testing.T) {
 }
 
 // The annotation table (annotations.json) is judged against the agent's
-// parsing by nodeagent/podmeta's TestAnnotationTable and against the shipped
+// parsing by podmeta's TestAnnotationTable and against the shipped
 // ValidatingAdmissionPolicy by test/e2e's TestAdmissionAnnotationTable.

@@ -24,8 +24,9 @@ import (
 	"github.com/ambientd/ambientd/admission"
 	"github.com/ambientd/ambientd/admission/inject"
 	"github.com/ambientd/ambientd/nodeagent/kube"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
-	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/nodeagent/podopts"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/policy"
 )
 
 // Options configure a Checker.
@@ -78,7 +79,7 @@ type Pod struct {
 	Name      string `json:"name"`
 	// Kind is Pod for an existing pod, else the manifest's kind.
 	Kind string `json:"kind"`
-	// Enrolled is nodeagent/policy's verdict; Reason its fixed reason;
+	// Enrolled is policy's verdict; Reason its fixed reason;
 	// DecidedBy says in words which label, annotation or setting decided.
 	Enrolled  bool   `json:"enrolled"`
 	Reason    string `json:"reason"`
@@ -293,7 +294,7 @@ func (c *Checker) pod(ctx context.Context, p *corev1.Pod) Pod {
 		Gated: d.HasGate, Node: p.Spec.NodeName, Phase: string(p.Status.Phase),
 		Redirection: p.Annotations[podmeta.AnnotationRedirection],
 	}
-	if _, err := podmeta.PodOptions(true, p.Annotations); err != nil {
+	if _, err := podopts.PodOptions(true, p.Annotations); err != nil {
 		out.AnnotationError = err.Error()
 	}
 	for _, cond := range p.Status.Conditions {

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/podmeta"
 	"os"
 	"slices"
 	"strings"
@@ -192,7 +192,7 @@ func TestPods(t *testing.T) {
 		t.Errorf("settings %+v admission %+v notes %q", r.Settings, r.Admission, r.Notes)
 	}
 	// The golden table leaves out the refused annotation: its message is
-	// the agent's (nodeagent/podmeta) and changes with it.
+	// the agent's (podmeta) and changes with it.
 	r.Pods = slices.DeleteFunc(r.Pods, func(p Pod) bool { return p.Name == "bad-annotation" })
 	var b bytes.Buffer
 	if err := WriteTable(&b, r); err != nil {

@@ -10,7 +10,7 @@ import (
 
 // TestImports keeps the plugin light: it is exec'd for every pod, so it must
 // not pull in client-go or the agent. It shares cniapi, and the installer's
-// file logic (nodeagent/cniinstall, which imports no Kubernetes package) to
+// file logic (cniinstall, which imports no Kubernetes package) to
 // finish an uninstall the agent left (docs/install.md).
 func TestImports(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -22,7 +22,7 @@ func TestImports(t *testing.T) {
 	for _, pkg := range strings.Fields(string(out)) {
 		switch {
 		case strings.HasPrefix(pkg, "k8s.io/"),
-			strings.HasPrefix(pkg, "github.com/ambientd/ambientd/nodeagent/") && pkg != "github.com/ambientd/ambientd/nodeagent/cniinstall",
+			strings.HasPrefix(pkg, "github.com/ambientd/ambientd/nodeagent/") && pkg != "github.com/ambientd/ambientd/cniinstall",
 			strings.HasPrefix(pkg, "github.com/ambientd/ambientd/iptables"),
 			strings.HasPrefix(pkg, "github.com/ambientd/ambientd/ztunnelproto"):
 			t.Errorf("ambientd-cni depends on %s", pkg)

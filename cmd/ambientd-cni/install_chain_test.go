@@ -12,8 +12,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ambientd/ambientd/cniapi"
+	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 

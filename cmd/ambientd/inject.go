@@ -12,7 +12,7 @@ import (
 	"github.com/ambientd/ambientd/admission"
 	"github.com/ambientd/ambientd/admission/check"
 	"github.com/ambientd/ambientd/admission/inject"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // injectCmd adds the readiness gate to the pod templates of manifests that

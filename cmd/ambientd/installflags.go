@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ambientd/ambientd/cniapi"
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/cniinstall"
 )
 
 // installFlags are the install-cni settings shared by `ambientd run`

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/cniinstall"
 )
 
 func TestInstallFlags(t *testing.T) {

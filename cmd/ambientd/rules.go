@@ -9,7 +9,8 @@ import (
 
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podopts"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // rulesCmd prints the exact iptables-restore text ambientd would apply for
@@ -108,7 +109,7 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		}
 		rs = iptables.BuildHostRules(cfg)
 	} else {
-		opts, err := podmeta.PodOptions(dnsCapture, ann)
+		opts, err := podopts.PodOptions(dnsCapture, ann)
 		if err != nil {
 			fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
 			return 2
@@ -145,7 +146,7 @@ func printNFT(cfg iptables.Config, dnsCapture bool, ann annFlag, host, del bool,
 		rs = iptables.BuildHostRulesNFT(cfg, 0)
 		fmt.Fprintln(stdout, "# the agent matches the kubelet's uid (meta skuid), found in /proc; 0 shown")
 	} else {
-		opts, err := podmeta.PodOptions(dnsCapture, ann)
+		opts, err := podopts.PodOptions(dnsCapture, ann)
 		if err != nil {
 			fmt.Fprintf(stderr, "ambientd rules: %v\n", err)
 			return 2

@@ -11,9 +11,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
-	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/policy"
 )
 
 // sidecarArgs are `ambientd rules --sidecar`'s inputs: a pod (a file, as

@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podopts"
 )
 
 // invalidSeen remembers, per pod, the invalid annotation values an Event
@@ -38,7 +38,7 @@ func (s *invalidSeen) forget(uid string) { s.changed(uid, "") }
 
 // noteInvalid records a Warning Event for the pod's invalid annotation
 // values (once per distinct set), saying what the agent does instead.
-func (a *Agent) noteInvalid(pod *corev1.Pod, enrolled bool, invalid []*podmeta.InvalidAnnotationError) {
+func (a *Agent) noteInvalid(pod *corev1.Pod, enrolled bool, invalid []*podopts.InvalidAnnotationError) {
 	var keys []string
 	for _, e := range invalid {
 		keys = append(keys, e.Annotation+"="+e.Value)
@@ -53,7 +53,7 @@ func (a *Agent) noteInvalid(pod *corev1.Pod, enrolled bool, invalid []*podmeta.I
 		switch {
 		case enrolled:
 			does = "ignored: the pod keeps the value it was enrolled with, and is verified against it"
-		case e.OnInvalid == podmeta.RefuseNew:
+		case e.OnInvalid == podopts.RefuseNew:
 			does = "the pod is not enrolled (its CNI ADD fails) until the value is fixed"
 		default:
 			does = "ignored (as Istio does): the node's default applies"

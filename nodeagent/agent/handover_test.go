@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // TestHandOverMovesEnrolledPodsAndReleasesTheRest: when the agent stops and

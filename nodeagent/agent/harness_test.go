@@ -22,11 +22,11 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/ambientd/ambientd/nodeagent/kube"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
-	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/policy"
 	"github.com/ambientd/ambientd/test/infra/kubetest"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )

@@ -33,7 +33,7 @@ const (
 	EventSandboxChanged = "SandboxChanged"
 	// EventInvalidAnnotation (Warning): an annotation the agent reads has
 	// an invalid value; the message says what the agent does instead
-	// (podmeta.Annotations).
+	// (podopts.Annotations).
 	EventInvalidAnnotation = "InvalidAnnotation"
 )
 

@@ -8,9 +8,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/nodeagent/podopts"
 	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // rebuild fills the registry after a restart, so a reconnecting ztunnel
@@ -58,7 +59,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 	var stale []*corev1.Pod // out of the mesh, unannotated
 	live := map[string]bool{}
 	complete := true
-	defaults := podmeta.Defaults(a.cfg.DNSCapture)
+	defaults := podopts.Defaults(a.cfg.DNSCapture)
 	for _, obj := range a.podInformer.GetStore().List() {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -102,7 +103,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 				base, recorded = o, true // what its rules were programmed with
 			}
 		}
-		opts, invalid := podmeta.Options(defaults, base, p.Annotations)
+		opts, invalid := podopts.Options(defaults, base, p.Annotations)
 		if refuses(recorded || annotated, invalid) != nil {
 			continue // never enrollable as it is; the reconcile reports it
 		}

@@ -16,9 +16,9 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
+	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 

@@ -10,10 +10,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
-	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/nodeagent/podopts"
 	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/policy"
 )
 
 // cniInput is what only a CNI ADD knows about a pod: the pod as looked up
@@ -152,12 +153,12 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		return NotInMesh, nil
 	}
 
-	defaults := podmeta.Defaults(a.cfg.DNSCapture)
+	defaults := podopts.Defaults(a.cfg.DNSCapture)
 	base := defaults
 	if registered {
 		base = entry.Options // what its rules were programmed with
 	}
-	opts, invalid := podmeta.Options(defaults, base, pod.Annotations)
+	opts, invalid := podopts.Options(defaults, base, pod.Annotations)
 	a.noteInvalid(pod, registered, invalid)
 	if in != nil {
 		return a.enrollNew(ctx, log, s, pod, in, opts, refuses(registered, invalid), d.Reason)
@@ -195,13 +196,13 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 
 // refuses returns the error a pod's enrollment is refused with: a pod not
 // enrolled yet whose annotations have an invalid value the agent does not
-// ignore (podmeta.RefuseNew). An enrolled pod keeps its options instead.
-func refuses(registered bool, invalid []*podmeta.InvalidAnnotationError) error {
+// ignore (podopts.RefuseNew). An enrolled pod keeps its options instead.
+func refuses(registered bool, invalid []*podopts.InvalidAnnotationError) error {
 	if registered {
 		return nil
 	}
 	for _, e := range invalid {
-		if e.OnInvalid == podmeta.RefuseNew {
+		if e.OnInvalid == podopts.RefuseNew {
 			return e
 		}
 	}

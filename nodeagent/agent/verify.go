@@ -8,8 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podopts"
 	"github.com/ambientd/ambientd/nodeagent/registry"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // unrepaired takes a pod whose rules could not be verified or repaired out
@@ -65,8 +66,8 @@ func (a *Agent) verifyPod(ctx context.Context, uid string) {
 		}
 		return
 	}
-	d := podmeta.Defaults(a.cfg.DNSCapture)
-	opts, _ := podmeta.Options(d, e.Options, pod.Annotations)
+	d := podopts.Defaults(a.cfg.DNSCapture)
+	opts, _ := podopts.Options(d, e.Options, pod.Annotations)
 	if _, err := a.checkRules(ctx, log, e, opts); err != nil {
 		if ctx.Err() == nil {
 			a.unrepaired(log, uid, err)

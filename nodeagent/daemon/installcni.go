@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 )
 

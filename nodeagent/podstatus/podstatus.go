@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/ambientd/ambientd/nodeagent/kube"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // Status is what one pod should show. The agent derives it from the pod's

@@ -23,7 +23,7 @@ import (
 
 	"github.com/ambientd/ambientd/test/infra/testutil"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/kubetest"
 )
 

@@ -11,8 +11,8 @@ import (
 	nft "github.com/google/nftables"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
+	"github.com/ambientd/ambientd/policy"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
 )
 

@@ -2,7 +2,7 @@
 // injector gave an istio-proxy (and an istio-validation init container
 // instead of istio-init), it programs the capture rules Istio's istio-cni
 // would program, at CNI ADD, and keeps them (restart verification, the drift
-// pass). Which pods are sidecar pods is nodeagent/policy's decision; what
+// pass). Which pods are sidecar pods is policy's decision; what
 // their rules are is package iptables'. This package reads the pod (Parse),
 // remembers the pods it captured (Tracker) and repairs their rules.
 package sidecar
@@ -18,8 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
-	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/nodeagent/podopts"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/policy"
 )
 
 // annotation is one pod annotation Istio's plugin reads: its key, the name
@@ -113,7 +114,7 @@ func validPortsOrWildcard(v string) error {
 }
 
 // validInterfaces checks a comma-separated interface list with the one
-// interface-name rule (podmeta.ValidInterfaceName, Istio's pattern) and the
+// interface-name rule (podopts.ValidInterfaceName, Istio's pattern) and the
 // one list rule of the ambient path and the admission policy (items
 // trimmed, empty ones skipped — where Istio's sidecar path refuses them: a
 // value the policy admits must not fail the pod's ADD for ever), failing
@@ -123,9 +124,9 @@ func validInterfaces(v string) error {
 		i = strings.TrimSpace(i)
 		switch {
 		case i == "":
-		case len(i) > podmeta.MaxInterfaceNameLen:
-			return fmt.Errorf("interface name %q too long (max %d chars)", i, podmeta.MaxInterfaceNameLen)
-		case podmeta.ValidInterfaceName(i) != nil:
+		case len(i) > podopts.MaxInterfaceNameLen:
+			return fmt.Errorf("interface name %q too long (max %d chars)", i, podopts.MaxInterfaceNameLen)
+		case podopts.ValidInterfaceName(i) != nil:
 			return fmt.Errorf("interface name %q contains invalid characters", i)
 		}
 	}

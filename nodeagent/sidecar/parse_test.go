@@ -11,8 +11,8 @@ import (
 
 	admissioncases "github.com/ambientd/ambientd/admission/cases"
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // TestParseRefusesRuleInjection: pod annotations become rule text, so a

@@ -19,9 +19,9 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
-	"github.com/ambientd/ambientd/nodeagent/policy"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/policy"
 )
 
 // Rules is what sidecar mode needs of the rule manager (*iptables.Manager

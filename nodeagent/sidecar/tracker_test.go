@@ -22,8 +22,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
+	"github.com/ambientd/ambientd/policy"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
 	tu "github.com/ambientd/ambientd/test/infra/testutil"
 )

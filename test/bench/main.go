@@ -32,7 +32,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ambientd/ambientd/iptables"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/nodeagent/podopts"
+	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
@@ -600,7 +601,7 @@ func verifyAll(ctx context.Context, pods []*e2eenv.Pod, workers int) (time.Durat
 	if err != nil {
 		return 0, 0, "", err
 	}
-	opts, err := podmeta.PodOptions(true, nil)
+	opts, err := podopts.PodOptions(true, nil)
 	if err != nil {
 		return 0, 0, "", err
 	}

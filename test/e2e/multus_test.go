@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/multusemu"
 	"github.com/ambientd/ambientd/test/infra/testutil"

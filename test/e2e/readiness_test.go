@@ -15,7 +15,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/podmeta"
 	"path/filepath"
 	"slices"
 	"strings"

@@ -28,8 +28,8 @@ import (
 
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podstatus"
+	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 

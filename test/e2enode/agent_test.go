@@ -32,8 +32,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	criv1 "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
+	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
 	"github.com/ambientd/ambientd/test/infra/testutil"

@@ -20,7 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
 	"github.com/ambientd/ambientd/test/infra/nodeenv"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"

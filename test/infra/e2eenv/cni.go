@@ -15,7 +15,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/ambientd/ambientd/cniapi"
-	"github.com/ambientd/ambientd/nodeagent/cniinstall"
+	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/test/infra/multusemu"
 )
 

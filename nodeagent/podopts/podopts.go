@@ -1,10 +1,9 @@
-// Package podmeta is the one home of the Istio label and annotation names and
-// values the agent reads and writes, of the validation of the annotations a
+// Package podopts is the one home of the validation of the annotations a
 // pod may carry for the agent (ValidateAnnotations: what the agent calls
 // invalid, and what an admission policy must refuse), and of the parsing of
 // a pod's capture options from them. The rules package gets plain
 // PodOptions.
-package podmeta
+package podopts
 
 import (
 	"fmt"
@@ -14,35 +13,7 @@ import (
 	"strings"
 
 	"github.com/ambientd/ambientd/iptables"
-)
-
-// Labels and annotations shared with Istio, so pods and namespaces labelled
-// for istio-cni behave the same under ambientd.
-const (
-	// LabelDataplaneMode on a pod or namespace enrolls (ModeAmbient) or
-	// opts out (ModeNone).
-	LabelDataplaneMode = "istio.io/dataplane-mode"
-	ModeAmbient        = "ambient"
-	ModeNone           = "none"
-	// AnnotationSidecarStatus marks a pod with an injected sidecar.
-	AnnotationSidecarStatus = "sidecar.istio.io/status"
-	// AnnotationRedirection is what the agent writes: RedirectionEnabled
-	// or RedirectionPending, removed when the pod leaves the mesh.
-	AnnotationRedirection = "ambient.istio.io/redirection"
-	RedirectionEnabled    = "enabled"
-	RedirectionPending    = "pending"
-	// ConditionEnrolled is the pod condition the agent maintains by
-	// default (--pod-condition-type), which a readiness gate names.
-	ConditionEnrolled = "ambient.istio.io/enrolled"
-	// AnnotationBypassInbound drops inbound capture when true.
-	AnnotationBypassInbound = "ambient.istio.io/bypass-inbound-capture"
-	// AnnotationDNSCapture overrides the node's DNS capture default.
-	AnnotationDNSCapture = "ambient.istio.io/dns-capture"
-	// AnnotationRerouteVirtualInterfaces lists (comma separated) the pod's
-	// virtual interfaces, e.g. a KubeVirt VM's tap0, whose incoming TCP is
-	// sent to ztunnel's outbound port (the VM's traffic is the pod's
-	// outbound traffic).
-	AnnotationRerouteVirtualInterfaces = "istio.io/reroute-virtual-interfaces"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // Kind is how an annotation's value is read.
@@ -90,9 +61,9 @@ const (
 // and Options follow it, and an admission policy checking the same rules
 // can be tested against admission/cases/annotations.json.
 var Annotations = []Annotation{
-	{Name: AnnotationBypassInbound, Kind: KindBool, OnInvalid: Ignore},
-	{Name: AnnotationDNSCapture, Kind: KindBool, OnInvalid: Ignore},
-	{Name: AnnotationRerouteVirtualInterfaces, Kind: KindInterfaces, OnInvalid: RefuseNew},
+	{Name: podmeta.AnnotationBypassInbound, Kind: KindBool, OnInvalid: Ignore},
+	{Name: podmeta.AnnotationDNSCapture, Kind: KindBool, OnInvalid: Ignore},
+	{Name: podmeta.AnnotationRerouteVirtualInterfaces, Kind: KindInterfaces, OnInvalid: RefuseNew},
 }
 
 // MaxInterfaceNameLen is the longest Linux interface name (IFNAMSIZ - 1).
@@ -198,11 +169,11 @@ func Options(defaults, base iptables.PodOptions, annotations map[string]string) 
 		}
 		val, err := parse(a, v)
 		switch a.Name {
-		case AnnotationBypassInbound:
+		case podmeta.AnnotationBypassInbound:
 			out.BypassInbound = pick(err == nil, val.b, base.BypassInbound)
-		case AnnotationDNSCapture:
+		case podmeta.AnnotationDNSCapture:
 			out.DNSCapture = pick(err == nil, val.b, base.DNSCapture)
-		case AnnotationRerouteVirtualInterfaces:
+		case podmeta.AnnotationRerouteVirtualInterfaces:
 			out.RerouteInterfaces = pick(err == nil, val.list, base.RerouteInterfaces)
 		}
 		if err != nil {

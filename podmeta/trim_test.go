@@ -9,10 +9,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
-	"github.com/ambientd/ambientd/nodeagent/policy"
 	"github.com/ambientd/ambientd/nodeagent/repair"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/policy"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/ambientd/ambientd/nodeagent/podmeta"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // Reason says why a pod is or is not in the mesh; it is used as a metric label

@@ -1,4 +1,4 @@
-package podmeta
+package podopts
 
 import (
 	"slices"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/ambientd/ambientd/admission/cases"
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/podmeta"
 )
 
 // loadTable reads the one table of the annotation rules,
@@ -72,9 +73,9 @@ func TestOptionsFallBackToEnrolled(t *testing.T) {
 	d := Defaults(true)
 	enrolled := iptables.PodOptions{DNSCapture: false, BypassInbound: true, RerouteInterfaces: "tap0"}
 	got, invalid := Options(d, enrolled, map[string]string{
-		AnnotationDNSCapture:               "maybe",
-		AnnotationBypassInbound:            "yes",
-		AnnotationRerouteVirtualInterfaces: "+",
+		podmeta.AnnotationDNSCapture:               "maybe",
+		podmeta.AnnotationBypassInbound:            "yes",
+		podmeta.AnnotationRerouteVirtualInterfaces: "+",
 	})
 	if got != enrolled || len(invalid) != 3 {
 		t.Errorf("all invalid: %+v (%d invalid), want the enrolled %+v", got, len(invalid), enrolled)
@@ -82,17 +83,17 @@ func TestOptionsFallBackToEnrolled(t *testing.T) {
 	if invalid[2].OnInvalid != RefuseNew || invalid[0].OnInvalid != Ignore {
 		t.Errorf("reactions: %v %v", invalid[0].OnInvalid, invalid[2].OnInvalid)
 	}
-	got, _ = Options(d, enrolled, map[string]string{AnnotationDNSCapture: "1"})
+	got, _ = Options(d, enrolled, map[string]string{podmeta.AnnotationDNSCapture: "1"})
 	if want := (iptables.PodOptions{DNSCapture: true}); got != want {
 		t.Errorf("valid change, others removed: %+v, want %+v", got, want)
 	}
 }
 
 func TestPodOptionsStrict(t *testing.T) {
-	if _, err := PodOptions(true, map[string]string{AnnotationDNSCapture: "True"}); err != nil {
+	if _, err := PodOptions(true, map[string]string{podmeta.AnnotationDNSCapture: "True"}); err != nil {
 		t.Errorf("True: %v", err)
 	}
-	_, err := PodOptions(true, map[string]string{AnnotationRerouteVirtualInterfaces: "tap0,+"})
+	_, err := PodOptions(true, map[string]string{podmeta.AnnotationRerouteVirtualInterfaces: "tap0,+"})
 	if err == nil || !strings.Contains(err.Error(), `annotation istio.io/reroute-virtual-interfaces has invalid value "tap0,+"`) || !strings.Contains(err.Error(), `"+" is not an interface name`) {
 		t.Errorf("+: %v", err)
 	}
