@@ -86,6 +86,14 @@ type Config struct {
 	// LeaseTTL is the install lease's TTL (cniapi.InstallLease.TTL);
 	// default cniapi.DefaultLeaseTTL.
 	LeaseTTL time.Duration
+	// DaemonSetNamespace/DaemonSetName and Policy go into the install
+	// lease: what the plugin needs to decide while no agent answers.
+	DaemonSetNamespace, DaemonSetName string
+	Policy                            *cniapi.LeasePolicy
+	// Credentials, when set, returns the plugin's kubeconfig (the agent's
+	// own credentials), written beside the lease with mode 0600 at every
+	// lease write when it changed (a rotated token).
+	Credentials func() ([]byte, error)
 }
 
 // Validate checks the config and fills defaults.

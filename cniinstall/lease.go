@@ -1,6 +1,7 @@
 package cniinstall
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,8 +38,40 @@ func (i *Installer) lease(state string) cniapi.InstallLease {
 	return cniapi.InstallLease{
 		Version: cniapi.LeaseVersion, State: state, Renewed: time.Now().UTC(), TTL: i.cfg.LeaseTTL.String(),
 		ConfDir: i.cfg.HostConfDir, ConfName: i.cfg.ConfName, OwnedName: i.cfg.OwnedName, InPlace: i.cfg.InPlace,
-		PID: os.Getpid(),
+		PID: os.Getpid(), DaemonSetNamespace: i.cfg.DaemonSetNamespace, DaemonSetName: i.cfg.DaemonSetName,
+		Policy: i.cfg.Policy,
 	}
+}
+
+// KubeconfigPath is the plugin's kubeconfig's path: beside the plugin
+// binary.
+func KubeconfigPath(binDir, pluginType string) string {
+	return filepath.Join(binDir, pluginType+cniapi.KubeconfigSuffix)
+}
+
+func (i *Installer) kubeconfigPath() string { return KubeconfigPath(i.cfg.BinDir, i.cfg.Entry.Type) }
+
+// writeKubeconfig writes the plugin's kubeconfig (root only) when
+// Credentials gives one that differs from the file's.
+func (i *Installer) writeKubeconfig() error {
+	if i.cfg.Credentials == nil {
+		return nil
+	}
+	want, err := i.cfg.Credentials()
+	if err != nil {
+		return fmt.Errorf("plugin kubeconfig: %w", err)
+	}
+	if have, err := os.ReadFile(i.kubeconfigPath()); err == nil && bytes.Equal(have, want) {
+		if fi, err := os.Stat(i.kubeconfigPath()); err == nil && fi.Mode().Perm() == 0o600 {
+			return nil
+		}
+	}
+	attrs := newFileAttrs()
+	attrs.mode = 0o600
+	if err := writeAtomic(i.kubeconfigPath(), want, attrs); err != nil {
+		return fmt.Errorf("plugin kubeconfig: %w", err)
+	}
+	return nil
 }
 
 // WriteLease writes the lease, renewed now, in the installer's current state
@@ -64,12 +97,15 @@ func (i *Installer) writeLease(state string) error {
 	if err := os.MkdirAll(i.cfg.BinDir, 0o755); err != nil {
 		return fmt.Errorf("install lease: creating CNI bin dir: %w", err)
 	}
+	// The credentials first: a lease the plugin reads names what it may
+	// ask the API.
+	kerr := i.writeKubeconfig()
 	attrs := newFileAttrs()
 	attrs.mode = 0o644
 	if err := writeAtomic(i.leasePath(), append(data, '\n'), attrs); err != nil {
 		return fmt.Errorf("install lease: %w", err)
 	}
-	return nil
+	return kerr
 }
 
 // MarkUninstalling records in the lease that the agent decided to
@@ -100,7 +136,7 @@ func (i *Installer) RenewLease(ctx context.Context) {
 			return
 		case <-t.C:
 			if err := i.WriteLease(); err != nil {
-				i.log.Warn("cannot renew the install lease; the plugin fails open once it is older than its TTL with no agent", "path", i.leasePath(), "ttl", i.cfg.LeaseTTL, "error", err)
+				i.log.Warn("cannot renew the install lease or the plugin's kubeconfig; while no agent answers, the plugin may not be able to tell pods outside the mesh and lets none start", "path", i.leasePath(), "error", err)
 			}
 		}
 	}
@@ -112,6 +148,9 @@ func (i *Installer) removeLease() error {
 	i.lmu.Lock()
 	defer i.lmu.Unlock()
 	i.leaseGone = true
+	if err := os.Remove(i.kubeconfigPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing the plugin's kubeconfig: %w", err)
+	}
 	if err := os.Remove(i.leasePath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing install lease: %w", err)
 	}

@@ -2,12 +2,12 @@ package cniplugin
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -15,17 +15,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ambientd/ambientd/cniapi"
-	"github.com/ambientd/ambientd/cniinstall"
 )
 
 // When no agent listens on the socket, the install lease beside the plugin
-// binary (cniapi.InstallLease) tells an agent that is coming back (fail
-// closed, as always) from one that is gone for good: the agent decided to
-// uninstall, or no agent process started on this node for the lease's TTL.
-// Only then does the plugin finish the uninstall itself and let the pod
-// through. Everything else — no lease, a lease it cannot read or does not
-// trust, a fresh one — fails closed. docs/install.md, "An uninstall nobody
-// finished"; docs/security.md says who can trigger it.
+// binary (cniapi.InstallLease) says what the agent would decide: the plugin
+// reads the pod and its namespace from the API and applies the agent's own
+// policy (absent.go). Only proof lets it remove itself and let a mesh pod
+// through: the lease says the agent decided to uninstall, or the API says
+// the agent's DaemonSet is gone. No lease, a lease it cannot read or does
+// not trust, and time alone, fail closed. docs/install.md, "While no agent
+// answers"; docs/security.md says who can trigger what.
 
 // maxLeaseSize bounds what the plugin reads of a lease file.
 const maxLeaseSize = 64 << 10
@@ -33,16 +32,19 @@ const maxLeaseSize = 64 << 10
 // leaseVerdict is what a lease says about an agent that is not there.
 type leaseVerdict struct {
 	lease cniapi.InstallLease
-	// gone: the agent is not coming back; finish the uninstall.
-	gone   bool
-	reason string
+	// usable: the lease was read, trusted and understood.
+	usable bool
+	// uninstalling: the agent decided to uninstall; finish it.
+	uninstalling bool
+	// awayLong: no agent renewed the lease for its TTL (counted from the
+	// later of the renewal and the boot). Reported, never acted on.
+	awayLong bool
+	reason   string
 }
 
-// judgeLease is the decision table (pure): data is the lease file's text
+// judgeLease reads the lease (pure): data is the lease file's text
 // (readErr when it could not be read), now the time and boot the node's
-// boot time. The TTL runs from max(renewal, boot): a node powered off for
-// longer than the TTL must not find its lease expired at boot, before its
-// agent had a chance to start.
+// boot time.
 func judgeLease(data []byte, readErr error, now, boot time.Time) leaseVerdict {
 	if errors.Is(readErr, fs.ErrNotExist) {
 		return leaseVerdict{reason: "no install lease: the agent that installed the plugin predates leases or the lease was removed; waiting for the agent"}
@@ -76,7 +78,7 @@ func judgeLease(data []byte, readErr error, now, boot time.Time) leaseVerdict {
 	}
 	switch l.State {
 	case cniapi.LeaseUninstalling:
-		return leaseVerdict{lease: l, gone: true, reason: fmt.Sprintf("the agent decided to uninstall (lease uninstalling since %s) and is gone", l.Renewed.UTC().Format(time.RFC3339))}
+		return leaseVerdict{lease: l, usable: true, uninstalling: true, reason: fmt.Sprintf("the agent decided to uninstall (lease uninstalling since %s) and is gone", l.Renewed.UTC().Format(time.RFC3339))}
 	case cniapi.LeaseInstalled:
 	default:
 		return bad(fmt.Sprintf("has state %q, not %q or %q", l.State, cniapi.LeaseInstalled, cniapi.LeaseUninstalling))
@@ -85,10 +87,9 @@ func judgeLease(data []byte, readErr error, now, boot time.Time) leaseVerdict {
 	if boot.After(since) {
 		since, from = boot, "the node's boot"
 	}
-	if age := now.Sub(since); age > ttl {
-		return leaseVerdict{lease: l, gone: true, reason: fmt.Sprintf("no agent started on this node for %v since %s (%s; lease ttl %v): taking it for uninstalled", age.Round(time.Second), from, since.UTC().Format(time.RFC3339), ttl)}
-	}
-	return leaseVerdict{lease: l, reason: fmt.Sprintf("install lease is fresh (renewed %s, ttl %v, counted from %s): the agent is expected back; waiting for it", l.Renewed.UTC().Format(time.RFC3339), ttl, from)}
+	age := now.Sub(since)
+	return leaseVerdict{lease: l, usable: true, awayLong: age > ttl,
+		reason: fmt.Sprintf("installed; no agent renewed the lease for %v since %s (%s; ttl %v)", age.Round(time.Second), from, since.UTC().Format(time.RFC3339), ttl)}
 }
 
 // readLease reads the lease at path, refusing one that is not a regular
@@ -134,55 +135,6 @@ func bootTime(now time.Time) (time.Time, error) {
 	return now.Add(-time.Duration(si.Uptime) * time.Second), nil
 }
 
-// agentGone is called when no agent listens on the socket. It reads the
-// lease beside the plugin binary and, when the lease says the agent is gone
-// for good, finishes the uninstall (our config entries, then the binary,
-// then the lease) and returns true: the pod goes through. The work runs
-// under a lock on the bin dir, so that the many ADDs of a node coming back
-// do it once.
-func agentGone(log *slog.Logger) bool {
-	exe, err := os.Executable()
-	if err != nil {
-		log.Error("cannot locate the plugin binary to read its install lease; waiting for the agent", "error", err)
-		return false
-	}
-	leasePath := exe + cniapi.LeaseSuffix
-	v := judgeNow(leasePath)
-	if !v.gone {
-		log.Warn("no agent on the socket; waiting for it", "reason", v.reason, "path", leasePath)
-		return false
-	}
-	unlock, err := lockDir(filepath.Dir(exe))
-	if err != nil {
-		log.Error("cannot lock the CNI bin dir to finish the uninstall; waiting for the agent", "error", err)
-		return false
-	}
-	defer unlock()
-	// Again under the lock: another ADD may have finished it meanwhile.
-	if v = judgeNow(leasePath); !v.gone {
-		if _, err := os.Stat(leasePath); errors.Is(err, fs.ErrNotExist) {
-			log.Info("another ADD finished the uninstall the agent left; passing the pod through", "path", leasePath)
-			return true
-		}
-		log.Warn("no agent on the socket; waiting for it", "reason", v.reason, "path", leasePath)
-		return false
-	}
-	log = log.With("path", leasePath, "cni_conf_dir", v.lease.ConfDir)
-	log.Warn("no agent on the socket and the install lease says it is gone; finishing the uninstall and passing the pod through", "reason", v.reason)
-	inst, err := cniinstall.FromLease(v.lease, exe, log.With("component", "cni-uninstall"))
-	if err == nil {
-		err = inst.FinishUninstall()
-	}
-	if err != nil {
-		// The agent is gone for good either way: let the pod start, and
-		// let the next ADD try the cleanup again.
-		log.Error("could not finish the uninstall; passing the pod through, the next ADD tries again", "error", err)
-		return true
-	}
-	log.Warn("finished the uninstall the agent left: our CNI config entries, the plugin binary and the install lease are removed (host probe rules stay until the next install or `ambientd uninstall`)")
-	return true
-}
-
 func judgeNow(leasePath string) leaseVerdict {
 	data, err := readLease(leasePath)
 	now := time.Now()
@@ -193,15 +145,28 @@ func judgeNow(leasePath string) leaseVerdict {
 	return judgeLease(data, err, now, boot)
 }
 
-// lockDir takes an exclusive flock on dir until the returned func runs.
-func lockDir(dir string) (func(), error) {
+// lockDir takes an exclusive flock on dir until the returned func runs,
+// waiting for it until ctx ends: any local user can hold a lock on a
+// directory it can open, and an ADD must not wait for ever.
+func lockDir(ctx context.Context, dir string) (func(), error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
-	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("flock %s: %w", dir, err)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { unix.Close(fd) }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			unix.Close(fd)
+			return nil, fmt.Errorf("flock %s: %w", dir, err)
+		}
+		select {
+		case <-ctx.Done():
+			unix.Close(fd)
+			return nil, fmt.Errorf("flock %s: held by another process: %w", dir, ctx.Err())
+		case <-time.After(wait):
+		}
 	}
-	return func() { unix.Close(fd) }, nil
 }

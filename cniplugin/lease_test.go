@@ -13,9 +13,10 @@ import (
 	"github.com/ambientd/ambientd/cniapi"
 )
 
-// The install lease's decision table (pure logic): when no agent listens,
-// which leases let the pod through (the agent is gone for good) and which
-// keep failing closed.
+// What the plugin reads of the install lease (pure logic): which leases it
+// trusts and understands, which say the agent decided to uninstall, and
+// which are past their TTL (reported only: time alone never lets a pod
+// through, see TestDecideAbsent).
 func TestJudgeLease(t *testing.T) {
 	now := time.Date(2026, 1, 2, 12, 0, 0, 0, time.UTC)
 	bootedLongAgo := now.Add(-48 * time.Hour)
@@ -36,40 +37,49 @@ func TestJudgeLease(t *testing.T) {
 		data    []byte
 		readErr error
 		boot    time.Time
-		gone    bool
+		want    string // closed (not usable), installed, away-long, uninstalling
 		reason  string // a substring of the verdict's reason
 	}{
-		{"fresh lease: agent restarting, crashing or upgrading", lease(nil), nil, bootedLongAgo, false, "is fresh"},
-		{"expired lease: no agent for the TTL", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(-11 * time.Minute) }), nil, bootedLongAgo, true, "no agent started on this node for 11m0s since its last renewal"},
-		{"just within the TTL", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(-10 * time.Minute) }), nil, bootedLongAgo, false, "is fresh"},
-		{"uninstall decided", lease(func(l *cniapi.InstallLease) { l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, true, "decided to uninstall"},
-		{"uninstall decided, renewed just now", lease(func(l *cniapi.InstallLease) { l.State = cniapi.LeaseUninstalling; l.Renewed = now }), nil, bootedLongAgo, true, "decided to uninstall"},
-		{"node off for a day, booted 1m ago: the TTL counts from boot", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(-24 * time.Hour) }), nil, now.Add(-time.Minute), false, "counted from the node's boot"},
-		{"node booted longer than the TTL ago, no agent since", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(-24 * time.Hour) }), nil, now.Add(-11 * time.Minute), true, "since the node's boot"},
-		{"renewal in the future (clock stepped back)", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(time.Hour) }), nil, bootedLongAgo, false, "is fresh"},
-		{"no lease", nil, fs.ErrNotExist, bootedLongAgo, false, "no install lease"},
-		{"unreadable lease", nil, errors.New("/opt/cni/bin/ambientd-cni.lease is owned by uid 1000, not 0"), bootedLongAgo, false, "owned by uid 1000"},
-		{"garbage", []byte("\x00\xffnot json"), nil, bootedLongAgo, false, "not valid JSON"},
-		{"empty file", []byte{}, nil, bootedLongAgo, false, "not valid JSON"},
-		{"two objects", append(lease(func(l *cniapi.InstallLease) { l.State = cniapi.LeaseUninstalling }), lease(nil)...), nil, bootedLongAgo, false, "data after its JSON object"},
-		{"JSON array", []byte(`[1,2]`), nil, bootedLongAgo, false, "not valid JSON"},
-		{"unknown version", lease(func(l *cniapi.InstallLease) { l.Version = 2; l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, false, "version 2"},
-		{"no version", []byte(`{"state":"uninstalling","renewed":"2026-01-02T11:00:00Z","ttl":"10m","confDir":"/etc/cni/net.d"}`), nil, bootedLongAgo, false, "version 0"},
-		{"unknown state", lease(func(l *cniapi.InstallLease) { l.State = "gone"; l.Renewed = now.Add(-time.Hour) }), nil, bootedLongAgo, false, `state "gone"`},
-		{"bad ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "soon"; l.Renewed = now.Add(-time.Hour) }), nil, bootedLongAgo, false, `ttl "soon"`},
-		{"zero ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "0s"; l.Renewed = now.Add(-time.Hour) }), nil, bootedLongAgo, false, `ttl "0s"`},
-		{"negative ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "-1m" }), nil, bootedLongAgo, false, `ttl "-1m"`},
-		{"relative conf dir", lease(func(l *cniapi.InstallLease) { l.ConfDir = "etc/cni"; l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, false, "confDir"},
-		{"no renewal time", lease(func(l *cniapi.InstallLease) { l.Renewed = time.Time{}; l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, false, "no renewal time"},
+		{"fresh lease: agent restarting, crashing or upgrading", lease(nil), nil, bootedLongAgo, "installed", "installed; no agent renewed"},
+		{"expired lease: no agent for the TTL", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(-11 * time.Minute) }), nil, bootedLongAgo, "away-long", "for 11m0s since its last renewal"},
+		{"just within the TTL", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(-10 * time.Minute) }), nil, bootedLongAgo, "installed", "installed; no agent renewed"},
+		{"uninstall decided", lease(func(l *cniapi.InstallLease) { l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, "uninstalling", "decided to uninstall"},
+		{"uninstall decided, renewed just now", lease(func(l *cniapi.InstallLease) { l.State = cniapi.LeaseUninstalling; l.Renewed = now }), nil, bootedLongAgo, "uninstalling", "decided to uninstall"},
+		{"node off for a day, booted 1m ago: the TTL counts from boot", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(-24 * time.Hour) }), nil, now.Add(-time.Minute), "installed", "since the node's boot"},
+		{"node booted longer than the TTL ago, no agent since", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(-24 * time.Hour) }), nil, now.Add(-11 * time.Minute), "away-long", "since the node's boot"},
+		{"renewal in the future (clock stepped back)", lease(func(l *cniapi.InstallLease) { l.Renewed = now.Add(time.Hour) }), nil, bootedLongAgo, "installed", "installed; no agent renewed"},
+		{"no lease", nil, fs.ErrNotExist, bootedLongAgo, "closed", "no install lease"},
+		{"unreadable lease", nil, errors.New("/opt/cni/bin/ambientd-cni.lease is owned by uid 1000, not 0"), bootedLongAgo, "closed", "owned by uid 1000"},
+		{"garbage", []byte("\x00\xffnot json"), nil, bootedLongAgo, "closed", "not valid JSON"},
+		{"empty file", []byte{}, nil, bootedLongAgo, "closed", "not valid JSON"},
+		{"two objects", append(lease(func(l *cniapi.InstallLease) { l.State = cniapi.LeaseUninstalling }), lease(nil)...), nil, bootedLongAgo, "closed", "data after its JSON object"},
+		{"JSON array", []byte(`[1,2]`), nil, bootedLongAgo, "closed", "not valid JSON"},
+		{"unknown version", lease(func(l *cniapi.InstallLease) { l.Version = 2; l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, "closed", "version 2"},
+		{"no version", []byte(`{"state":"uninstalling","renewed":"2026-01-02T11:00:00Z","ttl":"10m","confDir":"/etc/cni/net.d"}`), nil, bootedLongAgo, "closed", "version 0"},
+		{"unknown state", lease(func(l *cniapi.InstallLease) { l.State = "gone"; l.Renewed = now.Add(-time.Hour) }), nil, bootedLongAgo, "closed", `state "gone"`},
+		{"bad ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "soon"; l.Renewed = now.Add(-time.Hour) }), nil, bootedLongAgo, "closed", `ttl "soon"`},
+		{"zero ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "0s"; l.Renewed = now.Add(-time.Hour) }), nil, bootedLongAgo, "closed", `ttl "0s"`},
+		{"negative ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "-1m" }), nil, bootedLongAgo, "closed", `ttl "-1m"`},
+		{"relative conf dir", lease(func(l *cniapi.InstallLease) { l.ConfDir = "etc/cni"; l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, "closed", "confDir"},
+		{"no renewal time", lease(func(l *cniapi.InstallLease) { l.Renewed = time.Time{}; l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, "closed", "no renewal time"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			v := judgeLease(tt.data, tt.readErr, now, tt.boot)
-			if v.gone != tt.gone || !strings.Contains(v.reason, tt.reason) {
-				t.Errorf("gone=%v reason %q; want gone=%v, reason containing %q", v.gone, v.reason, tt.gone, tt.reason)
+			got := "closed"
+			switch {
+			case v.uninstalling:
+				got = "uninstalling"
+			case v.usable && v.awayLong:
+				got = "away-long"
+			case v.usable:
+				got = "installed"
 			}
-			if !v.gone && !strings.Contains(v.reason, "waiting for the agent") && !strings.Contains(v.reason, "waiting for it") {
-				t.Errorf("a fail-closed reason must say that the pod waits for the agent: %q", v.reason)
+			if got != tt.want || !strings.Contains(v.reason, tt.reason) {
+				t.Errorf("%s, reason %q; want %s, reason containing %q", got, v.reason, tt.want, tt.reason)
+			}
+			if !v.usable && !strings.Contains(v.reason, "waiting for the agent") {
+				t.Errorf("a lease the plugin cannot use must say that the pod waits for the agent: %q", v.reason)
 			}
 		})
 	}

@@ -1,7 +1,9 @@
 // Package cniplugin is the logic of bin/ambientd-cni, the chained CNI plugin
 // that hands pod sandbox events to the ambientd agent. It must stay light: it
 // is exec'd for every pod, so it imports only the CNI libraries, gRPC and
-// cniapi (never client-go or the rest of the agent).
+// cniapi on the path where the agent answers; while none does, it reads the
+// pod from the API (kubeapi: client-go's loader and transport only) and
+// applies the agent's policy (package policy).
 package cniplugin
 
 import (
@@ -101,10 +103,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		cerr := agentError(ctx, err, conf.AgentSocket, conf.timeout, pod)
 		log.Error("agent call failed", "error", cerr, "took", time.Since(start))
-		// Only when nobody listens may the install lease say that the
-		// agent is gone for good (and never on the normal path: the lease
-		// is not read when the agent answers).
-		if errors.Is(err, errNoAgent) && agentGone(log) {
+		// Only when nobody listens does the plugin decide without the
+		// agent (never on the normal path: with an agent answering, the
+		// plugin reads neither the lease nor the API).
+		if errors.Is(err, errNoAgent) && whileAbsent(context.Background(), filepath.Dir(conf.AgentSocket), pod, log) {
 			return p.printPrev(conf)
 		}
 		return cerr

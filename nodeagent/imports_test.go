@@ -37,18 +37,24 @@ func TestImports(t *testing.T) {
 		forbidden func(pkg, dep string) string
 	}{
 		{
-			// The plugin finishes an uninstall nobody finished with the
-			// installer's file logic, which therefore imports no
-			// Kubernetes either.
+			// The plugin, exec'd for every pod, shares the CNI API, the
+			// installer's file logic (to finish an uninstall nobody
+			// finished) and the enrollment policy (to decide while no
+			// agent answers), and reads the API through client-go's
+			// kubeconfig loader and transport only: no typed clients and
+			// no scheme of every API group, whose init would cost every
+			// ADD. The installer imports no Kubernetes at all.
 			pkgs: []string{"cmd/ambientd-cni", "cniplugin", "cniinstall"},
 			forbidden: func(pkg, dep string) string {
 				switch {
-				case strings.HasPrefix(dep, "k8s.io/"), strings.HasPrefix(dep, "sigs.k8s.io/"):
+				case pkg == "cniinstall" && (strings.HasPrefix(dep, "k8s.io/") || strings.HasPrefix(dep, "sigs.k8s.io/")):
 					return "Kubernetes"
-				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg &&
-					dep != module+"/cniplugin" && dep != module+"/cniplugin/procinit" && dep != module+"/cniapi" &&
-					dep != module+"/cniinstall":
-					return "ours, other than the shared CNI API and the installer's file logic"
+				case slices.ContainsFunc(heavyClientGo, func(h string) bool { return strings.HasPrefix(dep, h) }):
+					return "client-go's all-groups packages"
+				case strings.HasPrefix(dep, "k8s.io/api/") && !slices.Contains(pluginAPIGroups, dep):
+					return "an API group the plugin does not read"
+				case strings.HasPrefix(dep, module+"/") && dep != module+"/"+pkg && !slices.Contains(pluginOurs, strings.TrimPrefix(dep, module+"/")):
+					return "ours, other than the shared CNI API, installer file logic and policy"
 				}
 				return ""
 			},
@@ -115,6 +121,14 @@ func TestImports(t *testing.T) {
 		}
 	}
 }
+
+// pluginAPIGroups are the API groups the plugin links (it reads pods and
+// namespaces, and a DaemonSet's metadata only), and pluginOurs our
+// packages it may import.
+var (
+	pluginAPIGroups = []string{"k8s.io/api/core/v1"}
+	pluginOurs      = []string{"cniplugin", "cniplugin/procinit", "cniplugin/kubeapi", "cniapi", "cniinstall", "policy", "podmeta"}
+)
 
 // agentAPIGroups are the Kubernetes API groups the agent binary may link:
 // the ones nodeagent/kube's scheme registers.

@@ -332,17 +332,38 @@ func runCmd(args []string) int {
 	return 0
 }
 
-// writeStartLease renews the install lease at process start.
+// writeStartLease renews the install lease, and the plugin's kubeconfig
+// when the agent's client configuration can be read, at process start.
 func writeStartLease(f runFlags, log *slog.Logger) error {
-	cfg, err := f.install.config(f.node.CNISocket, f.excluded())
+	cfg, err := f.leaseConfig()
 	if err != nil {
 		return err
+	}
+	if restCfg, err := kubeConfig(f.kubeconfig); err == nil {
+		cfg.Credentials = kube.PluginKubeconfig(restCfg)
 	}
 	inst, err := cniinstall.New(cfg, log)
 	if err != nil {
 		return err
 	}
 	return inst.WriteLease()
+}
+
+// leaseConfig is the installer's config with what the install lease tells
+// the plugin for while no agent answers: the agent's DaemonSet and its
+// enrollment policy.
+func (f runFlags) leaseConfig() (cniinstall.Config, error) {
+	cfg, err := f.install.config(f.node.CNISocket, f.excluded())
+	if err != nil {
+		return cfg, err
+	}
+	p := f.node.Agent.Policy
+	cfg.DaemonSetNamespace, cfg.DaemonSetName = f.install.namespace, f.install.daemonSet
+	cfg.Policy = &cniapi.LeasePolicy{
+		ExcludeNamespaces: f.excluded(), SystemNamespace: p.SystemNamespace,
+		ZtunnelLabels: p.ZtunnelLabels, SelfLabels: p.SelfLabels, Sidecar: !f.node.Sidecar.Disabled,
+	}
+	return cfg, nil
 }
 
 // defaultGCPercent halves the collector's headroom (Go's default is 100):
@@ -378,7 +399,8 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	// config the runtime uses) feeds /readyz and the node condition;
 	// without it the daemon reads the conf dir itself.
 	if f.installCNI {
-		icfg, _ := f.install.config(f.node.CNISocket, f.excluded()) // validated
+		icfg, _ := f.leaseConfig() // validated
+		icfg.Credentials = kube.PluginKubeconfig(restCfg)
 		successor, _ := iptables.ParseSuccessor(f.handover)         // validated
 		ilog := log.With("component", "cni-install")
 		inst, err := cniinstall.New(icfg, ilog)

@@ -68,6 +68,7 @@ type Process struct {
 	log       *slog.Logger
 	informers *kube.Informers
 	events    *kube.Events
+	absent    *absenceReport
 	agent     *agent.Agent
 	zt        *ztunnel.Server
 	cni       *cniserver.Server
@@ -111,8 +112,12 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	if err != nil {
 		return nil, err
 	}
+	absent, err := newAbsenceReport(cfg.CNISocket, cfg.Agent.NodeName, events.Recorder(), a.Metrics(), log)
+	if err != nil {
+		return nil, err
+	}
 	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
-	n := &Process{cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled}
+	n := &Process{absent: absent, cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled}
 	nrCfg := cfg.NodeReady
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
@@ -187,7 +192,7 @@ func (n *Process) runNodeReady(ctx context.Context) error {
 // the servers that feed it.
 func (n *Process) components() []Component {
 	cs := slices.Clone(n.cfg.Components)
-	cs = append(cs, Func("event broadcaster", n.events.Run))
+	cs = append(cs, Func("event broadcaster", n.events.Run), Func("absence report", n.absent.Run))
 	if n.cfg.HealthAddr != "" {
 		cs = append(cs, HTTP("--health-addr server", n.cfg.HealthAddr, n.healthHandler()))
 	}

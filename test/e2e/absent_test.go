@@ -1,0 +1,202 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
+	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
+)
+
+// While no agent answers (docs/install.md, "While no agent answers"): the
+// plugin reads the pod and its namespace from the API with the credentials
+// the installer left it and applies the agent's own policy. Pods outside
+// the mesh start; mesh pods wait, and start enrolled once an agent is back;
+// with the API unreachable too, every pod waits. Nothing but proof of an
+// uninstall ever lets a mesh pod through.
+
+// attempt runs the runtime's chain for the pod object obj, as the kubelet
+// retries a sandbox; it returns the CNI error, nil when the pod started.
+func (n *leaseNode) attempt(t *testing.T, ctx context.Context, obj *corev1.Pod) (*e2eenv.Pod, error) {
+	t.Helper()
+	p, err := testEnv.AttachPod(ctx, obj, n.chain)
+	if err == nil {
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = testEnv.DeletePod(cctx, p)
+		})
+	}
+	return p, err
+}
+
+// objectWith creates the pod object (no sandbox) with labels.
+func objectWith(t *testing.T, ctx context.Context, namespace, name string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	obj := createObjectOnly(t, ctx, namespace, name)
+	if len(labels) == 0 {
+		return obj
+	}
+	obj.Labels = labels
+	obj, err := testEnv.CP.Admin.CoreV1().Pods(namespace).Update(ctx, obj, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return obj
+}
+
+// refusedForTheAgent fails the test unless err is the ADD failing closed
+// while the agent is away ("agent unreachable", try again later).
+func (n *leaseNode) refusedForTheAgent(t *testing.T, err error, what string) {
+	t.Helper()
+	cerr, ok := e2eenv.IsCNIError(err)
+	if !ok || cerr.Code != 11 || !strings.Contains(cerr.Msg, "agent unreachable") {
+		t.Fatalf("%s: %v; want the ADD to fail closed (code 11, agent unreachable)\nplugin log:\n%s", what, err, lastLines(n.pluginLogText(), 20))
+	}
+	if !n.installed() {
+		t.Fatalf("%s: the plugin is no longer installed after a failed-closed ADD", what)
+	}
+}
+
+// TestAgentAwayOnlyTheMeshWaits: the agent SIGKILLed and kept down. A pod
+// in an unlabelled namespace starts, and so does one opted out with
+// istio.io/dataplane-mode=none in an ambient namespace; a pod in an
+// ambient namespace and one labelled ambient in an unlabelled namespace
+// wait. With the API server stopped too, every pod waits, plain ones
+// included: the plugin cannot tell. Once an agent is back, the waiting
+// pods start enrolled and captured, and the node's Event tells what
+// happened meanwhile.
+func TestAgentAwayOnlyTheMeshWaits(t *testing.T) {
+	ctx := testutil.Context(t, 5*time.Minute)
+	n := newLeaseNode(t)
+	n.withDaemonSet(t, ctx)
+	em := startEmulator(t, ctx, "ztunnel-away")
+	ambient, plain := uniqueNS("away-ambient"), uniqueNS("away-plain")
+	createNamespace(t, ctx, ambient, true)
+	createNamespace(t, ctx, plain, false)
+	a := n.start(t, ctx, "agent-away")
+	kill(t, a)
+
+	start := time.Now()
+	if _, err := n.attempt(t, ctx, objectWith(t, ctx, plain, "plain", nil)); err != nil {
+		t.Fatalf("a pod in an unlabelled namespace with no agent: %v\nplugin log:\n%s", err, lastLines(n.pluginLogText(), 20))
+	}
+	t.Logf("a pod outside the mesh started %v after its ADD began, with no agent", time.Since(start).Round(time.Millisecond))
+	if _, err := n.attempt(t, ctx, objectWith(t, ctx, ambient, "opted-out", map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeNone})); err != nil {
+		t.Fatalf("a pod opted out in an ambient namespace with no agent: %v", err)
+	}
+	inNS := objectWith(t, ctx, ambient, "in-ns", nil)
+	_, err := n.attempt(t, ctx, inNS)
+	n.refusedForTheAgent(t, err, "a pod in an ambient namespace with no agent")
+	labelled := objectWith(t, ctx, plain, "labelled", map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient})
+	_, err = n.attempt(t, ctx, labelled)
+	n.refusedForTheAgent(t, err, "a pod labelled ambient with no agent")
+
+	// The API unreachable as well: the plugin cannot tell, so nothing
+	// starts.
+	if err := testEnv.CP.APIServer.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	cont := func() {
+		if stopped {
+			stopped = false
+			if err := testEnv.CP.APIServer.Signal(syscall.SIGCONT); err != nil {
+				t.Errorf("SIGCONT kube-apiserver: %v", err)
+			}
+		}
+	}
+	t.Cleanup(cont)
+	// The object is created before the API stops answering.
+	cont()
+	noAPI := objectWith(t, ctx, plain, "no-api", nil)
+	if err := testEnv.CP.APIServer.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	start = time.Now()
+	_, err = n.attempt(t, ctx, noAPI)
+	n.refusedForTheAgent(t, err, "a plain pod with neither agent nor API")
+	t.Logf("with no API either, the plain pod's ADD failed closed after %v", time.Since(start).Round(time.Millisecond))
+	cont()
+	if err := testEnv.CP.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The agent back: the waiting pods start enrolled and captured.
+	n.start(t, ctx, "agent-away-back")
+	for _, obj := range []*corev1.Pod{inNS, labelled} {
+		p, err := n.attempt(t, ctx, obj)
+		if err != nil {
+			t.Fatalf("%s/%s with the agent back: %v", obj.Namespace, obj.Name, err)
+		}
+		waitAnnotation(t, ctx, p, "enabled")
+		if rules := podRules(t, p); !strings.Contains(rules, "15001") {
+			t.Errorf("%s/%s enrolled without capture rules:\n%s", obj.Namespace, obj.Name, rules)
+		}
+		waitEmu(t, ctx, em, "ztunnel has "+obj.Name, func(st ztunnelemu.State) bool { return countOps(st, "add", string(obj.UID)) > 0 })
+	}
+	ev := nodeEvent(t, ctx, daemon.EventAgentAbsent)
+	for _, want := range []string{"without the mesh agent", "3 pods waited", "2 outside the mesh started"} {
+		if !strings.Contains(ev.Message, want) {
+			t.Errorf("node Event %s: %q does not say %q", ev.Reason, ev.Message, want)
+		}
+	}
+	t.Logf("node Event: %s", ev.Message)
+}
+
+// nodeEvent waits for the agent's Event of reason on its node.
+func nodeEvent(t *testing.T, ctx context.Context, reason string) corev1.Event {
+	t.Helper()
+	sel := fields.Set{"involvedObject.kind": "Node", "involvedObject.name": testEnv.NodeName, "reason": reason}.AsSelector().String()
+	var ev corev1.Event
+	testutil.Eventually(t, "node Event "+reason, 30*time.Second, func() bool {
+		evs, err := testEnv.CP.Admin.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil || len(evs.Items) == 0 {
+			return false
+		}
+		ev = slices.MaxFunc(evs.Items, func(a, b corev1.Event) int { return a.LastTimestamp.Compare(b.LastTimestamp.Time) })
+		return true
+	})
+	return ev
+}
+
+// TestNoFailOpenOnTime: the agent away for far longer than the install
+// lease's TTL while its DaemonSet exists (an image that cannot be pulled,
+// a missing ConfigMap, a crash before the lease is renewed): mesh pods
+// keep waiting and the plugin stays installed. Time alone never lets a
+// mesh pod start uncaptured.
+func TestNoFailOpenOnTime(t *testing.T) {
+	ctx := testutil.Context(t, 4*time.Minute)
+	n := newLeaseNode(t)
+	n.withDaemonSet(t, ctx)
+	startEmulator(t, ctx, "ztunnel-no-timer")
+	ambient := uniqueNS("no-timer")
+	createNamespace(t, ctx, ambient, true)
+	const ttl = 3 * time.Second
+	n.env = []string{"AMBIENTD_CNI_INSTALL_LEASE_TTL=" + ttl.String()}
+	a := n.start(t, ctx, "agent-no-timer")
+	kill(t, a)
+	killed := time.Now()
+	for i := 0; time.Since(killed) < 4*ttl; i++ {
+		n.waitsForAgent(t, ctx, ambient, fmt.Sprintf("mesh-%d", i), fmt.Sprintf("%v after the kill (lease TTL %v)", time.Since(killed).Round(time.Second), ttl))
+		time.Sleep(ttl / 2)
+	}
+	if log := n.pluginLogText(); !strings.Contains(log, "DaemonSet "+n.ds.GetNamespace()+"/"+n.ds.GetName()+" exists: waiting for its agent") {
+		t.Errorf("the plugin did not log why it waits:\n%s", lastLines(log, 10))
+	}
+}
