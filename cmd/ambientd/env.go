@@ -15,7 +15,9 @@ type flagEnv map[string]string
 // flag's variable in the flag's usage, parses args, then sets every flag of
 // envs that the command line did not give from its variable, when that is
 // set and not empty. A flag wins over its variable, a variable over the
-// default; a variable whose value the flag refuses is an error naming both.
+// default; a variable whose value the flag refuses is an error naming both,
+// and every such error is returned (joined) after every other variable
+// was applied.
 // envs name flags of fs only (a programming error panics). An error of the
 // command line itself is a parseError (fs has printed it, with the usage)
 // or flag.ErrHelp.
@@ -34,6 +36,12 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string, env
 	}
 	given := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	// Every variable is applied, whatever another one's value: a value
+	// that fails to parse must not keep the settings after it (in sorted
+	// order) from taking effect — the install lease's among them, which
+	// the plugin needs while this agent cannot start. All errors are
+	// reported, in a fixed order.
+	var errs []error
 	for _, env := range envs {
 		names := make([]string, 0, len(env))
 		for name := range env {
@@ -43,12 +51,12 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string, env
 		for _, name := range names {
 			if v := getenv(env[name]); v != "" && !given[name] {
 				if err := fs.Set(name, v); err != nil {
-					return fmt.Errorf("%s (for --%s): %w", env[name], name, err)
+					errs = append(errs, fmt.Errorf("%s (for --%s): %w", env[name], name, err))
 				}
 			}
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // parseError is an error of the command line, which the flag set printed.

@@ -312,6 +312,7 @@ func runCmd(args []string) int {
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ambientd run: %v\n", err)
+		reportStartFailure(f, err, log)
 		return 2
 	}
 	if f.gcPercent > 0 {
@@ -330,6 +331,29 @@ func runCmd(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// reportStartFailure names the refused setting in a node Event, when the
+// agent's node and client configuration are usable: a crash-looping agent
+// says why where an operator looks first.
+func reportStartFailure(f runFlags, why error, log *slog.Logger) {
+	if f.node.Agent.NodeName == "" {
+		return
+	}
+	restCfg, err := kubeConfig(f.kubeconfig)
+	if err != nil {
+		return
+	}
+	restCfg.UserAgent = "ambientd/" + version
+	client, err := kube.NewForConfig(restCfg)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := kube.ReportStartFailure(ctx, client, f.node.Agent.NodeName, "ambientd", why.Error()); err != nil {
+		log.Warn("cannot record the refused setting in a node Event", "error", err)
+	}
 }
 
 // writeStartLease renews the install lease, and the plugin's kubeconfig

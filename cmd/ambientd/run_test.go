@@ -202,3 +202,32 @@ func TestSeveralBadFlagsReportTheSameOne(t *testing.T) {
 		}
 	}
 }
+
+// TestBadValueKeepsTheRestOfTheEnv: a variable whose value fails to parse
+// neither stops the variables after it (AMBIENTD_INSTALL_CNI sorts after
+// AMBIENTD_DNS_CAPTURE) from being applied, so the crash-looping agent
+// still writes what the plugin needs, nor hides another bad one: every bad
+// variable is named, in the same order each time.
+func TestBadValueKeepsTheRestOfTheEnv(t *testing.T) {
+	vars := map[string]string{"NODE_NAME": "n1", "AMBIENTD_DNS_CAPTURE": "yes", "AMBIENTD_INSTALL_CNI": "true", "AMBIENTD_WORKERS": "many", "AMBIENTD_CNI_BIN_DIR": "/opt/x/bin"}
+	var first string
+	for range 20 {
+		f, err := parseRunFlags(nil, func(k string) string { return vars[k] })
+		if err == nil {
+			t.Fatal("bad values accepted")
+		}
+		for _, v := range []string{"AMBIENTD_DNS_CAPTURE", "AMBIENTD_WORKERS"} {
+			if !strings.Contains(err.Error(), v) {
+				t.Errorf("error %q does not name %s", err, v)
+			}
+		}
+		if first == "" {
+			first = err.Error()
+		} else if err.Error() != first {
+			t.Fatalf("the error changed between runs: %q, then %q", first, err)
+		}
+		if !f.installCNI || f.install.binDir != "/opt/x/bin" {
+			t.Fatalf("the install settings after the bad value were not applied: install-cni %v, bin dir %q", f.installCNI, f.install.binDir)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -78,4 +79,28 @@ func (e *Events) Run(ctx context.Context) error {
 	<-ctx.Done()
 	e.b.Shutdown()
 	return nil
+}
+
+// EventInvalidSetting is the node Event of an agent that cannot start
+// because a setting is refused.
+const EventInvalidSetting = "InvalidSetting"
+
+// ReportStartFailure records a Warning Event on node that the agent could
+// not start and why (a refused setting): a crash-looping agent's pod logs
+// are one place to look, `kubectl describe node` is where an operator looks
+// first. It writes one Event directly (the broadcaster is not running) and
+// gives up when ctx ends.
+func ReportStartFailure(ctx context.Context, client Interface, node, component, why string) error {
+	now := metav1.NewTime(time.Now())
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: node + ".", Namespace: metav1.NamespaceDefault},
+		InvolvedObject: corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node, UID: types.UID(node)},
+		Reason:         EventInvalidSetting,
+		Message:        "ambientd cannot start: " + why,
+		Type:           corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: component, Host: node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	_, err := client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
+	return err
 }

@@ -200,3 +200,40 @@ func TestNoFailOpenOnTime(t *testing.T) {
 		t.Errorf("the plugin did not log why it waits:\n%s", lastLines(log, 10))
 	}
 }
+
+// TestBadSettingCrashLoop: an upgrade to a config with a value that fails
+// to parse (AMBIENTD_DNS_CAPTURE=yes): the agent exits at start, restarted
+// again and again for longer than the install lease's TTL. Every start
+// still writes the lease and the plugin's credentials, so pods outside the
+// mesh start and mesh pods wait; none starts uncaptured; the node's Event
+// names the bad setting.
+func TestBadSettingCrashLoop(t *testing.T) {
+	ctx := testutil.Context(t, 4*time.Minute)
+	n := newLeaseNode(t)
+	n.withDaemonSet(t, ctx)
+	startEmulator(t, ctx, "ztunnel-bad-setting")
+	ambient := uniqueNS("bad-setting")
+	createNamespace(t, ctx, ambient, true)
+	const ttl = 3 * time.Second
+	n.env = []string{"AMBIENTD_CNI_INSTALL_LEASE_TTL=" + ttl.String()}
+	kill(t, n.start(t, ctx, "agent-before-upgrade"))
+	n.env = append(n.env, "AMBIENTD_DNS_CAPTURE=yes")
+	started := time.Now()
+	for i := 0; time.Since(started) < 4*ttl; i++ {
+		a := n.spawn(t, ctx, fmt.Sprintf("agent-bad-setting-%d", i))
+		<-a.Exited()
+		if i == 0 {
+			if !strings.Contains(a.Logs(), "AMBIENTD_DNS_CAPTURE") {
+				t.Fatalf("the agent did not name the bad setting:\n%s", a.LogTail(10))
+			}
+		}
+		n.waitsForAgent(t, ctx, ambient, fmt.Sprintf("mesh-%d", i), fmt.Sprintf("%v into the crash loop (lease TTL %v)", time.Since(started).Round(time.Second), ttl))
+		n.startsWithoutAgent(t, ctx, "default", fmt.Sprintf("plain-%d", i))
+		time.Sleep(ttl / 2)
+	}
+	ev := nodeEvent(t, ctx, "InvalidSetting")
+	if !strings.Contains(ev.Message, "AMBIENTD_DNS_CAPTURE") {
+		t.Errorf("node Event %s does not name the bad setting: %q", ev.Reason, ev.Message)
+	}
+	t.Logf("node Event: %s", ev.Message)
+}
