@@ -425,7 +425,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	if f.installCNI {
 		icfg, _ := f.leaseConfig() // validated
 		icfg.Credentials = kube.PluginKubeconfig(restCfg)
-		successor, _ := iptables.ParseSuccessor(f.handover)         // validated
+		successor, _ := iptables.ParseSuccessor(f.handover) // validated
 		ilog := log.With("component", "cni-install")
 		inst, err := cniinstall.New(icfg, ilog)
 		if err != nil {
