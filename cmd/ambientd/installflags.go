@@ -24,27 +24,31 @@ type installFlags struct {
 	pollInterval, resync, repairWindow              time.Duration
 	repairLimit                                     int
 	daemonSet, namespace                            string
+	pluginServiceAccount                            string
+	pluginTokenTTL                                  time.Duration
 }
 
 // installEnvOf maps the install flags to their environment variables.
 var installEnvOf = flagEnv{
-	"cni-bin-source":        "AMBIENTD_CNI_BIN_SOURCE",
-	"cni-bin-dir":           "AMBIENTD_CNI_BIN_DIR",
-	"cni-conf-dir":          "AMBIENTD_CNI_CONF_DIR",
-	"cni-conf-name":         "AMBIENTD_CNI_CONF_NAME",
-	"cni-host-conf-dir":     "AMBIENTD_CNI_HOST_CONF_DIR",
-	"cni-install-lease-ttl": "AMBIENTD_CNI_INSTALL_LEASE_TTL",
-	"cni-owned-config":      "AMBIENTD_CNI_OWNED_CONFIG",
-	"cni-owned-config-name": "AMBIENTD_CNI_OWNED_CONFIG_NAME",
-	"cni-plugin-log-level":  "AMBIENTD_CNI_PLUGIN_LOG_LEVEL",
-	"cni-plugin-log-file":   "AMBIENTD_CNI_PLUGIN_LOG_FILE",
-	"cni-plugin-timeout":    "AMBIENTD_CNI_PLUGIN_TIMEOUT",
-	"cni-poll-interval":     "AMBIENTD_CNI_POLL_INTERVAL",
-	"cni-resync-interval":   "AMBIENTD_CNI_RESYNC_INTERVAL",
-	"cni-repair-limit":      "AMBIENTD_CNI_REPAIR_LIMIT",
-	"cni-repair-window":     "AMBIENTD_CNI_REPAIR_WINDOW",
-	"daemonset-name":        "AMBIENTD_DAEMONSET_NAME",
-	"daemonset-namespace":   "POD_NAMESPACE",
+	"cni-bin-source":             "AMBIENTD_CNI_BIN_SOURCE",
+	"cni-bin-dir":                "AMBIENTD_CNI_BIN_DIR",
+	"cni-conf-dir":               "AMBIENTD_CNI_CONF_DIR",
+	"cni-conf-name":              "AMBIENTD_CNI_CONF_NAME",
+	"cni-host-conf-dir":          "AMBIENTD_CNI_HOST_CONF_DIR",
+	"cni-install-lease-ttl":      "AMBIENTD_CNI_INSTALL_LEASE_TTL",
+	"cni-owned-config":           "AMBIENTD_CNI_OWNED_CONFIG",
+	"cni-owned-config-name":      "AMBIENTD_CNI_OWNED_CONFIG_NAME",
+	"cni-plugin-log-level":       "AMBIENTD_CNI_PLUGIN_LOG_LEVEL",
+	"cni-plugin-service-account": "AMBIENTD_CNI_PLUGIN_SERVICE_ACCOUNT",
+	"cni-plugin-token-ttl":       "AMBIENTD_CNI_PLUGIN_TOKEN_TTL",
+	"cni-plugin-log-file":        "AMBIENTD_CNI_PLUGIN_LOG_FILE",
+	"cni-plugin-timeout":         "AMBIENTD_CNI_PLUGIN_TIMEOUT",
+	"cni-poll-interval":          "AMBIENTD_CNI_POLL_INTERVAL",
+	"cni-resync-interval":        "AMBIENTD_CNI_RESYNC_INTERVAL",
+	"cni-repair-limit":           "AMBIENTD_CNI_REPAIR_LIMIT",
+	"cni-repair-window":          "AMBIENTD_CNI_REPAIR_WINDOW",
+	"daemonset-name":             "AMBIENTD_DAEMONSET_NAME",
+	"daemonset-namespace":        "POD_NAMESPACE",
 }
 
 // register adds the install flags to fs (their variables: installEnvOf).
@@ -60,7 +64,7 @@ func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.binDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
 	fs.StringVar(&f.confDir, "cni-conf-dir", "/host/etc/cni/net.d", "the host's CNI conf dir, as mounted")
 	fs.StringVar(&f.hostConfDir, "cni-host-conf-dir", "", "the host's CNI conf dir as the host names it, written into the install lease for the plugin (default: --cni-conf-dir without a leading /host)")
-	fs.DurationVar(&f.leaseTTL, "cni-install-lease-ttl", cniapi.DefaultLeaseTTL, "with no agent on the node for this long (counted from the last start or renewal, or from the node's boot if later), the plugin takes the agent for uninstalled: it removes itself from the node and lets pods start (docs/install.md)")
+	fs.DurationVar(&f.leaseTTL, "cni-install-lease-ttl", cniapi.DefaultLeaseTTL, "with no agent on the node for this long (counted from the last start or renewal, or from the node's boot if later), a pod outside the mesh also asks the API whether the agent's DaemonSet still exists; never lets a mesh pod start by itself (docs/install.md)")
 	fs.StringVar(&f.confName, "cni-conf-name", "", "config file to insert into (default: the lexically first valid .conf/.conflist/.json, as runtimes choose)")
 	fs.BoolVar(&f.owned, "cni-owned-config", true, "write our own conflist that sorts first (a copy of the primary config plus our plugin), so a primary CNI rewriting its own file cannot drop our plugin; false = insert our plugin into the primary's file (in-place mode)")
 	fs.StringVar(&f.ownedName, "cni-owned-config-name", cniinstall.DefaultOwnedName, "file name of the owned conflist; must sort before the primary's")
@@ -71,6 +75,8 @@ func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.pluginLogLevel, "cni-plugin-log-level", "info", "the plugin's logLevel in its config entry")
 	fs.StringVar(&f.pluginLogFile, "cni-plugin-log-file", "", "the plugin's logFile on the host (default: stderr, i.e. the runtime's log)")
 	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", cniapi.DefaultPluginTimeout, "the plugin's timeout for one ADD's call to the agent")
+	fs.StringVar(&f.pluginServiceAccount, "cni-plugin-service-account", "", "the service account (in --daemonset-namespace) whose tokens the plugin reads the API with while no agent answers, minted by the agent (TokenRequest) so that they outlive its pod; empty: the agent's own credentials (docs/install.md)")
+	fs.DurationVar(&f.pluginTokenTTL, "cni-plugin-token-ttl", 24*time.Hour, "the life of the plugin's minted token (10m to 168h); minted again when half of it is gone, so the plugin can read the API for at least half of it with no agent")
 	fs.StringVar(&f.daemonSet, "daemonset-name", "ambientd", "the agent's DaemonSet, read at shutdown to tell uninstall from upgrade")
 	fs.StringVar(&f.namespace, "daemonset-namespace", "istio-system", "the DaemonSet's namespace")
 }
@@ -94,6 +100,9 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 		if d.value < 100*time.Millisecond {
 			return cniinstall.Config{}, fmt.Errorf("%s %v: want at least 100ms", d.flag, d.value)
 		}
+	}
+	if f.pluginTokenTTL < 10*time.Minute || f.pluginTokenTTL > 168*time.Hour {
+		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-token-ttl %v: want 10m to 168h", f.pluginTokenTTL)
 	}
 	if f.leaseTTL < time.Second {
 		return cniinstall.Config{}, fmt.Errorf("--cni-install-lease-ttl %v: want at least 1s", f.leaseTTL)

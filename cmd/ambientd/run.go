@@ -364,7 +364,9 @@ func writeStartLease(f runFlags, log *slog.Logger) error {
 		return err
 	}
 	if restCfg, err := kubeConfig(f.kubeconfig); err == nil {
-		cfg.Credentials = kube.PluginKubeconfig(restCfg)
+		if cfg.Credentials, err = f.pluginCredentials(restCfg); err != nil {
+			log.Warn("cannot make the plugin's credentials", "error", err)
+		}
 	}
 	inst, err := cniinstall.New(cfg, log)
 	if err != nil {
@@ -388,6 +390,20 @@ func (f runFlags) leaseConfig() (cniinstall.Config, error) {
 		ZtunnelLabels: p.ZtunnelLabels, SelfLabels: p.SelfLabels, Sidecar: !f.node.Sidecar.Disabled,
 	}
 	return cfg, nil
+}
+
+// pluginCredentials is what the installer writes as the plugin's
+// kubeconfig: tokens minted for --cni-plugin-service-account, or the
+// agent's own credentials.
+func (f runFlags) pluginCredentials(restCfg *rest.Config) (func() ([]byte, error), error) {
+	if f.install.pluginServiceAccount == "" {
+		return kube.PluginKubeconfig(restCfg), nil
+	}
+	p, err := kube.NewPluginToken(restCfg, f.install.namespace, f.install.pluginServiceAccount, f.install.pluginTokenTTL)
+	if err != nil {
+		return nil, err
+	}
+	return p.Kubeconfig, nil
 }
 
 // defaultGCPercent halves the collector's headroom (Go's default is 100):
@@ -424,7 +440,9 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	// without it the daemon reads the conf dir itself.
 	if f.installCNI {
 		icfg, _ := f.leaseConfig() // validated
-		icfg.Credentials = kube.PluginKubeconfig(restCfg)
+		if icfg.Credentials, err = f.pluginCredentials(restCfg); err != nil {
+			return err
+		}
 		successor, _ := iptables.ParseSuccessor(f.handover) // validated
 		ilog := log.With("component", "cni-install")
 		inst, err := cniinstall.New(icfg, ilog)

@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -15,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
@@ -88,8 +91,18 @@ func TestAgentAwayOnlyTheMeshWaits(t *testing.T) {
 	ambient, plain := uniqueNS("away-ambient"), uniqueNS("away-plain")
 	createNamespace(t, ctx, ambient, true)
 	createNamespace(t, ctx, plain, false)
-	a := n.start(t, ctx, "agent-away")
+	// The plugin reads as its own read-only service account (the chart's
+	// setting), with a token the agent minted, which outlives the agent.
+	const asPlugin = "--cni-plugin-service-account=ambientd-cni"
+	a := n.start(t, ctx, "agent-away", asPlugin)
 	kill(t, a)
+	kc := filepath.Join(n.binDir, cniapi.PluginType+cniapi.KubeconfigSuffix)
+	if fi, err := os.Stat(kc); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the plugin's kubeconfig %s: %v, %v; want mode 0600", kc, fi, err)
+	}
+	if b, _ := os.ReadFile(kc); strings.Contains(string(b), testEnv.CP.AgentToken) {
+		t.Fatalf("the plugin's kubeconfig holds the agent's own token, not one of ambientd-cni's")
+	}
 
 	start := time.Now()
 	if _, err := n.attempt(t, ctx, objectWith(t, ctx, plain, "plain", nil)); err != nil {
@@ -138,7 +151,7 @@ func TestAgentAwayOnlyTheMeshWaits(t *testing.T) {
 	}
 
 	// The agent back: the waiting pods start enrolled and captured.
-	n.start(t, ctx, "agent-away-back")
+	n.start(t, ctx, "agent-away-back", asPlugin)
 	for _, obj := range []*corev1.Pod{inNS, labelled} {
 		p, err := n.attempt(t, ctx, obj)
 		if err != nil {
