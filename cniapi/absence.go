@@ -22,7 +22,7 @@ type AbsenceRecord struct {
 	// an agent (zero when no ADD could read the lease).
 	AgentLastSeen time.Time `json:"agentLastSeen,omitzero"`
 	// AwayLong: an ADD found the install lease unrenewed for its TTL.
-	AwayLong bool            `json:"awayLong,omitempty"`
+	AwayLong bool             `json:"awayLong,omitempty"`
 	Recent   []AbsenceAttempt `json:"recent,omitempty"`
 }
 
