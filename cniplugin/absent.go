@@ -113,15 +113,16 @@ func decideAbsent(ctx context.Context, v leaseVerdict, api apiReader, apiErr err
 // with decideAbsent and, on an uninstall's proof, finishes the uninstall
 // (our config entries, the binary, the lease) under a lock on the bin dir,
 // so that the many ADDs of a node coming back do it once. It reports
-// whether the pod goes through, and records what it did for the next
-// agent in runDir, the agent's run dir (absence.go), unless it uninstalled.
-func whileAbsent(ctx context.Context, runDir string, pod *cniapi.Pod, log *slog.Logger) bool {
+// whether the pod goes through and why, and records what it did for the
+// next agent in runDir, the agent's run dir (absence.go), unless it
+// uninstalled.
+func whileAbsent(ctx context.Context, runDir string, pod *cniapi.Pod, log *slog.Logger) (pass bool, why string) {
 	ctx, cancel := context.WithTimeout(ctx, absentBudget)
 	defer cancel()
 	exe, err := os.Executable()
 	if err != nil {
 		log.Error("cannot locate the plugin binary to read its install lease; waiting for the agent", "error", err)
-		return false
+		return false, "cannot locate the plugin binary: " + err.Error()
 	}
 	leasePath := exe + cniapi.LeaseSuffix
 	v := judgeNow(leasePath)
@@ -138,17 +139,17 @@ func whileAbsent(ctx context.Context, runDir string, pod *cniapi.Pod, log *slog.
 	}()
 	if !d.pass {
 		log.Warn("no agent on the socket; the pod waits for it", "reason", d.reason, "path", leasePath)
-		return false
+		return false, d.reason
 	}
 	if !d.uninstall {
 		log.Info("no agent on the socket; the pod starts", "reason", d.reason)
-		return true
+		return true, d.reason
 	}
 	unlock, err := lockDir(ctx, filepath.Dir(exe))
 	if err != nil {
 		log.Error("cannot lock the CNI bin dir to finish the uninstall; waiting for the agent", "error", err)
 		d.pass, d.reason = false, "could not lock the bin dir to finish the uninstall: "+err.Error()
-		return false
+		return false, d.reason
 	}
 	defer unlock()
 	// Again under the lock: another ADD may have finished it meanwhile.
@@ -156,11 +157,11 @@ func whileAbsent(ctx context.Context, runDir string, pod *cniapi.Pod, log *slog.
 	if !v.usable {
 		if _, err := os.Stat(leasePath); errors.Is(err, fs.ErrNotExist) {
 			log.Info("another ADD finished the uninstall the agent left; passing the pod through", "path", leasePath)
-			return true
+			return true, "another ADD finished the uninstall"
 		}
 		log.Warn("no agent on the socket; waiting for it", "reason", v.reason, "path", leasePath)
-		d.pass = false
-		return false
+		d.pass, d.reason = false, v.reason
+		return false, d.reason
 	}
 	log = log.With("path", leasePath, "cni_conf_dir", v.lease.ConfDir)
 	log.Warn("no agent on the socket and proof of an uninstall; finishing the uninstall and passing the pod through", "reason", d.reason)
@@ -172,8 +173,8 @@ func whileAbsent(ctx context.Context, runDir string, pod *cniapi.Pod, log *slog.
 		// The agent is gone for good either way: let the pod start, and
 		// let the next ADD try the cleanup again.
 		log.Error("could not finish the uninstall; passing the pod through, the next ADD tries again", "error", err)
-		return true
+		return true, d.reason
 	}
 	log.Warn("finished the uninstall the agent left: our CNI config entries, the plugin binary and the install lease are removed (host probe rules stay until the next install or `ambientd uninstall`)")
-	return true
+	return true, d.reason
 }

@@ -106,8 +106,12 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		// Only when nobody listens does the plugin decide without the
 		// agent (never on the normal path: with an agent answering, the
 		// plugin reads neither the lease nor the API).
-		if errors.Is(err, errNoAgent) && whileAbsent(context.Background(), filepath.Dir(conf.AgentSocket), pod, log) {
-			return p.printPrev(conf)
+		if errors.Is(err, errNoAgent) {
+			pass, why := whileAbsent(context.Background(), filepath.Dir(conf.AgentSocket), pod, log)
+			if pass {
+				return p.printPrev(conf)
+			}
+			cerr.Details += "; decided without the agent: " + why
 		}
 		return cerr
 	}

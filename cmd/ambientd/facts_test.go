@@ -20,6 +20,8 @@ var configMapOverrides = map[string]string{
 	// The default derives it from --cni-conf-dir; the chart names the
 	// hostPath it mounts, which a values file may move.
 	"AMBIENTD_CNI_HOST_CONF_DIR": "the host path the DaemonSet mounts the conf dir from",
+	// Outside a cluster there is no such account; the chart creates it.
+	"AMBIENTD_CNI_PLUGIN_SERVICE_ACCOUNT": "the plugin's own service account, which the chart creates",
 }
 
 // TestConfigMapIsTheDefaults: every key of the shipped ConfigMap is a
