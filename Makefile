@@ -6,8 +6,12 @@ GO        ?= go
 PKGS      := ./...
 E2E_TIMEOUT ?= 30m
 ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
+# Every target but `test` runs the privileged tests it reaches
+# (test/infra/testutil: unset, they skip with a reason; set, a missing
+# privilege or tool fails them).
+export AMBIENTD_PRIVILEGED := 1
 
-.PHONY: all build deps unit test deploy-manifests e2e e2e-node e2e-switch bench bench-e2e soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
+.PHONY: all build deps unit test test-root verify deploy-manifests e2e e2e-node e2e-switch bench bench-e2e soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
 
 all: build
 
@@ -20,16 +24,23 @@ build:
 deps:
 	@hack/deps.sh
 
-# The quick loop: every package's tests with -short, as any user. Tests that
-# need root or a program (netns, iptables, kube binaries) skip under -short
-# and only there; CI never passes it. Needs nothing built.
-unit:
-	$(GO) test -short -count=1 $(PKGS)
-
-# Unit tests and root integration tests (real netns, iptables, SEQPACKET).
+# The quick loop, as any user: every package's tests, cached by go (a
+# second run takes seconds). Tests that need root or a built program skip,
+# each with a one-line reason, unless AMBIENTD_PRIVILEGED=1 (test-root).
 test:
-	@$(ENSURE) test
-	$(GO) test -race -count=1 $(PKGS)
+	AMBIENTD_PRIVILEGED= $(GO) test $(PKGS)
+
+# The old name of the quick loop.
+unit: test
+
+# Every package's tests with -race, the privileged ones included (real
+# netns, iptables legacy and nft, nftables, SEQPACKET, the CNI reference
+# plugins): a missing privilege or tool fails them. Then fails when fewer
+# privileged tests ran than hack/test-root.sh expects (a suite that stopped
+# running is caught, not counted as passing).
+test-root:
+	@$(ENSURE) test-root
+	hack/test-root.sh
 	cd test/helm && $(GO) test -count=1 ./...
 
 # The manifests of deploy/ from the Helm chart deploy/helm/ambientd (their
@@ -130,16 +141,15 @@ generate:
 
 # The shipped code's packages (what sloglint holds to docs/agent.md's log
 # schema).
-SHIPPED   := ./admission/... ./cmd/... ./cniapi/... ./cniplugin/... ./iptables/... ./nodeagent/... ./ztunnelproto/...
-# golangci-lint, pinned in its own module (built by go on first use).
-GOLANGCI  = $(GO) tool -modfile=hack/tools/go.mod golangci-lint
+SHIPPED   := ./admission/... ./cmd/... ./cniapi/... ./cniinstall/... ./cniplugin/... ./iptables/... ./nodeagent/... ./policy/... ./podmeta/... ./ztunnelproto/...
 
-# Also the docs check (docs/links_test.go): every relative link in README.md
-# and docs/ leads to a file and heading that exist, and every repository path
-# the docs name exists. golangci-lint (only sloglint: the log schema of
-# docs/agent.md, .golangci.yml) is a tool of its own module, hack/tools, so
-# the product's go.mod does not carry its dependencies.
-lint:
+# gofmt, go vet with every build tag, staticcheck, sloglint (its single
+# checker with the log schema built in: hack/sloglint) and the docs check
+# (docs/links_test.go: every relative link in README.md and docs/ leads to a
+# file and heading that exist, and every repository path the docs name
+# exists). About a minute warm.
+verify:
+	@$(ENSURE) verify
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) test -count=1 ./docs/
 	$(GO) vet $(PKGS)
@@ -149,10 +159,13 @@ lint:
 	$(GO) vet -tags ambientd_trust_restored ./nodeagent/agent/
 	cd test/helm && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)
-	$(GOLANGCI) run $(SHIPPED)
+	$(GO) run ./hack/sloglint -test=false $(SHIPPED)
+
+# The old name of verify.
+lint: verify
 
 # The README's test command: everything CI checks.
-check: lint test e2e soak-check e2e-node image-test
+check: verify test-root e2e soak-check e2e-node image-test
 
 clean:
 	rm -rf bin

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/ambientd/ambientd/test/infra/build"
-	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 const module = "github.com/ambientd/ambientd"
@@ -19,7 +18,6 @@ const module = "github.com/ambientd/ambientd"
 // deps lists the packages pkg imports, directly or not (go list -deps).
 func deps(t *testing.T, pkg string) []string {
 	t.Helper()
-	testutil.RequireBinary(t, "go")
 	out, err := exec.Command("go", "list", "-deps", module+"/"+pkg).Output()
 	if err != nil {
 		t.Fatalf("go list -deps %s: %v", pkg, err)
@@ -160,7 +158,6 @@ var heavyClientGo = []string{
 // so its size and resident pages cannot creep back. The Dockerfile builds
 // every shipped program with the same tags.
 func TestAgentBinaryLean(t *testing.T) {
-	testutil.RequireBinary(t, "go")
 	var tags []string
 	for _, p := range build.Programs {
 		if p.Name == "ambientd" {
@@ -236,7 +233,6 @@ var technologyLibs = []string{"github.com/google/nftables", "github.com/mdlayher
 // import nothing of ours but the bottom layer (so never each other); and the
 // bottom layer imports no netlink or iptables library.
 func TestRuleLayers(t *testing.T) {
-	testutil.RequireBinary(t, "go")
 	out, err := exec.Command("go", "list", module+"/iptables/...").Output()
 	if err != nil {
 		t.Fatalf("go list %s/iptables/...: %v", module, err)
@@ -271,7 +267,6 @@ func TestRuleLayers(t *testing.T) {
 // in TestAgentBinaryLean); test stand-ins and build tools live under test/
 // and hack/.
 func TestCmdIsWhatShips(t *testing.T) {
-	testutil.RequireBinary(t, "go")
 	out, err := exec.Command("go", "list", module+"/cmd/...").Output()
 	if err != nil {
 		t.Fatalf("go list ./cmd/...: %v", err)
@@ -299,7 +294,6 @@ func TestCmdIsWhatShips(t *testing.T) {
 // build.Programs marks as not shipped (the ztunnel emulator: a test
 // stand-in) are test infrastructure themselves.
 func TestShippedCodeImportsNoTestInfra(t *testing.T) {
-	testutil.RequireBinary(t, "go")
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, module+"/...").Output()
 	if err != nil {
 		t.Fatalf("go list ./...: %v", err)

@@ -82,7 +82,9 @@ var Targets = map[string][]Part{
 	"soak-check": ControlPlane,
 	"image":      {Packages, Image},
 	"build":      {Ours},
-	"test":       {Packages, CNIPlugins},
+	"test-root":  {Packages, CNIPlugins},
+	// gofmt, vet, staticcheck and sloglint: Go alone.
+	"verify":     {},
 	"bench":      {Packages, CNIPlugins},
 	"image-test": {Packages, NodePackages},
 	// Istio's own node agent image (hack/istio-agent-image.sh): the Go

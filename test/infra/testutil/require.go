@@ -2,36 +2,64 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
 )
 
-// RequireRoot fails the test unless it runs as root. Under `go test -short`
-// (make unit) it skips instead, naming why. CI never passes -short, so there
-// a missing privilege fails the run instead of hiding behind a skip.
-func RequireRoot(t testing.TB) {
+// EnvPrivileged opts in to the tests that need root or a built program
+// (network namespaces, iptables, nftables, kube binaries): set to 1, they
+// run, and a missing privilege or tool fails them; unset, they skip with a
+// one-line reason, so `go test ./...` is green for any user. The make
+// targets that run them (make test-root, e2e, e2e-node, soak, …) and CI
+// set it.
+const EnvPrivileged = "AMBIENTD_PRIVILEGED"
+
+// EnvPrivilegedLog, when set, names a file to which every privileged test
+// that ran appends its name: `make test-root` counts them and fails when
+// fewer ran than it expects, so a suite that silently stopped running
+// (skipped, or no longer asking) is caught.
+const EnvPrivilegedLog = "AMBIENTD_PRIVILEGED_LOG"
+
+// Privileged reports whether the privileged tests were asked for.
+func Privileged() bool { return os.Getenv(EnvPrivileged) == "1" }
+
+// requirePrivileged skips t unless privileged tests were asked for, naming
+// what it needs, and records that it runs.
+func requirePrivileged(t testing.TB, needs string) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
+	if !Privileged() {
+		t.Skipf("needs %s: set %s=1 to run it (make test-root does)", needs, EnvPrivileged)
 	}
-	if testing.Short() {
-		t.Skip("needs root; skipped under -short")
+	if path := os.Getenv(EnvPrivilegedLog); path != "" {
+		if f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			fmt.Fprintln(f, t.Name())
+			f.Close()
+		}
 	}
-	t.Fatal("this test needs root (network namespaces, iptables); run as root, or `go test -short` (make unit) to skip it deliberately")
 }
 
-// RequireBinary fails the test unless every named program is on PATH, and
-// returns their resolved paths in order. `make deps` installs them.
+// RequireRoot runs the test only when privileged tests were asked for
+// (AMBIENTD_PRIVILEGED=1), and then fails it unless it runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	requirePrivileged(t, "root (network namespaces, iptables)")
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test needs root (network namespaces, iptables) and %s=1 asks for it: run as root", EnvPrivileged)
+	}
+}
+
+// RequireBinary runs the test only when privileged tests were asked for,
+// and then fails it unless every named program is on PATH; it returns
+// their resolved paths in order. `make deps` installs them.
 func RequireBinary(t testing.TB, names ...string) []string {
 	t.Helper()
+	requirePrivileged(t, fmt.Sprintf("the programs %v", names))
 	paths := make([]string, 0, len(names))
 	for _, n := range names {
 		p, err := exec.LookPath(n)
 		if err != nil {
-			if testing.Short() {
-				t.Skipf("needs %s; skipped under -short", n)
-			}
 			t.Fatalf("this test needs %q on PATH (run `make deps`): %v", n, err)
 		}
 		paths = append(paths, p)
