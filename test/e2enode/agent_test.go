@@ -151,6 +151,7 @@ func TestAgentOnRealNode(t *testing.T) {
 		{"HostNetworkPodNeverAPod", r.hostNetworkPodNeverAPod},
 		{"RollingUpdateKeepsCapture", r.rollingUpdateKeepsCapture},
 		{"AgentPodForceDeletedKeepsPlugin", r.agentPodForceDeletedKeepsPlugin},
+		{"ImageThatCannotBePulled", r.imageThatCannotBePulled},
 		{"MultusOnTheNode", r.multusOnTheNode},
 		{"NodeRebootCapturesBeforeReady", r.nodeRebootCapturesBeforeReady},
 		{"UninstallInterruptedBySIGKILLRecovers", r.uninstallInterruptedBySIGKILLRecovers},
