@@ -54,6 +54,9 @@ func (r *agentRun) imageThatCannotBePulled(t *testing.T, stepCtx context.Context
 			return
 		}
 		restored = true
+		// The overlay as the install wrote it (the earlier step's copy
+		// may be gone with its temp dir).
+		r.overlay = overlay(t, nodeenv.AgentTag)
 		if out, err := node.Kubectl(context.Background(), "apply", "-k", r.overlay); err != nil {
 			t.Errorf("restoring the DaemonSet: %v\n%s", err, out)
 		}
