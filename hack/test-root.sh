@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MIN_PRIVILEGED=${MIN_PRIVILEGED:-300}
+# The packages (the count is only meaningful for all of them).
+PKGS=${TEST_ROOT_PKGS:-./...}
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "test-root: needs root (network namespaces, iptables); run: sudo make test-root" >&2
@@ -17,7 +19,7 @@ fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-AMBIENTD_PRIVILEGED=1 AMBIENTD_PRIVILEGED_LOG="$log" go test -race -count=1 ./...
+AMBIENTD_PRIVILEGED=1 AMBIENTD_PRIVILEGED_LOG="$log" go test -race -count=1 $PKGS
 rc=$?
 set -e
 ran=$(sort -u "$log" | wc -l)
