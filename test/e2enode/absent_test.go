@@ -62,8 +62,9 @@ func (r *agentRun) imageThatCannotBePulled(t *testing.T, stepCtx context.Context
 		}
 	}
 	t.Cleanup(restore)
-	if err := nodeenv.Poll(ctx, "no agent process on the node", 200*time.Millisecond, func(context.Context) (bool, error) {
-		return !agentRunning(), nil
+	if err := nodeenv.Poll(ctx, "no agent container running on the node", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		running, err := agentRunning(ctx)
+		return !running, err
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +107,8 @@ func (r *agentRun) imageThatCannotBePulled(t *testing.T, stepCtx context.Context
 		}
 		for time.Since(tick) < 30*time.Second && time.Now().Before(end) {
 			noMeshPodRuns()
-			if agentRunning() {
-				t.Fatal("an agent runs: the image was pulled after all")
+			if running, err := agentRunning(ctx); err != nil || running {
+				t.Fatalf("an agent container runs (%v): the image was pulled after all", err)
 			}
 			time.Sleep(2 * time.Second)
 		}
@@ -136,23 +137,22 @@ func (r *agentRun) imageThatCannotBePulled(t *testing.T, stepCtx context.Context
 	t.Logf("node Event: %s", ev)
 }
 
-// agentRunning reports whether an `ambientd run` process runs on the node.
-func agentRunning() bool {
-	entries, err := os.ReadDir("/proc")
+// agentRunning reports whether any of the DaemonSet's pods has its agent
+// container running, as the kubelet reports it (a process scan would also
+// see other suites' agents on this machine).
+func agentRunning(ctx context.Context) (bool, error) {
+	pods, err := node.Env.CP.Admin.CoreV1().Pods("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "app=ambientd"})
 	if err != nil {
-		return false
+		return false, err
 	}
-	for _, e := range entries {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) >= 2 && strings.HasSuffix(args[0], "ambientd") && args[1] == "run" {
-			return true
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			if c.State.Running != nil {
+				return true, nil
+			}
 		}
 	}
-	return false
+	return false, nil
 }
 
 // nodeEvent waits for the agent's Event of reason on the node and returns
