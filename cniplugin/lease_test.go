@@ -1,6 +1,7 @@
 package cniplugin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ambientd/ambientd/cniapi"
 )
@@ -123,4 +126,32 @@ func TestReadLeaseRefusesUntrustedFiles(t *testing.T) {
 	if _, err := readLease(filepath.Join(dir, "missing.lease")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing lease: %v, want ErrNotExist", err)
 	}
+}
+
+// lockDir gives up when another process holds the bin dir's lock past the
+// deadline (any local user can hold a lock on a directory it can open), and
+// takes it once it is free.
+func TestLockDirHasADeadline(t *testing.T) {
+	dir := t.TempDir()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if unlock, err := lockDir(ctx, dir); err == nil || !strings.Contains(err.Error(), "held by another process") {
+		if err == nil {
+			unlock()
+		}
+		t.Fatalf("lockDir with the lock held elsewhere: %v, want an error once the deadline passed", err)
+	}
+	unix.Close(fd)
+	unlock, err := lockDir(context.Background(), dir)
+	if err != nil {
+		t.Fatalf("lockDir with the lock free: %v", err)
+	}
+	unlock()
 }
