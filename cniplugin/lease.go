@@ -6,15 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ambientd/ambientd/cniapi"
+	"github.com/ambientd/ambientd/cniplugin/internal/ownedfile"
 )
 
 // When no agent listens on the socket, the install lease beside the plugin
@@ -95,36 +94,7 @@ func judgeLease(data []byte, readErr error, now, boot time.Time) leaseVerdict {
 // readLease reads the lease at path, refusing one that is not a regular
 // file owned by this process's user (root, under a runtime) and writable
 // by nobody else: only the agent that installed the plugin writes it.
-func readLease(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("%s is a symlink", path)
-		}
-		return nil, err
-	}
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("stat %s: %w", path, err)
-	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	case st.Uid != uint32(os.Geteuid()):
-		return nil, fmt.Errorf("%s is owned by uid %d, not %d", path, st.Uid, os.Geteuid())
-	case st.Mode&0o022 != 0:
-		return nil, fmt.Errorf("%s is writable by group or others (mode %#o)", path, st.Mode&0o777)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxLeaseSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
-	if len(data) > maxLeaseSize {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxLeaseSize)
-	}
-	return data, nil
-}
+func readLease(path string) ([]byte, error) { return ownedfile.Read(path, 0o022, maxLeaseSize) }
 
 // bootTime is when the node booted, from its uptime.
 func bootTime(now time.Time) (time.Time, error) {

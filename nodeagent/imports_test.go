@@ -125,7 +125,7 @@ func TestImports(t *testing.T) {
 // packages it may import.
 var (
 	pluginAPIGroups = []string{"k8s.io/api/core/v1"}
-	pluginOurs      = []string{"cniplugin", "cniplugin/procinit", "cniplugin/kubeapi", "cniapi", "cniinstall", "policy", "podmeta"}
+	pluginOurs      = []string{"cniplugin", "cniplugin/procinit", "cniplugin/kubeapi", "cniplugin/internal/ownedfile", "cniapi", "cniinstall", "policy", "podmeta"}
 )
 
 // agentAPIGroups are the Kubernetes API groups the agent binary may link:

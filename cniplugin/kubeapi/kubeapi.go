@@ -15,13 +15,13 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ambientd/ambientd/cniplugin/internal/ownedfile"
 )
 
 // maxKubeconfig and maxBody bound what the plugin reads.
@@ -45,7 +45,7 @@ type Client struct {
 // regular file owned by this process's user (root, under a runtime) and
 // readable by nobody else: it holds the agent's credentials.
 func Load(path string) (*Client, error) {
-	data, err := readPrivate(path)
+	data, err := ownedfile.Read(path, 0o077, maxKubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -63,37 +63,6 @@ func Load(path string) (*Client, error) {
 		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
 	return &Client{host: cfg.Host, http: hc}, nil
-}
-
-func readPrivate(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("%s is a symlink", path)
-		}
-		return nil, err
-	}
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("stat %s: %w", path, err)
-	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	case st.Uid != uint32(os.Geteuid()):
-		return nil, fmt.Errorf("%s is owned by uid %d, not %d", path, st.Uid, os.Geteuid())
-	case st.Mode&0o077 != 0:
-		return nil, fmt.Errorf("%s is open to group or others (mode %#o)", path, st.Mode&0o777)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxKubeconfig+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
-	if len(data) > maxKubeconfig {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxKubeconfig)
-	}
-	return data, nil
 }
 
 // Pod reads one pod.

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -120,32 +119,14 @@ func TestAgentAwayOnlyTheMeshWaits(t *testing.T) {
 	n.refusedForTheAgent(t, err, "a pod labelled ambient with no agent")
 
 	// The API unreachable as well: the plugin cannot tell, so nothing
-	// starts.
-	if err := testEnv.CP.APIServer.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := true
-	cont := func() {
-		if stopped {
-			stopped = false
-			if err := testEnv.CP.APIServer.Signal(syscall.SIGCONT); err != nil {
-				t.Errorf("SIGCONT kube-apiserver: %v", err)
-			}
-		}
-	}
-	t.Cleanup(cont)
-	// The object is created before the API stops answering.
-	cont()
+	// starts. (The pod object is created first.)
 	noAPI := objectWith(t, ctx, plain, "no-api", nil)
-	if err := testEnv.CP.APIServer.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped = true
+	resume := pauseAPIServer(t)
 	start = time.Now()
 	_, err = n.attempt(t, ctx, noAPI)
 	n.refusedForTheAgent(t, err, "a plain pod with neither agent nor API")
 	t.Logf("with no API either, the plain pod's ADD failed closed after %v", time.Since(start).Round(time.Millisecond))
-	cont()
+	resume()
 	if err := testEnv.CP.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -455,6 +455,27 @@ func startAgentEnv(t *testing.T, ctx context.Context, env ...string) *e2eenv.Age
 	return startAgentWith(t, ctx, e2eenv.AgentConfig{Env: env})
 }
 
+// pauseAPIServer SIGSTOPs the kube-apiserver (connections stay open, no
+// answer comes) and returns what resumes it; a cleanup resumes it if the
+// test ends first.
+func pauseAPIServer(t *testing.T) (resume func()) {
+	t.Helper()
+	if err := testEnv.CP.APIServer.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	resume = func() {
+		if stopped {
+			stopped = false
+			if err := testEnv.CP.APIServer.Signal(syscall.SIGCONT); err != nil {
+				t.Errorf("SIGCONT kube-apiserver: %v", err)
+			}
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
 // stopAPIServer stops the kube-apiserver and returns what starts it again
 // and waits until it serves; if the test ends first, a cleanup starts it.
 func stopAPIServer(t *testing.T, ctx context.Context) (restart func()) {

@@ -420,19 +420,7 @@ func TestNoRecoveryWhileTheAgentIsComing(t *testing.T) {
 
 	t.Run("API outage", func(t *testing.T) {
 		a := n.start(t, ctx, "agent-lease-outage")
-		if err := testEnv.CP.APIServer.Signal(syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		stopped := true
-		cont := func() {
-			if stopped {
-				stopped = false
-				if err := testEnv.CP.APIServer.Signal(syscall.SIGCONT); err != nil {
-					t.Errorf("SIGCONT kube-apiserver: %v", err)
-				}
-			}
-		}
-		t.Cleanup(cont)
+		cont := pauseAPIServer(t)
 		// The agent stopped during the outage cannot tell an uninstall
 		// from a restart: it keeps everything, the lease stays installed.
 		if err := a.Stop(60 * time.Second); err != nil {
