@@ -19,7 +19,7 @@ func TestNodeReadyFlags(t *testing.T) {
 		wantErr string
 	}{
 		{name: "defaults", want: nodeready.Config{NodeName: "n1", ConditionType: nodeready.DefaultConditionType,
-			TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: 30 * time.Second, ResyncPeriod: 10 * time.Second, HeartbeatPeriod: time.Minute}},
+			TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: 30 * time.Second, ResyncPeriod: 10 * time.Second, HeartbeatPeriod: 5 * time.Minute}},
 		{name: "flags",
 			args: []string{"--untaint", "--taint-key=example.com/mesh", "--taint-when-unready", "--taint-grace-period=2s",
 				"--node-condition-type=example.com/Meshed", "--node-condition-resync=1s", "--node-condition-heartbeat=30s"},
@@ -33,7 +33,7 @@ func TestNodeReadyFlags(t *testing.T) {
 				TaintWhenUnready: true, TaintGracePeriod: 5 * time.Second, ResyncPeriod: 3 * time.Second, HeartbeatPeriod: 2 * time.Minute}},
 		{name: "flag wins over env", args: []string{"--untaint=false", "--taint-grace-period=1m"},
 			env:  map[string]string{"AMBIENTD_UNTAINT": "true", "AMBIENTD_TAINT_GRACE_PERIOD": "5s"},
-			want: nodeready.Config{NodeName: "n1", ConditionType: nodeready.DefaultConditionType, TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: time.Minute, ResyncPeriod: 10 * time.Second, HeartbeatPeriod: time.Minute}},
+			want: nodeready.Config{NodeName: "n1", ConditionType: nodeready.DefaultConditionType, TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: time.Minute, ResyncPeriod: 10 * time.Second, HeartbeatPeriod: 5 * time.Minute}},
 		{name: "bad env", env: map[string]string{"AMBIENTD_UNTAINT": "yes please"}, wantErr: "AMBIENTD_UNTAINT"},
 		{name: "bad taint key", args: []string{"--taint-key=not a key"}, wantErr: "--taint-key"},
 		{name: "bad resync", args: []string{"--node-condition-resync=1ms"}, wantErr: "--node-condition-resync"},

@@ -26,8 +26,10 @@ const (
 	// DefaultHeartbeatPeriod is how often the condition is rewritten when
 	// nothing changed, to move its lastHeartbeatTime: a True whose
 	// heartbeat is older than a few periods comes from an agent that
-	// stopped (kubelet refreshes its own conditions the same way).
-	DefaultHeartbeatPeriod = time.Minute
+	// stopped. Five minutes, as kubelet's unchanged node status since
+	// KEP-589: a Node write rewrites the whole object in etcd and reaches
+	// every Node watcher, once per node.
+	DefaultHeartbeatPeriod = 5 * time.Minute
 )
 
 // Condition reasons, in the order they are checked: the reason names the
