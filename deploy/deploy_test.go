@@ -210,7 +210,7 @@ func TestTaintKeyOverlayExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := render(t, dir)
-	const key = "example.com/mesh-not-ready"
+	const key = "ambientd.io/mesh-not-ready"
 	if got := policyVariables(t, res)["taintKey"]; got != "'"+key+"'" {
 		t.Errorf("overlay: policy taintKey = %s, want '%s'", got, key)
 	}

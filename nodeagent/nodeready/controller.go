@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,7 +33,8 @@ type Config struct {
 	// Untaint removes the taint TaintKey (any effect) while the condition
 	// is True.
 	Untaint bool
-	// TaintKey is the startup taint (DefaultTaintKey).
+	// TaintKey is the startup taint (DefaultTaintKey), under one of
+	// MeshTaintPrefixes.
 	TaintKey string
 	// TaintWhenUnready adds TaintKey:NoSchedule back once the condition has
 	// been False for TaintGracePeriod, and removes it when True again.
@@ -93,6 +96,9 @@ func (c Config) Validate() error {
 	}
 	if errs := validation.IsQualifiedName(c.TaintKey); len(errs) > 0 {
 		return bad("TaintKey", "taint key %q: %v", c.TaintKey, errs)
+	}
+	if !slices.ContainsFunc(MeshTaintPrefixes, func(p string) bool { return strings.HasPrefix(c.TaintKey, p) }) {
+		return bad("TaintKey", "taint key %q: want one of the mesh's own prefixes %v (the agent removes this taint: a key such as dedicated would let it attract workloads that were kept away)", c.TaintKey, MeshTaintPrefixes)
 	}
 	if c.TaintGracePeriod < 0 {
 		return bad("TaintGracePeriod", "taint grace period %v: must not be negative", c.TaintGracePeriod)

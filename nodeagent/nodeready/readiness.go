@@ -203,3 +203,10 @@ func retaintDue(cond *corev1.NodeCondition, since time.Time, grace time.Duration
 	}
 	return false, left
 }
+
+// MeshTaintPrefixes are the prefixes a startup taint key must have: the
+// agent adds and removes that taint on its node, and a key outside the
+// mesh's own (dedicated, nvidia.com/gpu) would let a compromised node remove
+// a taint that keeps workloads away. The chart's schema and the admission
+// policy hold the same list.
+var MeshTaintPrefixes = []string{"cni.istio.io/", "ambient.istio.io/", "ambientd.io/"}

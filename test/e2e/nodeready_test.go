@@ -10,6 +10,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -436,4 +437,63 @@ func TestNodeReadyOwnNodePolicy(t *testing.T) {
 	if !hasTaintKey(o) || nodeCondition(o) != nil {
 		t.Fatalf("other node written through the policy: taints %v conditions %+v", o.Spec.Taints, o.Status.Conditions)
 	}
+}
+
+// TestTaintKeyOutsideTheMeshRefused: the attack of a compromised node
+// whose policy an overlay pointed at a taint that is not the mesh's
+// (`dedicated`): its agent identity tries to remove that taint from its own
+// node, to attract workloads that were kept away. The shipped admission
+// policy refuses, whatever taintKey says; the mesh's own taint stays
+// removable (TestNodeReadyOwnNodePolicy).
+func TestTaintKeyOutsideTheMeshRefused(t *testing.T) {
+	ctx := testutil.Context(t, 3*time.Minute)
+	dedicated := corev1.Taint{Key: "dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule}
+	mine := createTestNode(t, ctx, "nr-dedicated", dedicated)
+	inst := installDeploy(t, ctx, `namePrefix: e2e-ded-
+patches:
+  - target: {kind: ValidatingAdmissionPolicy, name: ambientd-own-node-only}
+    patch: |-
+      - op: test
+        path: /spec/variables/8/name
+        value: taintKey
+      - op: replace
+        path: /spec/variables/8/expression
+        value: "'dedicated'"`)
+	other := createTestNode(t, ctx, "nr-dedicated-other")
+	agent, err := kubernetes.NewForConfig(inst.token(t, ctx, mine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Policies take effect asynchronously: wait until a write to another
+	// node is refused before the attack.
+	probe := []byte(`{"metadata":{"annotations":{"e2e.ambientd.io/probe":"x"}}}`)
+	var lastErr error
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, lastErr = agent.CoreV1().Nodes().Patch(ctx, other, types.StrategicMergePatchType, probe, metav1.PatchOptions{})
+		return isDenied(lastErr), nil
+	}); err != nil {
+		t.Fatalf("policy never enforced; last write to %s: %v", other, lastErr)
+	}
+	// The node's taints without `dedicated` (only that one changes).
+	n, err := testEnv.CP.Admin.CoreV1().Nodes().Get(ctx, mine, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest := slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(x corev1.Taint) bool { return x.Key == dedicated.Key })
+	untaint, err := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec/taints", "value": rest}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, lastErr = agent.CoreV1().Nodes().Patch(ctx, mine, types.JSONPatchType, untaint, metav1.PatchOptions{})
+		if lastErr == nil {
+			return true, nil
+		}
+		return isDenied(lastErr) && strings.Contains(lastErr.Error(), "only a taint of the mesh"), nil
+	})
+	if err != nil || lastErr == nil {
+		n, _ := testEnv.CP.Admin.CoreV1().Nodes().Get(ctx, mine, metav1.GetOptions{})
+		t.Fatalf("removing the dedicated taint with the agent's identity: %v (last answer %v); taints now %v", err, lastErr, n.Spec.Taints)
+	}
+	t.Logf("refused: %v", lastErr)
 }

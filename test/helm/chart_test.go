@@ -97,6 +97,11 @@ func TestBadValuesFailWithAClearError(t *testing.T) {
 		{"wrong type", []string{"ambient.ipv6=maybe"}, "ipv6"},
 		{"bad namespace name", []string{"excludeNamespaces[0]=Kube_System"}, "excludeNamespaces"},
 		{"CEL injection through the taint key", []string{"ambientd.taintKey=x' || true || 'y"}, "taintKey"},
+		// The attack: the agent removes this taint from its node; a key
+		// outside the mesh's would let a compromised node attract
+		// workloads that were kept away.
+		{"taint key outside the mesh", []string{"ambientd.taintKey=dedicated"}, "taintKey"},
+		{"a device's taint key", []string{"ambientd.taintKey=nvidia.com/gpu"}, "taintKey"},
 		{"CEL injection through the broken-pod label value", []string{"repair.brokenPodLabelValue=true' || true || '"}, "brokenPodLabelValue"},
 		{"CEL injection through the init container name", []string{"repair.initContainerName=a' || true || 'b"}, "initContainerName"},
 		{"bad digest", []string{"ambientd.image.digest=latest"}, "digest"},
