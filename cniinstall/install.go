@@ -617,10 +617,13 @@ func (i *Installer) Check() error {
 func (i *Installer) Uninstall() error {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	var errs []error
 	if err := i.uninstallConfs(); err != nil {
-		errs = append(errs, err)
+		// A config naming a missing plugin fails every later ADD on the
+		// node, with nothing left to recover it: keep the binary (and the
+		// lease, so that a plugin can finish the job) while any may.
+		return fmt.Errorf("%w; the plugin binary stays while a config may still name it", err)
 	}
+	var errs []error
 	if err := os.Remove(i.binPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("removing plugin binary: %w", err))
 	}
@@ -629,6 +632,27 @@ func (i *Installer) Uninstall() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// NamesPlugin reports whether a config of the conf dir names the plugin
+// (Entry.Type) among its plugins.
+func (i *Installer) NamesPlugin() (bool, error) {
+	confs, err := listConfs(i.cfg.ConfDir)
+	if err != nil {
+		return false, err
+	}
+	for _, c := range confs {
+		if !c.list {
+			if stringKey(c.data, "type") == i.cfg.Entry.Type {
+				return true, nil
+			}
+			continue
+		}
+		if _, n, err := removeEntries(c.data, i.cfg.Entry.Type); err == nil && n > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // uninstallConfs removes our entries and files from the conf dir (under

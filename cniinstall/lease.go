@@ -182,6 +182,15 @@ func (i *Installer) FinishUninstall() error {
 	if fi, err := os.Stat(i.cfg.ConfDir); err != nil || !fi.IsDir() {
 		return fmt.Errorf("CNI conf dir %s named by the install lease: not a directory (%v)", i.cfg.ConfDir, err)
 	}
+	// The plugin runs, so a config names it. If none in this conf dir
+	// does, the runtime reads another one (a host conf dir set wrong, a
+	// k3s-style layout): removing the binary would leave that config
+	// failing every ADD for good.
+	if names, err := i.NamesPlugin(); err != nil {
+		return err
+	} else if !names {
+		return fmt.Errorf("no config in the CNI conf dir %s named by the install lease names %s, yet a runtime ran it: the runtime reads another conf dir; the plugin binary stays (remove our entry there, then run `ambientd uninstall`)", i.cfg.ConfDir, i.cfg.Entry.Type)
+	}
 	if err := i.uninstallConfs(); err != nil {
 		return err
 	}

@@ -134,3 +134,34 @@ func TestFinishUninstallFromLease(t *testing.T) {
 		})
 	}
 }
+
+// FinishUninstall keeps the binary when the conf dir the lease names has no
+// config naming the plugin: the runtime that ran it reads another conf dir
+// (a host conf dir set wrong), whose config would then fail every ADD.
+func TestFinishUninstallKeepsTheBinaryForAnotherConfDir(t *testing.T) {
+	root := t.TempDir()
+	bin, conf := filepath.Join(root, "bin"), filepath.Join(root, "net.d")
+	for _, d := range []string{bin, conf} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plugin := filepath.Join(bin, cniapi.PluginType)
+	if err := os.WriteFile(plugin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The lease's conf dir holds only the primary's config, without us.
+	if err := os.WriteFile(filepath.Join(conf, "10-bridge.conflist"), []byte(`{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := FromLease(cniapi.InstallLease{Version: cniapi.LeaseVersion, State: cniapi.LeaseUninstalling, TTL: "10m", ConfDir: conf, InPlace: true}, plugin, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.FinishUninstall(); err == nil || !strings.Contains(err.Error(), "reads another conf dir") {
+		t.Fatalf("FinishUninstall: %v, want it to refuse", err)
+	}
+	if _, err := os.Stat(plugin); err != nil {
+		t.Fatalf("the binary was removed: %v", err)
+	}
+}
