@@ -159,8 +159,9 @@ type Installer struct {
 
 	// The install lease's state (lease.go).
 	lmu          sync.Mutex
-	uninstalling bool // MarkUninstalling ran
-	leaseGone    bool // an uninstall removed the lease: never write it again
+	uninstalling bool  // MarkUninstalling ran
+	leaseGone    bool  // an uninstall removed the lease: never write it again
+	leaseErr     error // the last lease (or kubeconfig) write's error
 
 	// stepped, for tests, runs after each change the installer makes to
 	// the conf dir, so a test can look at the runtime's view in between.

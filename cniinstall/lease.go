@@ -86,7 +86,23 @@ func (i *Installer) WriteLease() error {
 	if i.uninstalling {
 		state = cniapi.LeaseUninstalling
 	}
-	return i.writeLease(state)
+	// The credentials first: a lease the plugin reads names what it may
+	// ask the API. Without them the plugin fails every pod closed while
+	// no agent answers (as before it could decide): logged, not a reason
+	// to keep the node unready.
+	kerr := i.writeKubeconfig()
+	i.leaseErr = i.writeLease(state)
+	return errors.Join(i.leaseErr, kerr)
+}
+
+// LeaseErr is the last lease write's error (nil: written): while the
+// lease or the plugin's kubeconfig cannot be written (a full disk, a
+// read-only remount), the plugin cannot decide without the agent as this
+// agent would, and readiness says so.
+func (i *Installer) LeaseErr() error {
+	i.lmu.Lock()
+	defer i.lmu.Unlock()
+	return i.leaseErr
 }
 
 func (i *Installer) writeLease(state string) error {
@@ -97,15 +113,12 @@ func (i *Installer) writeLease(state string) error {
 	if err := os.MkdirAll(i.cfg.BinDir, 0o755); err != nil {
 		return fmt.Errorf("install lease: creating CNI bin dir: %w", err)
 	}
-	// The credentials first: a lease the plugin reads names what it may
-	// ask the API.
-	kerr := i.writeKubeconfig()
 	attrs := newFileAttrs()
 	attrs.mode = 0o644
 	if err := writeAtomic(i.leasePath(), append(data, '\n'), attrs); err != nil {
 		return fmt.Errorf("install lease: %w", err)
 	}
-	return kerr
+	return nil
 }
 
 // MarkUninstalling records in the lease that the agent decided to

@@ -165,3 +165,36 @@ func TestFinishUninstallKeepsTheBinaryForAnotherConfDir(t *testing.T) {
 		t.Fatalf("the binary was removed: %v", err)
 	}
 }
+
+// A lease that cannot be written is reported (readiness says so) until a
+// write works again.
+func TestLeaseErrUntilWritten(t *testing.T) {
+	root := t.TempDir()
+	bin, conf := filepath.Join(root, "bin"), filepath.Join(root, "net.d")
+	src := filepath.Join(root, "src")
+	if err := os.WriteFile(src, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := New(Config{BinSource: src, BinDir: bin, ConfDir: conf}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.LeaseErr(); err != nil {
+		t.Fatalf("before any write: %v", err)
+	}
+	// Something that cannot be replaced by a file where the lease goes
+	// (root ignores file modes: a read-only dir would not stop it).
+	block := filepath.Join(LeasePath(bin, cniapi.PluginType), "x")
+	if err := os.MkdirAll(block, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.WriteLease(); err == nil || inst.LeaseErr() == nil {
+		t.Fatalf("lease write over a directory: %v, LeaseErr %v", err, inst.LeaseErr())
+	}
+	if err := os.RemoveAll(LeasePath(bin, cniapi.PluginType)); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.WriteLease(); err != nil || inst.LeaseErr() != nil {
+		t.Fatalf("lease write once possible again: %v, LeaseErr %v", err, inst.LeaseErr())
+	}
+}

@@ -453,6 +453,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		defer ci.Finish()
 		cfg.Agent.HandOver = ci.HandOver
 		cfg.PluginInstalled = ci.Check
+		cfg.InstallLease = ci.LeaseErr
 		cfg.Components = append(cfg.Components, ci.Component())
 	}
 	node, err := daemon.New(cfg, client, rules, log)

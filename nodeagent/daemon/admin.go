@@ -117,6 +117,19 @@ func registerPluginCheck(cfg *Config, reg *prometheus.Registry) error {
 	})); err != nil {
 		return fmt.Errorf("register plugin metric: %w", err)
 	}
+	if lease := cfg.InstallLease; lease != nil {
+		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ambientd_cni_install_lease_written",
+			Help: "1 when the last write of the install lease and the plugin's kubeconfig worked, else 0.",
+		}, func() float64 {
+			if lease() != nil {
+				return 0
+			}
+			return 1
+		})); err != nil {
+			return fmt.Errorf("register lease metric: %w", err)
+		}
+	}
 	cfg.StatusProviders = append(cfg.StatusProviders, func(st *admin.NodeStatus) {
 		st.Plugin = "installed"
 		if err := check(); err != nil {

@@ -111,6 +111,10 @@ func (c *InstallCNI) Component() Component {
 // nodeready.Inputs.PluginInstalled.
 func (c *InstallCNI) Check() error { return c.inst.Check() }
 
+// LeaseErr is the last install lease write's error, the shape of
+// nodeready.Inputs.InstallLease.
+func (c *InstallCNI) LeaseErr() error { return c.inst.LeaseErr() }
+
 // Finish, once the installer has stopped (which leaves everything
 // installed), uninstalls only when the DaemonSet is gone, being deleted or
 // no longer selects this node, or the agent's identity was deleted

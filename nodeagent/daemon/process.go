@@ -45,6 +45,9 @@ type Config struct {
 	// PluginInstalled is the node condition's "CNI plugin installed" check
 	// (nil: PluginInConfDir of CNIConfDir for cniapi.PluginType).
 	PluginInstalled func() error
+	// InstallLease, with --install-cni, is the last install lease write's
+	// error (nodeready.Inputs.InstallLease).
+	InstallLease func() error
 	// CNIConfDir is the container runtime's CNI config dir, as mounted
 	// (required without PluginInstalled).
 	CNIConfDir string
@@ -131,7 +134,8 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 			st := zs.Status()
 			return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
 		},
-		CNIServing: cs.Serving,
+		CNIServing:   cs.Serving,
+		InstallLease: cfg.InstallLease,
 	}
 	n.ready, err = nodeready.New(nrCfg, nodeready.Deps{
 		Client:   client,

@@ -41,6 +41,9 @@ const (
 	ReasonZtunnelNotConnected = "ZtunnelNotConnected"
 	ReasonSnapshotNotAcked    = "SnapshotNotAcked"
 	ReasonCNISocketNotServing = "CNISocketNotServing"
+	// ReasonInstallLeaseNotWritten: the install lease or the plugin's
+	// kubeconfig could not be written (full disk, read-only remount).
+	ReasonInstallLeaseNotWritten = "InstallLeaseNotWritten"
 )
 
 // Event reasons recorded on the Node.
@@ -72,6 +75,10 @@ type Inputs struct {
 	Ztunnel func() ZtunnelState
 	// CNIServing reports whether the CNI socket serves the plugin.
 	CNIServing func() bool
+	// InstallLease, when set (the agent installs the plugin), returns the
+	// last install lease write's error: without a current lease the
+	// plugin cannot decide as the agent would while none answers.
+	InstallLease func() error
 }
 
 func (in Inputs) complete() bool {
@@ -126,6 +133,11 @@ func Compute(in Inputs) Readiness {
 	}
 	if !in.CNIServing() {
 		fail(ReasonCNISocketNotServing, "CNI socket not serving")
+	}
+	if in.InstallLease != nil {
+		if err := in.InstallLease(); err != nil {
+			fail(ReasonInstallLeaseNotWritten, "install lease not written: "+err.Error())
+		}
 	}
 	if len(reasons) == 0 {
 		return Readiness{Ready: true, Reason: ReasonReady, Message: "CNI plugin installed, caches synced, ztunnel connected and snapshot acked, CNI socket serving"}

@@ -48,6 +48,9 @@ func TestCompute(t *testing.T) {
 			[]string{"CNI plugin not installed", "caches not synced", "no ztunnel connected", "CNI socket not serving"}},
 		{"ztunnel and caches", fakeInputs(nil, false, ZtunnelState{Connected: true}), false, ReasonCachesNotSynced,
 			[]string{"caches not synced", "not acked"}},
+		{"install lease not written", withLease(fakeInputs(nil, true, ztReady), errors.New("install lease: read-only file system")), false, ReasonInstallLeaseNotWritten,
+			[]string{"install lease not written", "read-only file system"}},
+		{"install lease written", withLease(fakeInputs(nil, true, ztReady), nil), true, ReasonReady, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -290,4 +293,10 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 	xb, _ := json.Marshal(x)
 	yb, _ := json.Marshal(y)
 	return string(xb) == string(yb)
+}
+
+// withLease sets the install lease input to answer err.
+func withLease(in Inputs, err error) Inputs {
+	in.InstallLease = func() error { return err }
+	return in
 }
