@@ -15,9 +15,12 @@ type AbsenceRecord struct {
 	// Refused: ADDs failed closed (the pod waited); Passed: pods that
 	// started because the agent's policy keeps them out of the mesh;
 	// Uninstalled: ADDs that finished an uninstall on proof.
-	Refused     int `json:"refused"`
-	Passed      int `json:"passed"`
-	Uninstalled int `json:"uninstalled"`
+	Refused int `json:"refused"`
+	// Waiting are the pods (namespace/name) whose ADDs were refused, each
+	// once, at most MaxAbsenceWaiting of them.
+	Waiting     []string `json:"waiting,omitempty"`
+	Passed      int      `json:"passed"`
+	Uninstalled int      `json:"uninstalled"`
 	// AgentLastSeen is the install lease's last renewal, the last sign of
 	// an agent (zero when no ADD could read the lease).
 	AgentLastSeen time.Time `json:"agentLastSeen,omitzero"`
@@ -38,7 +41,8 @@ type AbsenceAttempt struct {
 // The absence record's file name (in the socket's dir), format version and
 // bound.
 const (
-	AbsenceFile      = "cni-absence.json"
-	AbsenceVersion   = 1
-	MaxAbsenceRecent = 10
+	AbsenceFile       = "cni-absence.json"
+	AbsenceVersion    = 1
+	MaxAbsenceRecent  = 10
+	MaxAbsenceWaiting = 500
 )

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -15,8 +16,9 @@ import (
 	"github.com/ambientd/ambientd/cniapi"
 )
 
-// maxAbsenceSize bounds what the plugin reads of an absence record.
-const maxAbsenceSize = 64 << 10
+// maxAbsenceSize bounds what the plugin reads of an absence record (the
+// waiting pods' names at most, and the recent attempts).
+const maxAbsenceSize = 256 << 10
 
 // addAbsence adds one ADD's outcome to the record r (pure).
 func addAbsence(r cniapi.AbsenceRecord, at time.Time, pod *cniapi.Pod, d absentDecision, v leaseVerdict) cniapi.AbsenceRecord {
@@ -35,6 +37,9 @@ func addAbsence(r cniapi.AbsenceRecord, at time.Time, pod *cniapi.Pod, d absentD
 		r.Passed++
 	default:
 		r.Refused++
+		if key := pod.Namespace + "/" + pod.Name; len(r.Waiting) < cniapi.MaxAbsenceWaiting && !slices.Contains(r.Waiting, key) {
+			r.Waiting = append(r.Waiting, key)
+		}
 	}
 	r.Recent = append(r.Recent, cniapi.AbsenceAttempt{At: at, Namespace: pod.Namespace, Name: pod.Name, Pass: d.pass, Reason: d.reason})
 	if n := len(r.Recent); n > cniapi.MaxAbsenceRecent {

@@ -34,11 +34,21 @@ func TestAbsenceRecordIsBounded(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
-	if r.Passed != 167 || r.Refused != 333 || len(r.Recent) != cniapi.MaxAbsenceRecent || r.Recent[len(r.Recent)-1].Name != "p499" {
+	if r.Passed != 167 || r.Refused != 333 || len(r.Waiting) != 333 || len(r.Recent) != cniapi.MaxAbsenceRecent || r.Recent[len(r.Recent)-1].Name != "p499" {
 		t.Errorf("record: passed %d refused %d recent %d (last %+v)", r.Passed, r.Refused, len(r.Recent), r.Recent[len(r.Recent)-1])
 	}
 	if !r.AgentLastSeen.Equal(renewed) {
 		t.Errorf("agent last seen %v, want the lease's renewal %v", r.AgentLastSeen, renewed)
+	}
+	// The same pod refused again counts as one waiting pod.
+	for range 3 {
+		if err := updateAbsence(dir, &cniapi.Pod{Namespace: "ns", Name: "p1"}, absentDecision{}, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ = os.ReadFile(filepath.Join(dir, cniapi.AbsenceFile))
+	if err := json.Unmarshal(b, &r); err != nil || r.Refused != 336 || len(r.Waiting) != 333 {
+		t.Errorf("a pod refused again: refused %d, waiting %d (%v)", r.Refused, len(r.Waiting), err)
 	}
 	// A record it cannot read starts anew instead of failing the ADD.
 	if err := os.WriteFile(filepath.Join(dir, cniapi.AbsenceFile), []byte("\x00garbage"), 0o600); err != nil {

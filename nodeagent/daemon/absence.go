@@ -62,8 +62,12 @@ func absenceMessage(rec cniapi.AbsenceRecord, now time.Time) string {
 	if since.IsZero() || since.After(rec.First) {
 		since = rec.First
 	}
-	msg := fmt.Sprintf("the node ran %v without the mesh agent (last seen %s, first pod without it %s, last %s); %d pods waited; %d outside the mesh started",
-		now.Sub(since).Round(time.Second), since.UTC().Format(time.RFC3339), rec.First.UTC().Format(time.RFC3339), rec.Last.UTC().Format(time.RFC3339), rec.Refused, rec.Passed)
+	waited := fmt.Sprint(len(rec.Waiting))
+	if len(rec.Waiting) >= cniapi.MaxAbsenceWaiting {
+		waited += "+"
+	}
+	msg := fmt.Sprintf("the node ran %v without the mesh agent (last seen %s, first pod without it %s, last %s); %s pods waited (%d sandbox attempts refused); %d outside the mesh started",
+		now.Sub(since).Round(time.Second), since.UTC().Format(time.RFC3339), rec.First.UTC().Format(time.RFC3339), rec.Last.UTC().Format(time.RFC3339), waited, rec.Refused, rec.Passed)
 	if rec.Uninstalled > 0 {
 		msg += fmt.Sprintf("; %d finished an uninstall", rec.Uninstalled)
 	}
@@ -87,7 +91,7 @@ func (r *absenceReport) report() error {
 	if err != nil {
 		return err
 	}
-	data, err := io.ReadAll(io.LimitReader(f, 64<<10))
+	data, err := io.ReadAll(io.LimitReader(f, 256<<10))
 	f.Close()
 	if err != nil {
 		return err

@@ -35,7 +35,7 @@ func TestAbsenceReport(t *testing.T) {
 	}
 	now := time.Now()
 	b, _ := json.Marshal(cniapi.AbsenceRecord{Version: cniapi.AbsenceVersion, AgentLastSeen: now.Add(-14 * time.Minute), First: now.Add(-13 * time.Minute), Last: now.Add(-time.Minute),
-		Refused: 37, Passed: 12, Recent: []cniapi.AbsenceAttempt{{Namespace: "shop", Name: "web", Reason: "in the mesh"}}})
+		Refused: 37, Passed: 12, Waiting: []string{"shop/web", "shop/api"}, Recent: []cniapi.AbsenceAttempt{{Namespace: "shop", Name: "web", Reason: "in the mesh"}}})
 	path := filepath.Join(dir, cniapi.AbsenceFile)
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -44,7 +44,7 @@ func TestAbsenceReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := <-rec.Events
-	for _, want := range []string{"Warning " + EventAgentAbsent, "ran 14m0s without the mesh agent", "37 pods waited", "12 outside the mesh started", "shop/web: in the mesh"} {
+	for _, want := range []string{"Warning " + EventAgentAbsent, "ran 14m0s without the mesh agent", "2 pods waited (37 sandbox attempts refused)", "12 outside the mesh started", "shop/web: in the mesh"} {
 		if !strings.Contains(ev, want) {
 			t.Errorf("Event %q does not say %q", ev, want)
 		}
