@@ -12,9 +12,14 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
@@ -230,4 +235,68 @@ func TestBadSettingCrashLoop(t *testing.T) {
 		t.Errorf("node Event %s does not name the bad setting: %q", ev.Reason, ev.Message)
 	}
 	t.Logf("node Event: %s", ev.Message)
+}
+
+// TestPluginCredentialsConfined: the rights behind the plugin's
+// credentials, on the real API server with deploy/rbac.yaml. The agent may
+// mint tokens for the plugin's service account and for no other (not even
+// one in its own namespace); a minted token may get a pod, a namespace and
+// the agent's DaemonSet, and nothing else — no list, no write, no secret,
+// no other DaemonSet.
+func TestPluginCredentialsConfined(t *testing.T) {
+	ctx := testutil.Context(t, 2*time.Minute)
+	agent := testEnv.CP.Agent
+	ns := e2eenv.AgentNamespace
+	expiry := int64(600)
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}
+	if err := testEnv.EnsureServiceAccount(ctx, ns, "default"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "default", req, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the agent minted a token for %s/default: %v; want Forbidden", ns, err)
+	}
+	tok, err := agent.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "ambientd-cni", req, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the agent cannot mint the plugin's token: %v", err)
+	}
+	cfg := rest.AnonymousClientConfig(testEnv.CP.AgentConfig)
+	cfg.BearerToken = tok.Status.Token
+	plugin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := createObjectOnly(t, ctx, "default", "plugin-reads")
+	if _, err := plugin.CoreV1().Pods("default").Get(ctx, p.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("get pod: %v", err)
+	}
+	if _, err := plugin.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		t.Errorf("get namespace: %v", err)
+	}
+	if _, err := plugin.AppsV1().DaemonSets(ns).Get(ctx, "ambientd", metav1.GetOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("get the agent's DaemonSet: %v; want an answer (NotFound is one)", err)
+	}
+	for what, call := range map[string]func() error{
+		"list pods": func() error { _, err := plugin.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
+		"patch a pod": func() error {
+			_, err := plugin.CoreV1().Pods("default").Patch(ctx, p.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+			return err
+		},
+		"get a secret": func() error { _, err := plugin.CoreV1().Secrets(ns).Get(ctx, "any", metav1.GetOptions{}); return err },
+		"get another DaemonSet": func() error {
+			_, err := plugin.AppsV1().DaemonSets(ns).Get(ctx, "other", metav1.GetOptions{})
+			return err
+		},
+		"get a node": func() error {
+			_, err := plugin.CoreV1().Nodes().Get(ctx, testEnv.NodeName, metav1.GetOptions{})
+			return err
+		},
+		"mint a token in turn": func() error {
+			_, err := plugin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "ambientd-cni", req, metav1.CreateOptions{})
+			return err
+		},
+	} {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("the plugin's token could %s: %v; want Forbidden", what, err)
+		}
+	}
 }
