@@ -635,9 +635,9 @@ func (i *Installer) Uninstall() error {
 	return errors.Join(errs...)
 }
 
-// NamesPlugin reports whether a config of the conf dir names the plugin
+// namesPlugin reports whether a config of the conf dir names the plugin
 // (Entry.Type) among its plugins.
-func (i *Installer) NamesPlugin() (bool, error) {
+func (i *Installer) namesPlugin() (bool, error) {
 	confs, err := listConfs(i.cfg.ConfDir)
 	if err != nil {
 		return false, err

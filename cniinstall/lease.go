@@ -199,7 +199,7 @@ func (i *Installer) FinishUninstall() error {
 	// does, the runtime reads another one (a host conf dir set wrong, a
 	// k3s-style layout): removing the binary would leave that config
 	// failing every ADD for good.
-	if names, err := i.NamesPlugin(); err != nil {
+	if names, err := i.namesPlugin(); err != nil {
 		return err
 	} else if !names {
 		return fmt.Errorf("no config in the CNI conf dir %s named by the install lease names %s, yet a runtime ran it: the runtime reads another conf dir; the plugin binary stays (remove our entry there, then run `ambientd uninstall`)", i.cfg.ConfDir, i.cfg.Entry.Type)

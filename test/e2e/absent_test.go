@@ -181,11 +181,7 @@ func nodeEvent(t *testing.T, ctx context.Context, reason string) corev1.Event {
 // mesh pod start uncaptured.
 func TestNoFailOpenOnTime(t *testing.T) {
 	ctx := testutil.Context(t, 4*time.Minute)
-	n := newLeaseNode(t)
-	n.withDaemonSet(t, ctx)
-	startEmulator(t, ctx, "ztunnel-no-timer")
-	ambient := uniqueNS("no-timer")
-	createNamespace(t, ctx, ambient, true)
+	n, ambient := newInstalledNode(t, ctx, "no-timer")
 	const ttl = 3 * time.Second
 	n.env = []string{"AMBIENTD_CNI_INSTALL_LEASE_TTL=" + ttl.String()}
 	a := n.start(t, ctx, "agent-no-timer")
@@ -208,11 +204,7 @@ func TestNoFailOpenOnTime(t *testing.T) {
 // names the bad setting.
 func TestBadSettingCrashLoop(t *testing.T) {
 	ctx := testutil.Context(t, 4*time.Minute)
-	n := newLeaseNode(t)
-	n.withDaemonSet(t, ctx)
-	startEmulator(t, ctx, "ztunnel-bad-setting")
-	ambient := uniqueNS("bad-setting")
-	createNamespace(t, ctx, ambient, true)
+	n, ambient := newInstalledNode(t, ctx, "bad-setting")
 	const ttl = 3 * time.Second
 	n.env = []string{"AMBIENTD_CNI_INSTALL_LEASE_TTL=" + ttl.String()}
 	kill(t, n.start(t, ctx, "agent-before-upgrade"))

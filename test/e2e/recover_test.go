@@ -67,6 +67,18 @@ func newLeaseNode(t *testing.T) *leaseNode {
 	return n
 }
 
+// newInstalledNode is a lease node with deploy/'s DaemonSet (the
+// installation stays), a ztunnel emulator and an ambient namespace.
+func newInstalledNode(t *testing.T, ctx context.Context, name string) (*leaseNode, string) {
+	t.Helper()
+	n := newLeaseNode(t)
+	n.withDaemonSet(t, ctx)
+	startEmulator(t, ctx, "ztunnel-"+name)
+	ns := uniqueNS(name)
+	createNamespace(t, ctx, ns, true)
+	return n, ns
+}
+
 // snapshot is every file of the bin and conf dirs with its text.
 func (n *leaseNode) snapshot(t *testing.T) map[string]string {
 	t.Helper()
@@ -307,11 +319,7 @@ func TestUnfinishedUninstallSIGKILL(t *testing.T) {
 // and the bin and conf dirs are as before, with no manual step.
 func TestUnfinishedUninstallReboot(t *testing.T) {
 	ctx := testutil.Context(t, 4*time.Minute)
-	n := newLeaseNode(t)
-	n.withDaemonSet(t, ctx)
-	startEmulator(t, ctx, "ztunnel-lease-reboot")
-	ambient := uniqueNS("lease-reboot")
-	createNamespace(t, ctx, ambient, true)
+	n, ambient := newInstalledNode(t, ctx, "lease-reboot")
 	a := n.start(t, ctx, "agent-lease-reboot")
 	kill(t, a)
 	n.deleteDaemonSet(t, ctx)

@@ -122,13 +122,11 @@ func (r *agentRun) imageThatCannotBePulled(t *testing.T, stepCtx context.Context
 	restore()
 	r.serveAndWaitReady(t, ctx)
 	for _, name := range meshPods {
-		p, err := waitPod(ctx, mesh, name, func(p *corev1.Pod) bool {
+		if _, err := waitPod(ctx, mesh, name, func(p *corev1.Pod) bool {
 			return p.Status.Phase == corev1.PodRunning && p.Annotations[podmeta.AnnotationRedirection] == "enabled"
-		})
-		if err != nil {
+		}); err != nil {
 			t.Fatalf("mesh pod %s/%s after the image was fixed: %v", mesh, name, err)
 		}
-		_ = p
 	}
 	ev := nodeEvent(t, ctx, daemon.EventAgentAbsent)
 	if !strings.Contains(ev, "pods waited") || !strings.Contains(ev, "outside the mesh started") {
