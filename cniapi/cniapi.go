@@ -27,6 +27,15 @@ const PluginType = "ambientd-cni"
 // wait, then direct GETs), the rules, and a ztunnel ack.
 const DefaultPluginTimeout = 30 * time.Second
 
+// The bounds of a plugin timeout. Below the floor an ADD fails before the
+// agent can answer it; above the ceiling nothing is gained: the kubelet
+// cancels a sandbox's creation after its runtime request timeout (2m by
+// default), and a longer wait only holds the runtime's CNI lock.
+const (
+	MinPluginTimeout = 100 * time.Millisecond
+	MaxPluginTimeout = 2 * time.Minute
+)
+
 // PluginSettings are the plugin's own keys in its CNI config entry, beside
 // CNI's standard ones (type, name, cniVersion, prevResult): the one schema
 // that the plugin reads (cniplugin.Config) and the agent's installer writes

@@ -79,3 +79,12 @@ const KubeconfigSuffix = ".kubeconfig"
 // minutes) with room to spare: an agent away for longer is reported as
 // away for long (it is not coming back on its own).
 const DefaultLeaseTTL = 10 * time.Minute
+
+// The bounds of a lease TTL. The TTL never lets a mesh pod start by itself
+// (it only makes a plain pod's ADD also ask whether the DaemonSet is gone),
+// so the bounds keep it meaningful: below a second every start would count
+// as a long absence; above a week no absence ever would.
+const (
+	MinLeaseTTL = time.Second
+	MaxLeaseTTL = 7 * 24 * time.Hour
+)

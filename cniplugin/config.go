@@ -46,9 +46,9 @@ func parseConfig(stdin []byte) (*Config, error) {
 	conf.timeout = cniapi.DefaultPluginTimeout
 	if conf.Timeout != "" {
 		d, err := time.ParseDuration(conf.Timeout)
-		if err != nil || d <= 0 {
+		if err != nil || d < cniapi.MinPluginTimeout || d > cniapi.MaxPluginTimeout {
 			return nil, types.NewError(types.ErrInvalidNetworkConfig, "ambientd-cni: invalid timeout",
-				fmt.Sprintf("timeout %q must be a positive Go duration such as \"30s\"", conf.Timeout))
+				fmt.Sprintf("timeout %q must be a Go duration from %v to %v such as \"30s\"", conf.Timeout, cniapi.MinPluginTimeout, cniapi.MaxPluginTimeout))
 		}
 		conf.timeout = d
 	}

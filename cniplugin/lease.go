@@ -66,8 +66,8 @@ func judgeLease(data []byte, readErr error, now, boot time.Time) leaseVerdict {
 		return bad(fmt.Sprintf("has version %d, this plugin reads %d", l.Version, cniapi.LeaseVersion))
 	}
 	ttl, err := time.ParseDuration(l.TTL)
-	if err != nil || ttl <= 0 {
-		return bad(fmt.Sprintf("has ttl %q, not a positive Go duration", l.TTL))
+	if err != nil || ttl < cniapi.MinLeaseTTL || ttl > cniapi.MaxLeaseTTL {
+		return bad(fmt.Sprintf("has ttl %q, not a Go duration from %v to %v", l.TTL, cniapi.MinLeaseTTL, cniapi.MaxLeaseTTL))
 	}
 	if !filepath.IsAbs(l.ConfDir) {
 		return bad(fmt.Sprintf("has confDir %q, not an absolute path", l.ConfDir))

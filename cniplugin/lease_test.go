@@ -63,6 +63,7 @@ func TestJudgeLease(t *testing.T) {
 		{"bad ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "soon"; l.Renewed = now.Add(-time.Hour) }), nil, bootedLongAgo, "closed", `ttl "soon"`},
 		{"zero ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "0s"; l.Renewed = now.Add(-time.Hour) }), nil, bootedLongAgo, "closed", `ttl "0s"`},
 		{"negative ttl", lease(func(l *cniapi.InstallLease) { l.TTL = "-1m" }), nil, bootedLongAgo, "closed", `ttl "-1m"`},
+		{"ttl past a week", lease(func(l *cniapi.InstallLease) { l.TTL = "1000h" }), nil, bootedLongAgo, "closed", `ttl "1000h"`},
 		{"relative conf dir", lease(func(l *cniapi.InstallLease) { l.ConfDir = "etc/cni"; l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, "closed", "confDir"},
 		{"no renewal time", lease(func(l *cniapi.InstallLease) { l.Renewed = time.Time{}; l.State = cniapi.LeaseUninstalling }), nil, bootedLongAgo, "closed", "no renewal time"},
 	}

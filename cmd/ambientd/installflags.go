@@ -93,19 +93,22 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 		}
 		src = filepath.Join(filepath.Dir(exe), cniapi.PluginType)
 	}
-	if f.pluginTimeout <= 0 {
-		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-timeout %v: must be positive", f.pluginTimeout)
+	if f.pluginTimeout < cniapi.MinPluginTimeout || f.pluginTimeout > cniapi.MaxPluginTimeout {
+		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-timeout %v: want %v to %v (the kubelet gives up on a sandbox after 2m)", f.pluginTimeout, cniapi.MinPluginTimeout, cniapi.MaxPluginTimeout)
 	}
+	// Below 100ms the installer's re-reads are most of its work; above an
+	// hour a missed file event (a primary that dropped our entry) stays
+	// unrepaired for longer than anyone would wait.
 	for _, d := range []namedValue[time.Duration]{{"--cni-poll-interval", f.pollInterval}, {"--cni-resync-interval", f.resync}, {"--cni-repair-window", f.repairWindow}} {
-		if d.value < 100*time.Millisecond {
-			return cniinstall.Config{}, fmt.Errorf("%s %v: want at least 100ms", d.flag, d.value)
+		if d.value < 100*time.Millisecond || d.value > time.Hour {
+			return cniinstall.Config{}, fmt.Errorf("%s %v: want 100ms to 1h", d.flag, d.value)
 		}
 	}
 	if f.pluginTokenTTL < 10*time.Minute || f.pluginTokenTTL > 168*time.Hour {
 		return cniinstall.Config{}, fmt.Errorf("--cni-plugin-token-ttl %v: want 10m to 168h", f.pluginTokenTTL)
 	}
-	if f.leaseTTL < time.Second {
-		return cniinstall.Config{}, fmt.Errorf("--cni-install-lease-ttl %v: want at least 1s", f.leaseTTL)
+	if f.leaseTTL < cniapi.MinLeaseTTL || f.leaseTTL > cniapi.MaxLeaseTTL {
+		return cniinstall.Config{}, fmt.Errorf("--cni-install-lease-ttl %v: want %v to %v", f.leaseTTL, cniapi.MinLeaseTTL, cniapi.MaxLeaseTTL)
 	}
 	hostConfDir := f.hostConfDir
 	if hostConfDir == "" {

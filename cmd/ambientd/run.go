@@ -26,6 +26,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
 	"github.com/ambientd/ambientd/nodeagent/kube"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 	"github.com/ambientd/ambientd/ztunnelproto"
 )
@@ -96,9 +97,44 @@ const (
 
 func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) {
 	var f runFlags
+	fs, nodeReady, sidecarSettings := f.flagSet()
+	a, n := &f.node.Agent, &f.node
+	if err := parseFlags(fs, args, getenv, envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf); err != nil {
+		return f, err
+	}
+	if fs.NArg() > 0 {
+		return f, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	// What the flags' text sets only once parsed, and the settings two
+	// parts share (one flag each).
+	a.Policy.ExcludeNamespaces = f.excluded()
+	n.CNIConfDir = f.install.confDir
+	f.rules.IPv6, f.rules.StateDir, f.rules.HostProc = a.IPv6, a.RunDir, a.HostProc
+	f.rules.KubeletUID = f.kubeletUIDValue()
+	nr, err := nodeReady(a.NodeName)
+	if err != nil {
+		return f, err
+	}
+	n.NodeReady = nr
+	if n.Sidecar, err = sidecarSettings(); err != nil {
+		return f, err
+	}
+	if err := f.validate(); err != nil {
+		return f, err
+	}
+	n.ZtunnelSocketMode, _ = f.socketMode()   // validated
+	n.ZtunnelAllowedUIDs, _ = f.allowedUIDs() // validated
+	return f, nil
+}
+
+// flagSet binds the run flags to f's fields (with the defaults of each
+// package's Config) and returns the functions that build the node
+// readiness and sidecar configs once the set is parsed.
+func (f *runFlags) flagSet() (*flag.FlagSet, func(nodeName string) (nodeready.Config, error), func() (daemon.SidecarConfig, error)) {
 	f.node.Agent = agent.DefaultConfig()
 	a, n := &f.node.Agent, &f.node
 	fs := flag.NewFlagSet("ambientd run", flag.ContinueOnError)
+
 	fs.SetOutput(os.Stderr)
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty = in-cluster config")
 	fs.StringVar(&a.NodeName, "node-name", "", "this node's name (required)")
@@ -135,34 +171,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	f.install.register(fs)
 	fs.StringVar(&a.PodConditionType, "pod-condition-type", a.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
 	fs.DurationVar(&a.ZtunnelGrace, "ztunnel-grace", a.ZtunnelGrace, "how long the node may be without a ztunnel that acked its snapshot before every enabled pod's condition turns False (reason ZtunnelUnavailable) so its Services stop sending it traffic nothing proxies; 0 = never (docs/readiness.md)")
-	nodeReady := nodeReadyFlags(fs)
-	sidecarSettings := sidecarFlags(fs)
-	if err := parseFlags(fs, args, getenv, envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf); err != nil {
-		return f, err
-	}
-	if fs.NArg() > 0 {
-		return f, fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	// What the flags' text sets only once parsed, and the settings two
-	// parts share (one flag each).
-	a.Policy.ExcludeNamespaces = f.excluded()
-	n.CNIConfDir = f.install.confDir
-	f.rules.IPv6, f.rules.StateDir, f.rules.HostProc = a.IPv6, a.RunDir, a.HostProc
-	f.rules.KubeletUID = f.kubeletUIDValue()
-	nr, err := nodeReady(a.NodeName)
-	if err != nil {
-		return f, err
-	}
-	n.NodeReady = nr
-	if n.Sidecar, err = sidecarSettings(); err != nil {
-		return f, err
-	}
-	if err := f.validate(); err != nil {
-		return f, err
-	}
-	n.ZtunnelSocketMode, _ = f.socketMode()   // validated
-	n.ZtunnelAllowedUIDs, _ = f.allowedUIDs() // validated
-	return f, nil
+	return fs, nodeReadyFlags(fs), sidecarFlags(fs)
 }
 
 // kubeletUIDValue is --kubelet-uid as the rule manager takes it (nil: scan,

@@ -57,21 +57,26 @@ func (c Config) Validate() error {
 	if errs := validation.IsDNS1123Label(c.Policy.SystemNamespace); len(errs) > 0 {
 		return bad("Policy.SystemNamespace", "%q: %s", c.Policy.SystemNamespace, strings.Join(errs, "; "))
 	}
-	if c.PodLookupTimeout <= 0 || c.PodLookupTimeout > 5*time.Minute {
-		return bad("PodLookupTimeout", "%v: want between 0 and 5m", c.PodLookupTimeout)
+	if c.PodLookupTimeout < 100*time.Millisecond || c.PodLookupTimeout > 5*time.Minute {
+		return bad("PodLookupTimeout", "%v: want 100ms to 5m", c.PodLookupTimeout)
 	}
-	if c.RetryBaseDelay <= 0 {
-		return bad("RetryBaseDelay", "%v: must be positive", c.RetryBaseDelay)
+	// A retry sooner than a millisecond is a hot loop; a pod whose
+	// reconcile failed waits at most an hour for its next try.
+	if c.RetryBaseDelay < time.Millisecond || c.RetryBaseDelay > time.Hour {
+		return bad("RetryBaseDelay", "%v: want 1ms to 1h", c.RetryBaseDelay)
 	}
-	if c.RetryMaxDelay < c.RetryBaseDelay {
-		return bad("RetryMaxDelay", "%v: must not be below the base delay %v", c.RetryMaxDelay, c.RetryBaseDelay)
+	if c.RetryMaxDelay < c.RetryBaseDelay || c.RetryMaxDelay > time.Hour {
+		return bad("RetryMaxDelay", "%v: want the base delay %v to 1h", c.RetryMaxDelay, c.RetryBaseDelay)
 	}
-	if c.ZtunnelGrace < 0 {
-		return bad("ZtunnelGrace", "%v: want 0 (never) or more", c.ZtunnelGrace)
+	// 0 is the documented "never"; a positive grace longer than an hour
+	// would be a silent never: pods Ready while nothing proxies them.
+	if c.ZtunnelGrace < 0 || (c.ZtunnelGrace > 0 && c.ZtunnelGrace < time.Millisecond) || c.ZtunnelGrace > time.Hour {
+		return bad("ZtunnelGrace", "%v: want 0 (never) or 1ms to 1h", c.ZtunnelGrace)
 	}
-	// A drift pass more often than this would be most of the agent's work.
-	if c.VerifyInterval < 0 || (c.VerifyInterval > 0 && c.VerifyInterval < 100*time.Millisecond) {
-		return bad("VerifyInterval", "%v: want 0 (off) or at least 100ms", c.VerifyInterval)
+	// A drift pass more often than 100ms would be most of the agent's
+	// work; less often than daily, drift would be repaired by chance.
+	if c.VerifyInterval < 0 || (c.VerifyInterval > 0 && c.VerifyInterval < 100*time.Millisecond) || c.VerifyInterval > 24*time.Hour {
+		return bad("VerifyInterval", "%v: want 0 (off) or 100ms to 24h", c.VerifyInterval)
 	}
 	if c.Workers < 1 || c.Workers > 256 {
 		return bad("Workers", "%d: want 1..256", c.Workers)

@@ -100,8 +100,9 @@ func (c Config) Validate() error {
 	if !slices.ContainsFunc(MeshTaintPrefixes, func(p string) bool { return strings.HasPrefix(c.TaintKey, p) }) {
 		return bad("TaintKey", "taint key %q: want one of the mesh's own prefixes %v (the agent removes this taint: a key such as dedicated would let it attract workloads that were kept away)", c.TaintKey, MeshTaintPrefixes)
 	}
-	if c.TaintGracePeriod < 0 {
-		return bad("TaintGracePeriod", "taint grace period %v: must not be negative", c.TaintGracePeriod)
+	// Shorter than a second, a ztunnel restart would taint the node.
+	if c.TaintGracePeriod < time.Second || c.TaintGracePeriod > time.Hour {
+		return bad("TaintGracePeriod", "taint grace period %v: want 1s to 1h", c.TaintGracePeriod)
 	}
 	if c.ResyncPeriod < 100*time.Millisecond || c.ResyncPeriod > time.Hour {
 		return bad("ResyncPeriod", "resync period %v: want between 100ms and 1h", c.ResyncPeriod)
