@@ -37,6 +37,12 @@ const (
 	DefaultRepairLimit  = 5
 	DefaultResync       = 30 * time.Second
 	DefaultPollInterval = 2 * time.Second
+	// DefaultWithdrawGrace is how long the primary's config may be missing
+	// before owned mode takes it as withdrawn. A primary rewriting its
+	// file as remove + write is back within milliseconds; removing our
+	// copy in that gap would let the runtime see the new file alone, and
+	// a pod created then would start without our plugin.
+	DefaultWithdrawGrace = 5 * time.Second
 )
 
 // ErrNoConfig means the conf dir has no valid config yet (the node's primary
@@ -80,6 +86,9 @@ type Config struct {
 	// PollInterval is how often the dirs are re-read while inotify is not
 	// available (instances exhausted, watcher failed).
 	PollInterval time.Duration
+	// WithdrawGrace is how long the primary's config may be missing before
+	// owned mode removes our copy of it (DefaultWithdrawGrace).
+	WithdrawGrace time.Duration
 	// HostConfDir is ConfDir as the host names it (the plugin, which runs
 	// on the host, reads it from the install lease); default ConfDir.
 	HostConfDir string
@@ -115,6 +124,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = DefaultPollInterval
+	}
+	if c.WithdrawGrace <= 0 {
+		c.WithdrawGrace = DefaultWithdrawGrace
 	}
 	if c.HostConfDir == "" {
 		c.HostConfDir = c.ConfDir
@@ -153,6 +165,9 @@ type Installer struct {
 	// copied is the primary config the owned file was last copied from
 	// (under mu).
 	copied string
+	// primaryMissing is when owned mode first found no primary to copy
+	// while our copy was there (zero: a primary is there; under mu).
+	primaryMissing time.Time
 
 	hmu    sync.Mutex
 	health health
@@ -437,6 +452,7 @@ func (i *Installer) ensureOwned(confs []confFile) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	i.primaryMissing = time.Time{}
 	i.setWithdrawn("")
 	if meta {
 		return i.behindMeta(p, confs)
@@ -489,6 +505,9 @@ func (i *Installer) ensureOwned(confs []confFile) (bool, error) {
 	changed, err := i.writeOwned(want, ownedAttrs(p.snap.attrs), p.path)
 	if err == nil {
 		i.copied = p.name
+		var removed bool
+		removed, err = i.removeStaleCopies(confs)
+		changed = changed || removed
 	}
 	if err != nil || cleanup == nil {
 		return changed, err
@@ -695,7 +714,7 @@ func (i *Installer) uninstallFrom(c confFile, all []confFile) error {
 	if !c.list || c.err != nil {
 		return nil
 	}
-	if c.name == i.cfg.OwnedName && hasKey(c.data, ownedKey) {
+	if hasKey(c.data, ownedKey) { // our copy, under OwnedName or an earlier name
 		if err := os.Remove(c.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("removing owned config: %w", err)
 		}

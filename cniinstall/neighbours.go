@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"time"
 )
 
 // Other writers of the conf dir, and how owned mode reaches a fixed point
@@ -202,26 +203,77 @@ func (i *Installer) errThickAdopted(meta confFile) error {
 	return fmt.Errorf("%s (Multus) reads our copy %s as its cluster network, and our copy sorts first: the runtime bypasses Multus; restart Multus (it then takes the primary as its master and the agent inserts into Multus's file), or use in-place mode", meta.path, i.cfg.OwnedName)
 }
 
-// withdraw: owned mode found no primary to copy. When our copy is there,
-// its primary was withdrawn (a CNI uninstall, a migration): the copy goes
-// too, so the runtime stops getting the withdrawn network through us, and
-// Check says why until a primary is back.
+// withdraw: owned mode found no primary to copy. When our copy is there
+// and the primary stays away for WithdrawGrace, it was withdrawn (a CNI
+// uninstall, a migration): the copy goes too, so the runtime stops getting
+// the withdrawn network through us, and Check says why until a primary is
+// back. Within the grace the copy stays (a primary rewriting its file as
+// remove + write): the runtime keeps a config with our plugin throughout.
 func (i *Installer) withdraw(confs []confFile, noConfig error) (bool, error) {
 	owned, ok := find(confs, i.cfg.OwnedName)
 	if !ok || !hasKey(owned.data, ownedKey) {
+		i.primaryMissing = time.Time{}
 		return false, noConfig
 	}
 	name := i.copied
 	if name == "" {
 		name = "(copied before the agent started)"
 	}
+	now := time.Now()
+	if i.primaryMissing.IsZero() {
+		i.primaryMissing = now
+		i.log.Info("the primary CNI config is missing; keeping our copy of it until it is back or the grace ends", "primary", name, "grace", i.cfg.WithdrawGrace)
+	}
+	if left := i.cfg.WithdrawGrace - now.Sub(i.primaryMissing); left > 0 {
+		return false, &withdrawPending{primary: name, left: left}
+	}
 	i.setWithdrawn(name) // before the copy goes: readiness never says installed without it
 	if err := removeFile(owned.path, owned.snap); err != nil {
 		return false, fmt.Errorf("removing our copy %s of the withdrawn primary: %w", owned.path, err)
 	}
 	i.step()
-	i.log.Warn("the primary CNI config was withdrawn; removed our copy of it", "primary", name, "path", owned.path)
+	if _, err := i.removeStaleCopies(confs); err != nil {
+		return true, err
+	}
+	i.log.Warn("the primary CNI config was withdrawn; removed our copy of it", "primary", name, "path", owned.path, "missing_for", now.Sub(i.primaryMissing).Round(time.Millisecond))
+	i.primaryMissing = time.Time{}
 	return true, noConfig
+}
+
+// removeStaleCopies removes our copies under names other than OwnedName
+// (left by an earlier --cni-owned-config-name): one that sorts before the
+// current copy would keep the runtime on a stale copy of a primary, one
+// after it is clutter that names our plugin. Called only once the copy
+// under OwnedName holds our plugin, or with a withdrawn primary's copy:
+// the runtime never sees a config without our plugin because of it.
+func (i *Installer) removeStaleCopies(confs []confFile) (bool, error) {
+	removed := false
+	for _, c := range confs {
+		if c.name == i.cfg.OwnedName || c.err != nil || !c.list || !hasKey(c.data, ownedKey) || c.real != c.path {
+			continue
+		}
+		if err := removeFile(c.path, c.snap); err != nil {
+			return removed, fmt.Errorf("removing our copy %s left under an earlier owned config name: %w", c.path, err)
+		}
+		i.step()
+		removed = true
+		i.log.Info("removed our copy left under an earlier owned config name", "path", c.path, "owned", i.cfg.OwnedName)
+	}
+	return removed, nil
+}
+
+// withdrawPending: the primary's config is missing and our copy of it
+// stays until the grace ends; Run looks again then.
+type withdrawPending struct {
+	primary string
+	left    time.Duration
+}
+
+// Unwrap: within the grace, as after it, there is no primary to copy.
+func (e *withdrawPending) Unwrap() error { return ErrNoConfig }
+
+func (e *withdrawPending) Error() string {
+	return fmt.Sprintf("the primary CNI config %s is missing; our copy stays for %v unless it is back", e.primary, e.left.Round(time.Millisecond))
 }
 
 // behindMeta: the first config other than our copy is a meta-plugin's

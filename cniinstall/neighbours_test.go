@@ -1,14 +1,18 @@
 package cniinstall
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fsnotify/fsnotify"
 
 	"github.com/ambientd/ambientd/test/infra/multusemu"
 	"github.com/ambientd/ambientd/test/infra/testutil"
@@ -232,9 +236,10 @@ func TestCopyFirstInstallerReachesAFixedPoint(t *testing.T) {
 // network through us) and Check says why; a new primary's file is then
 // picked up, with our plugin last.
 func TestPrimaryWithdrawnAndReplaced(t *testing.T) {
+	const grace = 500 * time.Millisecond
 	h := newHostTree(t)
 	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
-	i := h.installer(t)
+	i := h.installer(t, func(c *Config) { c.WithdrawGrace = grace })
 	runInstaller(t, i)
 	waitInstalled(t, i, "installed")
 
@@ -243,7 +248,11 @@ func TestPrimaryWithdrawnAndReplaced(t *testing.T) {
 	}
 	gone := time.Now()
 	testutil.Eventually(t, "our copy of the withdrawn primary gone", 10*time.Second, func() bool { return !exists(h.path(DefaultOwnedName)) })
-	t.Logf("primary removed -> our copy removed: %s", time.Since(gone).Round(time.Millisecond))
+	took := time.Since(gone)
+	t.Logf("primary removed -> our copy removed: %s", took.Round(time.Millisecond))
+	if took < grace {
+		t.Fatalf("our copy removed %v after the primary, before the withdraw grace %v", took, grace)
+	}
 	err := i.Check()
 	if err == nil || !strings.Contains(err.Error(), "withdrawn") || !strings.Contains(err.Error(), "10-calico.conflist") {
 		t.Fatalf("Check after the primary withdrew = %v, want it to say the primary 10-calico.conflist withdrew", err)
@@ -300,4 +309,93 @@ func confDirSnapshotT(t *testing.T, dir string) map[string]string {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// A primary that rewrites its config as remove + write (not an atomic
+// rename) is not a withdrawal: our copy stays through the gap, so the
+// runtime never sees the primary's new file alone (a pod created then
+// would start without our plugin), and then follows the new content.
+func TestPrimaryRewrittenAsRemoveAndWrite(t *testing.T) {
+	h := newHostTree(t)
+	primary := h.path("10-calico.conflist")
+	writeFile(t, primary, calicoConflist, 0o644)
+	var logs syncBuffer
+	cfg := h.config()
+	cfg.WithdrawGrace = time.Minute // far longer than the test: only a withdrawal would remove the copy
+	i, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	if err := w.Add(h.conf); err != nil {
+		t.Fatal(err)
+	}
+	runInstaller(t, i)
+	waitInstalled(t, i, "installed")
+
+	if err := os.Remove(primary); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the installer noticed the primary missing", 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "keeping our copy")
+	})
+	if name, types := runtimeView(t, h.conf); name != DefaultOwnedName || !slices.Equal(types, []string{"calico", "portmap", "ambientd-cni"}) {
+		t.Fatalf("while the primary is rewritten the runtime uses %s %v, want our copy with our plugin last", name, types)
+	}
+	rewritten := strings.Replace(calicoConflist, `"k8s-pod-network"`, `"k8s-pod-network-v2"`, 1)
+	writeFile(t, primary, rewritten, 0o644)
+	testutil.Eventually(t, "our copy follows the rewritten primary", 10*time.Second, func() bool {
+		b, _ := os.ReadFile(h.path(DefaultOwnedName))
+		return bytes.Contains(b, []byte("k8s-pod-network-v2"))
+	})
+	if err := i.Check(); err != nil {
+		t.Fatalf("Check after the rewrite = %v", err)
+	}
+	for {
+		select {
+		case ev := <-w.Events:
+			if filepath.Base(ev.Name) == DefaultOwnedName && ev.Has(fsnotify.Remove) {
+				t.Fatalf("our copy was removed during the primary's rewrite (%v): the runtime saw the primary alone", ev)
+			}
+			continue
+		default:
+		}
+		break
+	}
+}
+
+// A renamed --cni-owned-config-name leaves no copy behind: the copy under
+// the earlier name sorted first would keep the runtime on it, a stale copy
+// of the primary.
+func TestRenamedOwnedConfigLeavesNoCopy(t *testing.T) {
+	h := newHostTree(t)
+	writeFile(t, h.path("10-calico.conflist"), calicoConflist, 0o644)
+	before := h.installer(t, func(c *Config) { c.OwnedName = "00-ambientd.conflist" })
+	if _, err := before.Install(); err != nil {
+		t.Fatal(err)
+	}
+	renamed := h.installer(t, func(c *Config) { c.OwnedName = "01-mesh.conflist" })
+	if _, err := renamed.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if exists(h.path("00-ambientd.conflist")) {
+		t.Fatal("the copy under the earlier owned name is still there")
+	}
+	if name, types := runtimeView(t, h.conf); name != "01-mesh.conflist" || !slices.Equal(types, []string{"calico", "portmap", "ambientd-cni"}) {
+		t.Fatalf("the runtime uses %s %v, want the copy under the new name", name, types)
+	}
+	// And an uninstall takes every copy of ours, whatever its name.
+	writeFile(t, h.path("00-ambientd.conflist"), readFile(t, h.path("01-mesh.conflist")), 0o600)
+	if err := renamed.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"00-ambientd.conflist", "01-mesh.conflist"} {
+		if exists(h.path(n)) {
+			t.Errorf("%s left after the uninstall", n)
+		}
+	}
 }

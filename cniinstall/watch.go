@@ -90,6 +90,7 @@ type runner struct {
 	watchBackoff backoff
 	// due fires the next pass (an event burst settled, or a retry).
 	due         <-chan time.Time
+	dueAt       time.Time // when due fires
 	passBackoff backoff
 }
 
@@ -116,10 +117,11 @@ func (r *runner) pollC() <-chan time.Time {
 
 func (r *runner) rewatchC() <-chan time.Time { return r.rewatch }
 
-// soon schedules a pass after d unless one is already due.
+// soon schedules a pass after d unless one is due sooner (a file event
+// during a long wait, such as the withdraw grace, is looked at now).
 func (r *runner) soon(d time.Duration) {
-	if r.due == nil {
-		r.due = time.After(d)
+	if at := time.Now().Add(d); r.due == nil || at.Before(r.dueAt) {
+		r.due, r.dueAt = time.After(d), at
 	}
 }
 
@@ -240,6 +242,13 @@ func (r *runner) pass(first bool) {
 			i.log.Info("CNI installer working again")
 		}
 		r.passBackoff.reset()
+	case errors.As(err, new(*withdrawPending)):
+		// Our copy is in place; not a failure. Look again when the grace
+		// ends (a file event sooner, if the primary is back).
+		i.setHealth(nil)
+		var wp *withdrawPending
+		errors.As(err, &wp)
+		r.soon(wp.left)
 	case errors.Is(err, ErrNoConfig):
 		i.setHealth(nil) // not a failure: Check says there is no config
 		i.log.Info("waiting for the node's primary CNI config", "dir", i.cfg.ConfDir, "error", err)
@@ -252,7 +261,7 @@ func (r *runner) pass(first bool) {
 		i.setHealth(err)
 		d := r.passBackoff.next()
 		i.log.Error("installing the CNI plugin failed; retrying", "error", err, "retry_in", d)
-		r.due = time.After(d)
+		r.due, r.dueAt = time.After(d), time.Now().Add(d)
 	}
 	if changed && !first {
 		if n, fighting := r.guard.repaired(time.Now()); fighting {

@@ -22,6 +22,7 @@ type installFlags struct {
 	pluginLogLevel, pluginLogFile                   string
 	pluginTimeout                                   time.Duration
 	pollInterval, resync, repairWindow              time.Duration
+	withdrawGrace                                   time.Duration
 	repairLimit                                     int
 	daemonSet, namespace                            string
 	pluginServiceAccount                            string
@@ -47,6 +48,7 @@ var installEnvOf = flagEnv{
 	"cni-resync-interval":        "AMBIENTD_CNI_RESYNC_INTERVAL",
 	"cni-repair-limit":           "AMBIENTD_CNI_REPAIR_LIMIT",
 	"cni-repair-window":          "AMBIENTD_CNI_REPAIR_WINDOW",
+	"cni-withdraw-grace":         "AMBIENTD_CNI_WITHDRAW_GRACE",
 	"daemonset-name":             "AMBIENTD_DAEMONSET_NAME",
 	"daemonset-namespace":        "POD_NAMESPACE",
 }
@@ -72,6 +74,7 @@ func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.resync, "cni-resync-interval", cniinstall.DefaultResync, "period of the installer's full re-check, in case a file event was missed")
 	fs.IntVar(&f.repairLimit, "cni-repair-limit", cniinstall.DefaultRepairLimit, "repairs of external rewrites within --cni-repair-window above which the installer warns of a fight and backs off")
 	fs.DurationVar(&f.repairWindow, "cni-repair-window", cniinstall.DefaultRepairWindow, "sliding window of --cni-repair-limit")
+	fs.DurationVar(&f.withdrawGrace, "cni-withdraw-grace", cniinstall.DefaultWithdrawGrace, "owned mode: how long the primary's config may be missing before our copy of it is removed as withdrawn (a primary rewriting its file as remove + write is back sooner; our copy stays meanwhile, so the runtime never sees the primary's file without our plugin)")
 	fs.StringVar(&f.pluginLogLevel, "cni-plugin-log-level", "info", "the plugin's logLevel in its config entry")
 	fs.StringVar(&f.pluginLogFile, "cni-plugin-log-file", "", "the plugin's logFile on the host (default: stderr, i.e. the runtime's log)")
 	fs.DurationVar(&f.pluginTimeout, "cni-plugin-timeout", cniapi.DefaultPluginTimeout, "the plugin's timeout for one ADD's call to the agent")
@@ -99,7 +102,7 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 	// Below 100ms the installer's re-reads are most of its work; above an
 	// hour a missed file event (a primary that dropped our entry) stays
 	// unrepaired for longer than anyone would wait.
-	for _, d := range []namedValue[time.Duration]{{"--cni-poll-interval", f.pollInterval}, {"--cni-resync-interval", f.resync}, {"--cni-repair-window", f.repairWindow}} {
+	for _, d := range []namedValue[time.Duration]{{"--cni-poll-interval", f.pollInterval}, {"--cni-resync-interval", f.resync}, {"--cni-repair-window", f.repairWindow}, {"--cni-withdraw-grace", f.withdrawGrace}} {
 		if d.value < 100*time.Millisecond || d.value > time.Hour {
 			return cniinstall.Config{}, fmt.Errorf("%s %v: want 100ms to 1h", d.flag, d.value)
 		}
@@ -133,7 +136,8 @@ func (f installFlags) config(cniSocket string, exclude []string) (cniinstall.Con
 		BinSource: src, BinDir: f.binDir, ConfDir: f.confDir, ConfName: f.confName,
 		InPlace: !f.owned, OwnedName: f.ownedName,
 		PollInterval: f.pollInterval, Resync: f.resync, RepairLimit: f.repairLimit, RepairWindow: f.repairWindow,
-		HostConfDir: hostConfDir, LeaseTTL: f.leaseTTL,
+		WithdrawGrace: f.withdrawGrace,
+		HostConfDir:   hostConfDir, LeaseTTL: f.leaseTTL,
 		Entry: cniinstall.Entry{
 			Type: cniapi.PluginType,
 			PluginSettings: cniapi.PluginSettings{

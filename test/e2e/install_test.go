@@ -200,7 +200,7 @@ func TestPrimaryWithdrawnIsFollowed(t *testing.T) {
 	}
 	s := newScenario(t, "withdraw", agentArgs("--install-cni", "--cni-bin-dir="+binDir, "--cni-conf-dir="+confDir,
 		"--cni-bin-source="+testEnv.Bins.CNIPlugin, "--daemonset-namespace="+e2eenv.AgentNamespace,
-		"--node-condition-resync=200ms"))
+		"--node-condition-resync=200ms", "--cni-withdraw-grace=1s"))
 	ctx, node := s.ctx, testEnv.NodeName
 	if err := daemon.PluginInConfDir(confDir, "ambientd-cni"); err != nil {
 		t.Fatalf("not installed at start: %v", err)
