@@ -325,3 +325,31 @@ func tolerates(ts []corev1.Toleration, taint corev1.Taint) bool {
 	}
 	return false
 }
+
+// On OpenShift the runtime (CRI-O, as the machine-config operator
+// configures it: `crio-status config` on an OpenShift 4 node shows
+// network_dir /etc/kubernetes/cni/net.d/, plugin_dirs /var/lib/cni/bin
+// first) reads /etc/kubernetes/cni/net.d, where Multus's 00-multus.conf
+// sorts first. Istio's platform-openshift profile
+// (manifests/helm-profiles/platform-openshift.yaml) installs a standalone
+// istio-cni.conf into /etc/cni/multus/net.d instead — a dir the runtime
+// does not read, which Multus runs only for pods naming an istio-cni
+// NetworkAttachmentDefinition. ambientd always chains into the config the
+// runtime uses, so its preset points at CRI-O's dir, where the installer
+// inserts its entry after Multus's (cniinstall's meta-plugin rule), and
+// no file name is forced.
+func TestOpenShiftPresetChainsWhereCRIOReads(t *testing.T) {
+	for _, set := range [][]string{{"global.platform=openshift"}, {"platform=openshift", "profile=ambient"}} {
+		objs := objectsOf(t, chartDir, chartrender.Options{Release: "ambientd", Namespace: "istio-system", KubeVersion: "v1.36.0", Set: set})
+		c := ambientdConfig(t, objs)
+		if c.ConfDir != "/etc/kubernetes/cni/net.d" || c.BinDir != "/var/lib/cni/bin" || c.ConfFileName != "" {
+			t.Errorf("%v: conf dir %q, bin dir %q, conf name %q; want CRI-O's /etc/kubernetes/cni/net.d and /var/lib/cni/bin, no name forced", set, c.ConfDir, c.BinDir, c.ConfFileName)
+		}
+		var ds appsv1.DaemonSet
+		objs.get(t, "DaemonSet", "ambientd", &ds)
+		sc := ds.Spec.Template.Spec.Containers[0].SecurityContext
+		if sc == nil || sc.SELinuxOptions == nil || sc.SELinuxOptions.Type != "spc_t" {
+			t.Errorf("%v: the agent's SELinux type is not spc_t (OpenShift's for privileged node agents): %+v", set, sc)
+		}
+	}
+}

@@ -27,7 +27,7 @@ template reads `include "ambientd.values" . | fromYaml`.
     "k3s" (dict "cni" (dict "cniConfDir" "/var/lib/rancher/k3s/agent/etc/cni/net.d" "cniBinDir" "/var/lib/rancher/k3s/data/cni"))
     "microk8s" (dict "cni" (dict "cniConfDir" "/var/snap/microk8s/current/args/cni-network" "cniBinDir" "/var/snap/microk8s/current/opt/cni/bin"))
     "minikube" (dict "cni" (dict "cniNetnsDir" "/var/run/docker/netns"))
-    "openshift" (dict "cni" (dict "cniBinDir" "/var/lib/cni/bin" "cniConfDir" "/etc/cni/multus/net.d" "chained" false "cniConfFileName" "istio-cni.conf" "provider" "multus") "seLinuxOptions" (dict "type" "spc_t"))
+    "openshift" (dict "cni" (dict "cniBinDir" "/var/lib/cni/bin" "cniConfDir" "/etc/kubernetes/cni/net.d") "seLinuxOptions" (dict "type" "spc_t"))
 }}
 {{- if not (hasKey $presets .) }}
 {{- fail (printf "values: unknown global.platform %q (known: %s)" . (keys $presets | sortAlpha | join ", ")) }}
