@@ -18,6 +18,7 @@ var nodeReadyEnvOf = flagEnv{
 	"taint-grace-period":       "AMBIENTD_TAINT_GRACE_PERIOD",
 	"node-condition-resync":    "AMBIENTD_NODE_CONDITION_RESYNC",
 	"node-condition-heartbeat": "AMBIENTD_NODE_CONDITION_HEARTBEAT",
+	"node-condition-settle":    "AMBIENTD_NODE_CONDITION_SETTLE",
 }
 
 // nodeReadyFlags registers the node readiness settings on fs (their
@@ -39,6 +40,7 @@ func nodeReadyFlags(fs *flag.FlagSet) func(nodeName string) (nodeready.Config, e
 	fs.DurationVar(&c.TaintGracePeriod, "taint-grace-period", nodeready.DefaultGracePeriod, "how long the node condition must be False before --taint-when-unready taints the node")
 	fs.DurationVar(&c.ResyncPeriod, "node-condition-resync", nodeready.DefaultResyncPeriod, "how often the node condition's inputs are re-evaluated besides on changes")
 	fs.DurationVar(&c.HeartbeatPeriod, "node-condition-heartbeat", nodeready.DefaultHeartbeatPeriod, "how often the node condition is rewritten when nothing changed, moving its lastHeartbeatTime (a condition whose heartbeat is older was left by an agent that stopped)")
+	fs.DurationVar(&c.Settle, "node-condition-settle", nodeready.DefaultSettle, "how long a False node condition (or a new reason while False) must hold before it is written; True is written at once (an agent's start walks several False reasons in a second: one Node write, not five; 0 = at once)")
 	// Config fields to the flags that set them, to name them in errors.
 	flagOf := map[string]string{
 		"NodeName":         "node-name",
@@ -47,6 +49,7 @@ func nodeReadyFlags(fs *flag.FlagSet) func(nodeName string) (nodeready.Config, e
 		"TaintGracePeriod": "taint-grace-period",
 		"ResyncPeriod":     "node-condition-resync",
 		"HeartbeatPeriod":  "node-condition-heartbeat",
+		"Settle":           "node-condition-settle",
 	}
 	return func(nodeName string) (nodeready.Config, error) {
 		c.NodeName = nodeName

@@ -168,6 +168,10 @@ func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) 
 	}
 	cur, has := a.shows(pod)
 	switch {
+	case !moved && a.status.LandedAfter(string(pod.UID), pod.ResourceVersion, want):
+		// The pod was read before our own write of want landed (the
+		// watch cache lags it): nothing to heal.
+		return
 	case moved:
 	case after.Phase == registry.Absent:
 		terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed

@@ -178,6 +178,12 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 	if len(ips) == 0 || pod.Status.Phase != corev1.PodRunning {
 		return OutcomeUnknown, nil // not started yet; its CNI ADD or a later update brings it
 	}
+	if pod.DeletionTimestamp != nil {
+		// Terminating and not held: its sandbox is going (the CNI DEL
+		// may have come already); enrolling it would fail or outlive it.
+		log.Debug("not enrolling a terminating pod")
+		return OutcomeUnknown, nil
+	}
 	if err := refuses(false, invalid); err != nil {
 		log.Warn("cannot enroll pod", "error", err)
 		return OutcomeUnknown, nil // retrying cannot help; the next pod update will

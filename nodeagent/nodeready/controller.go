@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/listers"
 	"k8s.io/client-go/tools/cache"
@@ -48,6 +49,13 @@ type Config struct {
 	// refreshed when nothing changed (DefaultHeartbeatPeriod), so a
 	// condition left by an agent that died reads stale.
 	HeartbeatPeriod time.Duration
+	// Settle is how long a False condition (or a new reason while False)
+	// must hold before it is written; True is written at once. An agent's
+	// start walks through several False reasons in a second (caches,
+	// ztunnel, snapshot) before True: each would be a Node write fanned
+	// out to every Node watcher, and an Event. 0 writes at once (the flag
+	// defaults to DefaultSettle).
+	Settle time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -106,6 +114,9 @@ func (c Config) Validate() error {
 	}
 	if c.ResyncPeriod < 100*time.Millisecond || c.ResyncPeriod > time.Hour {
 		return bad("ResyncPeriod", "resync period %v: want between 100ms and 1h", c.ResyncPeriod)
+	}
+	if c.Settle < 0 || (c.Settle > 0 && c.Settle < 100*time.Millisecond) || c.Settle > time.Minute {
+		return bad("Settle", "settle %v: want 0 (at once) or 100ms to 1m", c.Settle)
 	}
 	if c.HeartbeatPeriod < time.Second || c.HeartbeatPeriod > time.Hour {
 		return bad("HeartbeatPeriod", "heartbeat period %v: want between 1s and 1h", c.HeartbeatPeriod)
@@ -169,6 +180,13 @@ type Controller struct {
 	// wroteTransition is when this process last wrote a status change of
 	// the condition (only Run's goroutine uses it).
 	wroteTransition time.Time
+	// ours is the Node as our last write returned it: newer than the
+	// watch cache until the cache catches up (Run's goroutine only).
+	ours *corev1.Node
+	// settling is the False status and reason waiting out Settle, since
+	// settlingSince ("" when none; Run's goroutine only).
+	settling      string
+	settlingSince time.Time
 
 	mu     sync.Mutex
 	status Status
@@ -322,17 +340,21 @@ func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Dur
 	if err != nil {
 		return 0, err
 	}
+	// The watch cache may lag our own last write: decide on the newer of
+	// the two, so lastTransitionTime and Events stay exact without a GET.
+	if c.ours != nil && newer(c.ours, n) {
+		n = c.ours
+	}
 	ctype := corev1.NodeConditionType(c.cfg.ConditionType)
 	cur := findCondition(n, ctype)
-	want, changed := desiredCondition(cur, ctype, r, c.now(), c.cfg.HeartbeatPeriod)
+	now := c.now()
+	want, changed := desiredCondition(cur, ctype, r, now, c.cfg.HeartbeatPeriod)
+	settleIn := time.Duration(0)
 	if changed {
-		// The watch cache may lag our own last write; decide a write on
-		// the live object so lastTransitionTime and Events stay exact.
-		if n, err = c.node(ctx, nil); err != nil {
-			return 0, err
-		}
-		cur = findCondition(n, ctype)
-		want, changed = desiredCondition(cur, ctype, r, c.now(), c.cfg.HeartbeatPeriod)
+		settleIn = c.settle(cur, want, now)
+		changed = settleIn == 0
+	} else {
+		c.settling = ""
 	}
 	c.mu.Lock()
 	c.status.Written = !changed
@@ -341,6 +363,7 @@ func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Dur
 		if n, err = c.writeCondition(ctx, want); err != nil {
 			return 0, err
 		}
+		c.ours = n
 		transition := cur == nil || cur.Status != want.Status
 		if transition {
 			c.wroteTransition = want.LastTransitionTime.Time
@@ -363,7 +386,37 @@ func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Dur
 	if hb := heartbeatIn(findCondition(n, ctype), c.cfg.HeartbeatPeriod, c.now()); hb > 0 && (after == 0 || hb < after) {
 		after = hb
 	}
+	if settleIn > 0 && (after == 0 || settleIn < after) {
+		after = settleIn
+	}
 	return after, nil
+}
+
+// settle returns how long the write of want must still wait (0: write
+// now). A False condition, or a new reason while False, is written once it
+// has held for Settle; True, and a heartbeat or message of an unchanged
+// False, at once.
+func (c *Controller) settle(cur *corev1.NodeCondition, want corev1.NodeCondition, now time.Time) time.Duration {
+	if c.cfg.Settle <= 0 || want.Status == corev1.ConditionTrue || (cur != nil && cur.Status == want.Status && cur.Reason == want.Reason) {
+		c.settling = ""
+		return 0
+	}
+	key := string(want.Status) + "/" + want.Reason
+	if c.settling != key {
+		c.settling, c.settlingSince = key, now
+	}
+	if wait := c.cfg.Settle - now.Sub(c.settlingSince); wait > 0 {
+		return wait
+	}
+	c.settling = ""
+	return 0
+}
+
+// newer reports whether a is a later version of the Node than b, by their
+// resourceVersions (false when they do not compare).
+func newer(a, b *corev1.Node) bool {
+	cmp, err := resourceversion.CompareResourceVersion(a.ResourceVersion, b.ResourceVersion)
+	return err == nil && cmp > 0
 }
 
 func (c *Controller) writeCondition(ctx context.Context, cond corev1.NodeCondition) (*corev1.Node, error) {
@@ -457,6 +510,7 @@ func (c *Controller) reconcileTaint(ctx context.Context, n *corev1.Node) (time.D
 	if err != nil {
 		return 0, fmt.Errorf("patch node %s taint %s: %w", c.cfg.NodeName, c.cfg.TaintKey, err)
 	}
+	c.ours = n
 	switch done {
 	case taintRemove:
 		c.log.Info("startup taint removed", "taint", c.cfg.TaintKey)

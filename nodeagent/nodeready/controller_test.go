@@ -378,3 +378,56 @@ func TestStatusErr(t *testing.T) {
 		})
 	}
 }
+
+// An agent's start walks through False reasons (caches, ztunnel, snapshot)
+// within a second: with Settle it costs one Node write (True) and one
+// Event, not one per reason. A False that holds for Settle is written.
+func TestReconcileSettlesFalse(t *testing.T) {
+	const settle = 5 * time.Second
+	h := newHarness(t, Config{Settle: settle, HeartbeatPeriod: time.Hour})
+	writes := func() int {
+		n := 0
+		for _, a := range h.client.Actions() {
+			if a.GetVerb() == "patch" && a.GetSubresource() == "status" {
+				n++
+			}
+		}
+		return n
+	}
+	if after := h.reconcile(t); after != settle { // CachesNotSynced
+		t.Fatalf("next look in %v, want the settle %v", after, settle)
+	}
+	h.clock.step(time.Second)
+	h.in.set(true, ZtunnelState{})
+	h.reconcile(t) // ZtunnelNotConnected: the settle starts over
+	h.clock.step(time.Second)
+	h.in.set(true, ZtunnelState{Connected: true})
+	h.reconcile(t) // SnapshotNotAcked
+	if writes() != 0 {
+		t.Fatalf("%d condition writes while walking to ready, want none", writes())
+	}
+	h.clock.step(time.Second)
+	h.in.set(true, ztReady)
+	h.reconcile(t)
+	if c := findCondition(h.node(t, "n1"), DefaultConditionType); writes() != 1 || c == nil || c.Status != corev1.ConditionTrue {
+		t.Fatalf("after the walk: %d writes, condition %+v; want one write, True", writes(), c)
+	}
+	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], EventAmbientReady) {
+		t.Fatalf("events %q, want one %s", ev, EventAmbientReady)
+	}
+
+	// ztunnel goes: False only once it held for the settle.
+	h.in.set(true, ZtunnelState{})
+	if after := h.reconcile(t); after != settle || writes() != 1 {
+		t.Fatalf("right after ztunnel went: next look in %v, %d writes; want %v, still 1", after, writes(), settle)
+	}
+	h.clock.step(settle)
+	h.reconcile(t)
+	c := findCondition(h.node(t, "n1"), DefaultConditionType)
+	if writes() != 2 || c.Status != corev1.ConditionFalse || c.Reason != ReasonZtunnelNotConnected {
+		t.Fatalf("after the settle: %d writes, condition %+v; want False/%s written", writes(), c, ReasonZtunnelNotConnected)
+	}
+	if ev := h.events(); len(ev) != 1 || !strings.Contains(ev[0], EventAmbientNotReady) {
+		t.Fatalf("events %q, want one %s", ev, EventAmbientNotReady)
+	}
+}

@@ -30,6 +30,10 @@ const (
 	// KEP-589: a Node write rewrites the whole object in etcd and reaches
 	// every Node watcher, once per node.
 	DefaultHeartbeatPeriod = 5 * time.Minute
+	// DefaultSettle is how long a False condition holds before it is
+	// written (Config.Settle): the ztunnel grace of the pods' conditions,
+	// so the node says False no later than its pods do.
+	DefaultSettle = 5 * time.Second
 )
 
 // Condition reasons, in the order they are checked: the reason names the

@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/ambientd/ambientd/nodeagent/kube"
@@ -100,6 +101,10 @@ type Patcher struct {
 	mu     sync.Mutex
 	wanted map[Key]want
 	gen    uint64
+	// landed are the writes that landed in the last landedFor, by pod
+	// uid, with the pod's resourceVersion after each (LandedAfter).
+	landed map[string]landedWrite
+	pruned time.Time
 	// drained, when not nil, is closed once wanted is empty (Flush).
 	drained chan struct{}
 }
@@ -123,7 +128,50 @@ func New(client kube.Interface, log *slog.Logger, opts Options) *Patcher {
 			workqueue.NewTypedItemExponentialFailureRateLimiter[Key](opts.BaseDelay, opts.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[Key]{}),
 		wanted: make(map[Key]want),
+		landed: make(map[string]landedWrite),
 	}
+}
+
+// landedFor is how long a landed write is remembered: far longer than a
+// watch cache lags behind its own writes, short enough that the memory of
+// a node's churn stays small.
+const landedFor = time.Minute
+
+type landedWrite struct {
+	status Status
+	rv     string
+	at     time.Time
+}
+
+// LandedAfter reports whether a write of st to pod uid landed after the
+// pod's version rv: a pod read at rv (from a watch cache that lags the
+// agent's own write) does not show st yet, and writing st again would
+// change nothing. Versions that do not compare (another store) report
+// false, so the write is made.
+func (p *Patcher) LandedAfter(uid, rv string, st Status) bool {
+	p.mu.Lock()
+	l, ok := p.landed[uid]
+	p.mu.Unlock()
+	if !ok || !l.status.Equal(st) || rv == "" {
+		return false
+	}
+	c, err := resourceversion.CompareResourceVersion(l.rv, rv)
+	return err == nil && c > 0
+}
+
+// remember records a landed write (under mu), pruning what is older than
+// landedFor at most once per landedFor.
+func (p *Patcher) remember(uid string, w landedWrite) {
+	p.landed[uid] = w
+	if w.at.Sub(p.pruned) < landedFor {
+		return
+	}
+	for u, l := range p.landed {
+		if w.at.Sub(l.at) > landedFor {
+			delete(p.landed, u)
+		}
+	}
+	p.pruned = w.at
 }
 
 // Set asks for pod namespace/name (which must have uid) to show st. It never
@@ -184,7 +232,7 @@ func (p *Patcher) next(ctx context.Context) bool {
 		return true
 	}
 	start := time.Now()
-	err := p.patch(ctx, k, w)
+	rv, err := p.patch(ctx, k, w)
 	took := time.Since(start)
 	res := ResultOK
 	switch {
@@ -209,6 +257,9 @@ func (p *Patcher) next(ctx context.Context) bool {
 	}
 	p.queue.Forget(k)
 	p.mu.Lock()
+	if res == ResultOK {
+		p.remember(w.uid, landedWrite{status: w.status, rv: rv, at: time.Now()})
+	}
 	if cur, ok := p.wanted[k]; ok && cur.gen == w.gen {
 		delete(p.wanted, k)
 	}
@@ -281,17 +332,18 @@ func patchBody(uid, conditionType string, st Status) ([]byte, error) {
 	return b, nil
 }
 
-// patch sends the strategic merge patch of patchBody.
-func (p *Patcher) patch(ctx context.Context, k Key, w want) error {
+// patch sends the strategic merge patch of patchBody and returns the pod's
+// resourceVersion after it.
+func (p *Patcher) patch(ctx context.Context, k Key, w want) (string, error) {
 	body, err := patchBody(w.uid, p.opts.ConditionType, w.status)
 	if err != nil {
-		return err
+		return "", err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
-	_, err = p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
+	pod, err := p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
-		return fmt.Errorf("podstatus: patch %s %+v: %w", k, w.status, err)
+		return "", fmt.Errorf("podstatus: patch %s %+v: %w", k, w.status, err)
 	}
-	return nil
+	return pod.ResourceVersion, nil
 }

@@ -217,3 +217,31 @@ func TestFlushWaitsForTheWrites(t *testing.T) {
 		t.Errorf("Flush with writes that cannot land = %v, want the deadline", err)
 	}
 }
+
+// A pod read from a watch cache that lags the agent's own write does not
+// show it yet: LandedAfter says so only for the same status and a pod
+// version older than the write's, so a hand edit after it is still healed.
+func TestLandedAfter(t *testing.T) {
+	p := New(nil, slog.New(slog.DiscardHandler), Options{})
+	enabled := Status{Redirection: "enabled", Condition: Condition{Status: corev1.ConditionTrue, Reason: "Enrolled"}}
+	p.mu.Lock()
+	p.remember("u1", landedWrite{status: enabled, rv: "120", at: time.Now()})
+	p.mu.Unlock()
+	for _, c := range []struct {
+		name, uid, rv string
+		st            Status
+		want          bool
+	}{
+		{"cache older than the write", "u1", "119", enabled, true},
+		{"cache has the write", "u1", "120", enabled, false},
+		{"someone wrote after us", "u1", "121", enabled, false},
+		{"another status", "u1", "119", Status{Redirection: "pending"}, false},
+		{"another pod", "u2", "119", enabled, false},
+		{"versions that do not compare", "u1", "abc", enabled, false},
+		{"no version", "u1", "", enabled, false},
+	} {
+		if got := p.LandedAfter(c.uid, c.rv, c.st); got != c.want {
+			t.Errorf("%s: LandedAfter(%s, %s) = %v, want %v", c.name, c.uid, c.rv, got, c.want)
+		}
+	}
+}

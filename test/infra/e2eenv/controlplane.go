@@ -63,6 +63,10 @@ type ControlPlane struct {
 	Agent           kubernetes.Interface // the agent's service account, bound by deploy/rbac.yaml
 	Etcd            *Process
 	APIServer       *Process
+	// AuditLog is the apiserver's audit log (JSON lines, audit.k8s.io/v1
+	// Events at Metadata level, every user but the test's admin):
+	// AuditRequests reads it.
+	AuditLog string
 	// StartupTime is from starting etcd to the apiserver answering /readyz.
 	StartupTime time.Duration
 }
@@ -136,7 +140,16 @@ func startControlPlane(ctx context.Context, sp *spawner, cfg ControlPlaneConfig)
 		return nil, err
 	}
 
+	auditPolicy := filepath.Join(cfg.Dir, "audit-policy.yaml")
+	if err := os.WriteFile(auditPolicy, []byte(auditPolicyYAML), 0o600); err != nil {
+		return nil, err
+	}
+	cp.AuditLog = filepath.Join(cfg.Dir, "audit.log")
 	args := []string{
+		"--audit-policy-file=" + auditPolicy,
+		"--audit-log-path=" + cp.AuditLog,
+		"--audit-log-format=json",
+		"--audit-log-mode=blocking", // written before the response: a test reads it right after
 		"--etcd-servers=" + etcdClient,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
