@@ -378,7 +378,7 @@ func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Dur
 		c.status.Written = true
 		c.mu.Unlock()
 	}
-	after, err := c.reconcileTaint(ctx, n)
+	after, err := c.reconcileTaint(ctx, n, r.Ready)
 	if err != nil {
 		return 0, err
 	}
@@ -456,14 +456,17 @@ const (
 
 // decideTaint returns the taint action for node n given the current
 // condition, and (for a pending re-taint) when to look again.
-func (c *Controller) decideTaint(n *corev1.Node, now time.Time) (taintAction, time.Duration) {
+func (c *Controller) decideTaint(n *corev1.Node, ready bool, now time.Time) (taintAction, time.Duration) {
 	cond := findCondition(n, corev1.NodeConditionType(c.cfg.ConditionType))
 	present := hasTaint(n.Spec.Taints, c.cfg.TaintKey)
 	manage := c.cfg.Untaint || c.cfg.TaintWhenUnready
 	switch {
 	case cond == nil:
 		return taintKeep, 0
-	case cond.Status == corev1.ConditionTrue && present && manage:
+	case cond.Status == corev1.ConditionTrue && ready && present && manage:
+		// Both: the written condition (what others see) and this
+		// process's own verdict — a True left by an earlier agent
+		// while a False settles (Config.Settle) removes nothing.
 		return taintRemove, 0
 	case cond.Status == corev1.ConditionFalse && !present && c.cfg.TaintWhenUnready:
 		due, wait := retaintDue(cond, falseSince(cond, c.wroteTransition), c.cfg.TaintGracePeriod, now)
@@ -477,11 +480,11 @@ func (c *Controller) decideTaint(n *corev1.Node, now time.Time) (taintAction, ti
 
 // reconcileTaint applies decideTaint with a conditional patch, re-reading
 // the node and deciding again whenever the taints changed under us.
-func (c *Controller) reconcileTaint(ctx context.Context, n *corev1.Node) (time.Duration, error) {
+func (c *Controller) reconcileTaint(ctx context.Context, n *corev1.Node, ready bool) (time.Duration, error) {
 	var after time.Duration
 	var done taintAction
 	err := retry.OnError(retry.DefaultRetry, isPatchConflict, func() error {
-		act, wait := c.decideTaint(n, c.now())
+		act, wait := c.decideTaint(n, ready, c.now())
 		after, done = wait, act
 		if act == taintKeep {
 			return nil

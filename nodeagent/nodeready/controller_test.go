@@ -431,3 +431,25 @@ func TestReconcileSettlesFalse(t *testing.T) {
 		t.Fatalf("events %q, want one %s", ev, EventAmbientNotReady)
 	}
 }
+
+// A True left on the node by an earlier agent (a restart) while this one
+// is not ready yet and its False settles: the startup taint stays until
+// this process itself finds the node ready.
+func TestStaleTrueRemovesNoTaint(t *testing.T) {
+	h := newHarness(t, Config{Settle: 5 * time.Second, Untaint: true}, taintOf(DefaultTaintKey, corev1.TaintEffectNoSchedule))
+	n := h.node(t, "n1")
+	n.Status.Conditions = []corev1.NodeCondition{{Type: DefaultConditionType, Status: corev1.ConditionTrue, Reason: ReasonReady,
+		LastHeartbeatTime: metav1.NewTime(h.clock.now()), LastTransitionTime: metav1.NewTime(h.clock.now())}}
+	if _, err := h.client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile(t) // CachesNotSynced, settling
+	if n := h.node(t, "n1"); !hasTaint(n.Spec.Taints, DefaultTaintKey) {
+		t.Fatalf("taint removed on an earlier agent's True while this one is not ready: %v", n.Spec.Taints)
+	}
+	h.in.set(true, ztReady)
+	h.reconcile(t)
+	if n := h.node(t, "n1"); hasTaint(n.Spec.Taints, DefaultTaintKey) {
+		t.Fatalf("taint kept once ready: %v", n.Spec.Taints)
+	}
+}

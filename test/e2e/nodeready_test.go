@@ -320,7 +320,7 @@ func TestNodeReadyTaintWhenUnready(t *testing.T) {
 
 // TestNodeReadyStopNeverTaints: stopping the agent (an upgrade) writes
 // nothing, even when its inputs turn unready during the shutdown (ztunnel's
-// socket closes with it) and the grace period is ~0.
+// socket closes with it) and the grace period is the shortest allowed (1s).
 func TestNodeReadyStopNeverTaints(t *testing.T) {
 	ctx := testutil.Context(t, 3*time.Minute)
 	mine := createTestNode(t, ctx, "nr-stop")
@@ -332,7 +332,7 @@ func TestNodeReadyStopNeverTaints(t *testing.T) {
 	}
 	deps := nodeReadyDeps(t, ctx, client, mine)
 	deps.Inputs = sw.inputs()
-	c, err := nodeready.New(nodeready.Config{NodeName: mine, Untaint: true, TaintWhenUnready: true, TaintGracePeriod: time.Nanosecond}, deps)
+	c, err := nodeready.New(nodeready.Config{NodeName: mine, Untaint: true, TaintWhenUnready: true, TaintGracePeriod: time.Second}, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
