@@ -16,8 +16,8 @@ export AMBIENTD_PRIVILEGED := 1
 all: build
 
 # bin/ambientd, bin/ambientd-cni (shipped: cmd/), bin/ztunnel-emulator,
-# bin/sidecar-validation and bin/multus (test stand-ins: test/) (build flags:
-# test/infra/build.Programs).
+# bin/sidecar-validation, bin/multus and bin/dashboard-metrics (test
+# programs: test/) (build flags: test/infra/build.Programs).
 build:
 	@$(ENSURE) build
 
