@@ -63,6 +63,10 @@ func TestAgentPodsCarryIstiosScrapeAnnotationsAndLabel(t *testing.T) {
 		{"label off", []string{"ambientd.istioCniNodeLabel=false"}, scrape, "", "15014"},
 		{"another metrics port", []string{"env.AMBIENTD_METRICS_ADDR=:9464"},
 			map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": "9464", "prometheus.io/path": "/metrics"}, "istio-cni-node", "9464"},
+		{"another metrics port in the ConfigMap", []string{"ambientd.config.AMBIENTD_METRICS_ADDR=0.0.0.0:9465"},
+			map[string]string{"prometheus.io/port": "9465"}, "istio-cni-node", "9465"},
+		{"the container's env wins over the ConfigMap", []string{"ambientd.config.AMBIENTD_METRICS_ADDR=:9465", "env.AMBIENTD_METRICS_ADDR=[::]:9466"},
+			map[string]string{"prometheus.io/port": "9466"}, "istio-cni-node", "9466"},
 		{"the user's annotation and label win", []string{"podAnnotations.prometheus\\.io/scrape=false", "podLabels.k8s-app=mine"},
 			map[string]string{"prometheus.io/scrape": "false", "prometheus.io/port": "15014"}, "mine", "15014"},
 	} {
