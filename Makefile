@@ -16,8 +16,8 @@ export AMBIENTD_PRIVILEGED := 1
 all: build
 
 # bin/ambientd, bin/ambientd-cni (shipped: cmd/), bin/ztunnel-emulator,
-# bin/sidecar-validation and bin/multus (test stand-ins: test/) (build flags:
-# test/infra/build.Programs).
+# bin/sidecar-validation, bin/multus and bin/dashboard-metrics (test
+# programs: test/) (build flags: test/infra/build.Programs).
 build:
 	@$(ENSURE) build
 
@@ -117,10 +117,13 @@ istio-oracle:
 # The oracle check: builds the oracle and regenerates/compares the golden
 # files (istio-oracle above), then runs the sidecar tests against them and
 # the tests that need Istio's own istio-validation binary: Istio's check and
-# ours agree (pass/fail) on the same namespaces (root). Not part of `check`:
-# only this target and istio-oracle build Istio (docs/sidecar.md, CI budget).
+# ours agree (pass/fail) on the same namespaces (root); and Istio's untaint
+# controller and bug-report find the chart's agent pods (findsagent). Not
+# part of `check`: only this target and istio-oracle build Istio
+# (docs/sidecar.md, CI budget).
 istio-oracle-check: istio-oracle
 	ISTIO_VALIDATION=$(CURDIR)/bin/istio-validation $(GO) test -tags istiooracle -count=1 -v -run 'Istio|Sidecar|Decision|Rules' ./nodeagent/sidecar/
+	cd test/istio-oracle && $(GO) test -count=1 ./findsagent/
 
 # Istio's own node agent (install-cni + istio-cni) as an image archive,
 # bin/istio-agent-image.tar: compiled from test/istio-oracle's pinned Istio on

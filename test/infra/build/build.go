@@ -52,7 +52,8 @@ const (
 	// environment).
 	CNIPlugins Part = "cni-plugins"
 	// Ours are bin/ambientd, bin/ambientd-cni, bin/ztunnel-emulator,
-	// bin/sidecar-validation and bin/multus (a test double).
+	// bin/sidecar-validation, bin/multus (a test double) and
+	// bin/dashboard-metrics (the dashboard's test, from test/helm).
 	Ours Part = "ours"
 	// Image is the agent image, bin/ambientd-image.tar (hack/image.sh).
 	Image Part = "image"
@@ -122,7 +123,7 @@ var titles = map[Part]string{
 	Packages:     "Debian packages",
 	NodePackages: "Debian packages for the node (containerd, runc)",
 	CNIPlugins:   "CNI reference plugins (loopback, bridge, host-local)",
-	Ours:         "ambientd, ambientd-cni, ztunnel-emulator, sidecar-validation, multus (bin/)",
+	Ours:         "ambientd, ambientd-cni, ztunnel-emulator, sidecar-validation, multus, dashboard-metrics (bin/)",
 	Image:        "the agent image (bin/ambientd-image.tar)",
 	Helm:         "helm (the Helm command, from the module proxy: test/helm)",
 	"modules":    "the Go modules of Kubernetes and etcd (download)",
@@ -165,6 +166,9 @@ type Program struct {
 	// Shipped programs are in the image: stripped, without paths, and
 	// stamped with the version.
 	Shipped bool
+	// Module is the directory, relative to the repository, of the
+	// test-only module Package is in; empty: the product module.
+	Module string
 }
 
 // Programs are bin/'s binaries (make build) — the one place their build
@@ -179,6 +183,10 @@ var Programs = []Program{
 	// The Multus plugin double (test/infra/multusemu): a node's meta-plugin
 	// for the tests of the conf dir's other writers.
 	{Name: "multus", Package: "./test/multus"},
+	// The metric names of the chart's Grafana dashboard's queries, read
+	// with Prometheus's PromQL parser (kept in test/helm's module, out of
+	// the product's go.mod), for the dashboard's end-to-end test.
+	{Name: "dashboard-metrics", Package: "./cmd/dashboard-metrics", Module: "test/helm"},
 }
 
 // buildArgs are the go build arguments for p into out.
@@ -213,6 +221,8 @@ type Binaries struct {
 	Agent, CNIPlugin, Emulator, Validation string
 	// Multus is the Multus plugin double (test/multus).
 	Multus string
+	// DashboardMetrics lists the dashboard's metric names (test/helm).
+	DashboardMetrics string
 	// Image is the agent image archive.
 	Image string
 }
@@ -243,7 +253,8 @@ func Locate(root string) (Binaries, error) {
 		CNIRefDir: cni, Helm: helm,
 		Agent: filepath.Join(bin, "ambientd"), CNIPlugin: filepath.Join(bin, "ambientd-cni"), Emulator: filepath.Join(bin, "ztunnel-emulator"),
 		Validation: filepath.Join(bin, "sidecar-validation"), Multus: filepath.Join(bin, "multus"),
-		Image: filepath.Join(bin, "ambientd-image.tar"),
+		DashboardMetrics: filepath.Join(bin, "dashboard-metrics"),
+		Image:            filepath.Join(bin, "ambientd-image.tar"),
 	}
 	for _, x := range []struct {
 		dst  *string
@@ -276,7 +287,7 @@ func (b Binaries) files(p Part) []string {
 	case CNIPlugins:
 		return []string{filepath.Join(b.CNIRefDir, "loopback"), filepath.Join(b.CNIRefDir, "bridge"), filepath.Join(b.CNIRefDir, "host-local")}
 	case Ours:
-		return []string{b.Agent, b.CNIPlugin, b.Emulator, b.Validation, b.Multus}
+		return []string{b.Agent, b.CNIPlugin, b.Emulator, b.Validation, b.Multus, b.DashboardMetrics}
 	case Image:
 		return []string{b.Image}
 	case NodePackages:

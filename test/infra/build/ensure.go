@@ -370,9 +370,13 @@ func BuildPrograms(ctx context.Context, log io.Writer, root, dir, version string
 		if len(names) > 0 && !slices.Contains(names, p.Name) {
 			continue
 		}
-		args := p.buildArgs(filepath.Join(dir, p.Name), version)
+		out, err := filepath.Abs(filepath.Join(dir, p.Name))
+		if err != nil {
+			return err
+		}
+		args := p.buildArgs(out, version)
 		cmd := exec.CommandContext(ctx, goTool(), args...)
-		cmd.Dir = root
+		cmd.Dir = filepath.Join(root, p.Module)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		cmd.Stdout, cmd.Stderr = log, log
 		if err := cmd.Run(); err != nil {

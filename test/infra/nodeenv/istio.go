@@ -134,8 +134,10 @@ spec:
 }
 
 // IstioAgentPod returns the pod of Istio's agent DaemonSet (nil if none).
+// ambientd's pods carry Istio's label k8s-app=istio-cni-node too (so
+// Istio's tools find the node agent), hence app!=ambientd.
 func (n *Node) IstioAgentPod(ctx context.Context) (*corev1.Pod, error) {
-	pods, err := n.Env.CP.Admin.CoreV1().Pods("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=" + IstioAgentDaemonSet})
+	pods, err := n.Env.CP.Admin.CoreV1().Pods("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=" + IstioAgentDaemonSet + ",app!=ambientd"})
 	if err != nil || len(pods.Items) == 0 {
 		return nil, err
 	}

@@ -91,3 +91,19 @@ template reads `include "ambientd.values" . | fromYaml`.
 {{- end }}
 {{- toYaml $out }}
 {{- end }}
+
+{{/*
+ambientd.metricsPort: the port the agent serves /metrics on: the one of
+AMBIENTD_METRICS_ADDR in the container's env (which wins over the
+ConfigMap), else in ambientd.config (the ConfigMap's last entry), else
+:15014. The container port, the scrape annotation and the PodMonitor
+follow it.
+*/}}
+{{- define "ambientd.metricsPort" -}}
+{{- $addr := coalesce (.env | default dict).AMBIENTD_METRICS_ADDR (.ambientd.config | default dict).AMBIENTD_METRICS_ADDR ":15014" | toString }}
+{{- $port := regexFind "[0-9]+$" $addr }}
+{{- if or (not $port) (not (regexMatch "^[^:]*:[0-9]+$|^\\[[0-9a-fA-F:.]*\\]:[0-9]+$" $addr)) }}
+{{- fail (printf "values: AMBIENTD_METRICS_ADDR %q: want host:port or :port" $addr) }}
+{{- end }}
+{{- $port }}
+{{- end }}
