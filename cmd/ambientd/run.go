@@ -429,6 +429,8 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	}
 	restCfg.UserAgent = "ambientd/" + version
 	restCfg.QPS, restCfg.Burst = float32(f.kubeQPS), f.kubeBurst
+	requests := kube.NewRequestMetrics()
+	restCfg.Wrap(requests.Wrap)
 	client, err := kube.NewForConfig(restCfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
@@ -444,6 +446,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	}
 	cfg := f.node
 	cfg.Version = version
+	cfg.RequestMetrics = requests
 	// With --install-cni the installer's own check (our entry last in the
 	// config the runtime uses) feeds /readyz and the node condition;
 	// without it the daemon reads the conf dir itself.

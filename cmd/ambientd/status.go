@@ -104,7 +104,11 @@ func printNodeStatus(w io.Writer, st admin.NodeStatus) {
 		readiness += " (" + strings.Join(st.Readiness, "; ") + ")"
 	}
 	fmt.Fprintf(w, "node ready:  %s\n", readiness)
-	fmt.Fprintf(w, "taint:       %s\n\n", st.Taint)
+	fmt.Fprintf(w, "taint:       %s\n", st.Taint)
+	if n := st.APIRequestsLastMinute; n != nil {
+		fmt.Fprintf(w, "api server:  %d requests in the last minute (%.2f/s)\n", *n, float64(*n)/60)
+	}
+	fmt.Fprintln(w)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tANNOTATION\tZTUNNEL ACKED\tAGE\tLAST ERROR")

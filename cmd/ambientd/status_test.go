@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ambientd/ambientd/nodeagent/admin"
 )
 
 func TestStatusCommand(t *testing.T) {
@@ -51,5 +53,24 @@ func TestAge(t *testing.T) {
 	}
 	if got := age(time.Time{}, now); got != "-" {
 		t.Errorf("age(zero) = %q, want -", got)
+	}
+}
+
+// The table says how many requests the agent sent to the API server in the
+// last minute, when the agent counts them.
+func TestNodeStatusAPIRequests(t *testing.T) {
+	n := 30
+	for _, c := range []struct {
+		st   admin.NodeStatus
+		want string
+	}{
+		{admin.NodeStatus{Node: "n1", APIRequestsLastMinute: &n}, "api server:  30 requests in the last minute (0.50/s)"},
+		{admin.NodeStatus{Node: "n1"}, ""},
+	} {
+		var b bytes.Buffer
+		printNodeStatus(&b, c.st)
+		if c.want != "" && !strings.Contains(b.String(), c.want) || c.want == "" && strings.Contains(b.String(), "api server:") {
+			t.Errorf("status table:\n%s\nwant the line %q", b.String(), c.want)
+		}
 	}
 }

@@ -37,6 +37,9 @@ type NodeStatus struct {
 	Readiness     []string       `json:"readinessReasons,omitempty"`
 	Phases        map[string]int `json:"phases"`
 	Pods          []Pod          `json:"pods"`
+	// APIRequestsLastMinute is how many requests the agent sent to the
+	// API server in the last minute (nil: not counted).
+	APIRequestsLastMinute *int `json:"apiRequestsLastMinute,omitempty"`
 }
 
 // ZtunnelStatus is the ztunnel server's state.

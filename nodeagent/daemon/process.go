@@ -48,6 +48,10 @@ type Config struct {
 	// InstallLease, with --install-cni, is the last install lease write's
 	// error (nodeready.Inputs.InstallLease).
 	InstallLease func() error
+	// RequestMetrics, when set, counts the client's requests (its
+	// transport wrapped by it): exported with the agent's metrics and as
+	// the last minute's count in `ambientd status`.
+	RequestMetrics *kube.RequestMetrics
 	// CNIConfDir is the container runtime's CNI config dir, as mounted
 	// (required without PluginInstalled).
 	CNIConfDir string
@@ -110,6 +114,15 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	}
 	if err := registerPluginCheck(&cfg, a.Metrics()); err != nil {
 		return nil, err
+	}
+	if rm := cfg.RequestMetrics; rm != nil {
+		if err := rm.Register(a.Metrics()); err != nil {
+			return nil, fmt.Errorf("register API request metrics: %w", err)
+		}
+		cfg.StatusProviders = append(cfg.StatusProviders, func(st *admin.NodeStatus) {
+			n := rm.LastMinute(time.Now())
+			st.APIRequestsLastMinute = &n
+		})
 	}
 	sc, err := sidecarParts(cfg, client, rules, a, informers, events, log)
 	if err != nil {

@@ -67,7 +67,7 @@ func TestDeployDryRunApply(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()] = true
 	}
-	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet"} {
+	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet", "FlowSchema", "PriorityLevelConfiguration"} {
 		if !kinds[k] {
 			t.Errorf("kustomized deploy/ has no %s", k)
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
+	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // documentedMetric is one row of docs/metrics.md's reference table.
@@ -137,7 +138,7 @@ func TestMetricsDocumented(t *testing.T) {
 		documented[d.name] = true
 		f, ok := fams[d.name]
 		if !ok || len(f.samples) == 0 {
-			if d.source == "agent" || d.source == "ztunnel" {
+			if d.source == "agent" || d.source == "ztunnel" || d.source == "api" {
 				t.Errorf("%s (source %s) is documented but not exported", d.name, d.source)
 			} else {
 				t.Logf("%s: source %s not wired in this agent; not exported", d.name, d.source)
@@ -190,4 +191,8 @@ func TestMetricsDocumented(t *testing.T) {
 	if v := metricValue(t, ctx, a, "ambientd_cni_add_duration_seconds_count", `outcome="enrolled"`); v < 1 {
 		t.Errorf(`ambientd_cni_add_duration_seconds_count{outcome="enrolled"} = %v after a CNI ADD`, v)
 	}
+	// The pod's status write is one of the agent's API requests.
+	testutil.Until(t, ctx, "the pod's status write counted", func() bool {
+		return metricValue(t, ctx, a, "ambientd_kube_requests_total", `code="200",resource="pods/status",verb="patch"`) >= 1
+	})
 }

@@ -155,9 +155,9 @@ func TestKustomizationEqualsChartDefaultRender(t *testing.T) {
 			t.Fatal(err)
 		}
 		// kustomize's built-in schema predates MutatingAdmissionPolicy
-		// (GA in 1.36) and gives it and its binding the namespace; the API
-		// server drops a namespace on a cluster-scoped kind.
-		if k := r.GetKind(); k == "MutatingAdmissionPolicy" || k == "MutatingAdmissionPolicyBinding" {
+		// (GA in 1.36) and flowcontrol v1, and gives them the namespace;
+		// the API server drops a namespace on a cluster-scoped kind.
+		if k := r.GetKind(); k == "MutatingAdmissionPolicy" || k == "MutatingAdmissionPolicyBinding" || k == "FlowSchema" || k == "PriorityLevelConfiguration" {
 			unstructured.RemoveNestedField(m, "metadata", "namespace")
 		}
 		kust[r.GetKind()+"/"+r.GetName()] = normalize(t, m)

@@ -20,6 +20,7 @@ var deployFiles = []struct {
 	{"pod-admission.yaml", "templates/pod-admission.yaml", nil},
 	{"configmap.yaml", "templates/configmap.yaml", nil},
 	{"daemonset.yaml", "templates/daemonset.yaml", nil},
+	{"apf.yaml", "templates/apf.yaml", nil},
 	{"components/repair-delete/rbac.yaml", "templates/repair-rbac.yaml", []string{"repair.repairPods=false", "repair.deletePods=true"}},
 	{"components/repair-label/rbac.yaml", "templates/repair-rbac.yaml", []string{"repair.repairPods=false", "repair.labelPods=true"}},
 }
