@@ -90,6 +90,10 @@ func (i *Installer) WriteLease() error {
 	// ask the API. Without them the plugin fails every pod closed while
 	// no agent answers (as before it could decide): logged, not a reason
 	// to keep the node unready.
+	if err := os.MkdirAll(i.cfg.BinDir, 0o755); err != nil {
+		i.leaseErr = fmt.Errorf("install lease: creating CNI bin dir: %w", err)
+		return i.leaseErr
+	}
 	kerr := i.writeKubeconfig()
 	i.leaseErr = i.writeLease(state)
 	return errors.Join(i.leaseErr, kerr)

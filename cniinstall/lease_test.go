@@ -198,3 +198,28 @@ func TestLeaseErrUntilWritten(t *testing.T) {
 		t.Fatalf("lease write once possible again: %v, LeaseErr %v", err, inst.LeaseErr())
 	}
 }
+
+// The first lease write on a node whose CNI bin dir does not exist yet
+// writes the plugin's kubeconfig too: the plugin can read the API while no
+// agent answers from the agent's first start on.
+func TestFirstLeaseWritesTheKubeconfigIntoANewBinDir(t *testing.T) {
+	root := t.TempDir()
+	bin, conf := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "net.d")
+	src := filepath.Join(root, "src")
+	if err := os.WriteFile(src, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := New(Config{BinSource: src, BinDir: bin, ConfDir: conf,
+		Credentials: func() ([]byte, error) { return []byte("apiVersion: v1\nkind: Config\n"), nil }}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.WriteLease(); err != nil {
+		t.Fatalf("first lease write: %v", err)
+	}
+	for _, p := range []string{LeasePath(bin, cniapi.PluginType), filepath.Join(bin, cniapi.PluginType+cniapi.KubeconfigSuffix)} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("after the first lease write: %v", err)
+		}
+	}
+}
