@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -114,23 +115,36 @@ func (a *fakeAgent) events() (adds, dels []agent.PodEvent) {
 func startAgent(t testing.TB, h cniserver.Handler) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "cni.sock")
+	serveAgent(t, h, sock)
+	return sock
+}
+
+// serveAgent serves h on sock (replacing a stale socket there, as the agent
+// does) until stop is called or the test ends; stop returns once the server
+// has stopped and removed its socket.
+func serveAgent(t testing.TB, h cniserver.Handler, sock string) (stop func()) {
+	t.Helper()
 	s := cniserver.New(cniserver.Config{SocketPath: sock}, h, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	testutil.Eventually(t, "agent serving", waitTimeout, s.Serving)
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent Run: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("agent Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("agent did not stop")
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("agent did not stop")
-		}
-	})
-	return sock
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // newNS creates a throwaway network namespace, removed at cleanup. Its lo is
@@ -196,4 +210,33 @@ func execBinary(t testing.TB, bin string, env map[string]string, stdin []byte, a
 		t.Fatalf("%s did not exit within the test's bound", bin)
 	}
 	return r
+}
+
+// runtimeList loads the network a runtime would from confDir: its first
+// file, a single-plugin .conf turned into a list as runtimes (containerd's
+// go-cni, CRI-O's ocicni) do.
+func runtimeList(t testing.TB, confDir string) *libcni.NetworkConfigList {
+	t.Helper()
+	files, err := libcni.ConfFiles(confDir, []string{".conf", ".conflist", ".json"})
+	if err != nil || len(files) == 0 {
+		t.Fatalf("conf dir: %v %v", files, err)
+	}
+	if filepath.Ext(files[0]) == ".conflist" {
+		l, err := libcni.ConfListFromFile(files[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
+	c, err := libcni.ConfFromFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
+	l, err := libcni.ConfListFromConf(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

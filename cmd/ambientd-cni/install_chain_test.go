@@ -69,33 +69,9 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 		t.Fatal(err)
 	}
 
-	// The runtime: the first file of the conf dir, plugins from the host bin
-	// dir first (ours is only there), the reference plugins after.
+	// The runtime: plugins from the host bin dir first (ours is only
+	// there), the reference plugins after.
 	cni := libcni.NewCNIConfigWithCacheDir([]string{hostBin, binDir}, t.TempDir(), nil)
-	runtimeList := func() *libcni.NetworkConfigList {
-		files, err := libcni.ConfFiles(confDir, []string{".conf", ".conflist", ".json"})
-		if err != nil || len(files) == 0 {
-			t.Fatalf("conf dir: %v %v", files, err)
-		}
-		if filepath.Ext(files[0]) == ".conflist" {
-			l, err := libcni.ConfListFromFile(files[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return l
-		}
-		//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
-		c, err := libcni.ConfFromFile(files[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
-		l, err := libcni.ConfListFromConf(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
 	rt := func(uid string) *libcni.RuntimeConf {
 		return &libcni.RuntimeConf{ContainerID: "infra-" + uid, NetNS: podNS.Path(), IfName: "eth0", Args: [][2]string{
 			{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "web-" + uid},
@@ -114,7 +90,7 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 		})
 	}
 
-	list := runtimeList()
+	list := runtimeList(t, confDir)
 	if n := len(list.Plugins); n != 2 || list.Plugins[1].Network.Type != "ambientd-cni" {
 		t.Fatalf("runtime's chain has %d plugins, last %q", n, list.Plugins[n-1].Network.Type)
 	}
@@ -135,7 +111,7 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	if b, _ := os.ReadFile(filepath.Join(confDir, "10-node.conf")); string(b) != primary {
 		t.Fatalf("original .conf not restored byte for byte:\n%s", b)
 	}
-	list = runtimeList()
+	list = runtimeList(t, confDir)
 	if err := chain(true, list, "u2"); err != nil {
 		t.Fatalf("ADD after uninstall: %v", err)
 	}
