@@ -18,6 +18,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ambientd/ambientd/cniapi"
+	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
 	"github.com/ambientd/ambientd/test/infra/build"
@@ -239,4 +241,47 @@ func runtimeList(t testing.TB, confDir string) *libcni.NetworkConfigList {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// forEachInstallMode runs test once per mode of the installer: its own
+// conflist that sorts first (owned, the default), and our entry added to
+// the node's config in place.
+func forEachInstallMode(t *testing.T, test func(t *testing.T, inPlace bool)) {
+	for _, inPlace := range []bool{false, true} {
+		name := "owned"
+		if inPlace {
+			name = "in-place"
+		}
+		t.Run(name, func(t *testing.T) { test(t, inPlace) })
+	}
+}
+
+// installOnNode makes a throwaway node's CNI dirs, writes the node's
+// network config primary as confDir/file, and installs the plugin there
+// with the installer, its entry pointing at the agent socket sock. The
+// runtime finds our plugin only in hostBin.
+func installOnNode(t *testing.T, file, primary, sock string, inPlace bool) (hostBin, confDir string, inst *cniinstall.Installer) {
+	t.Helper()
+	root := t.TempDir()
+	hostBin, confDir = filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(confDir, file), []byte(primary), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := cniinstall.New(cniinstall.Config{
+		BinSource: filepath.Join(binDir, "ambientd-cni"), BinDir: hostBin, ConfDir: confDir, InPlace: inPlace,
+		Entry: cniinstall.Entry{Type: "ambientd-cni", PluginSettings: cniapi.PluginSettings{AgentSocket: sock, Timeout: "30s", LogLevel: "debug", LogFile: filepath.Join(root, "plugin.log")}},
+	}, testutil.Logger(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inst.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Check(); err != nil {
+		t.Fatal(err)
+	}
+	return hostBin, confDir, inst
 }

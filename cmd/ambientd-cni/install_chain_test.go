@@ -11,10 +11,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/cniapi"
-	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestChainInstalledConfig runs the real chain from the config the installer
@@ -26,13 +23,7 @@ import (
 // which reaches the agent. After Uninstall the runtime's config no longer
 // calls it and the .conf is as it was.
 func TestChainInstalledConfig(t *testing.T) {
-	for _, inPlace := range []bool{false, true} {
-		name := "owned"
-		if inPlace {
-			name = "in-place"
-		}
-		t.Run(name, func(t *testing.T) { testChainInstalledConfig(t, inPlace) })
-	}
+	forEachInstallMode(t, testChainInstalledConfig)
 }
 
 func testChainInstalledConfig(t *testing.T, inPlace bool) {
@@ -40,34 +31,14 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	podNS := newNS(t)
 	ag := &fakeAgent{outcome: agent.Enrolled}
 	sock := startAgent(t, ag)
-	root := t.TempDir()
-	hostBin, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
-	if err := os.MkdirAll(confDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	primary := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "node-net",
   "type": "bridge", "bridge": "amb-inst0", "isGateway": true, "ipMasq": false,
   "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "10.88.9.0/24"}]]}
 }
-`, filepath.Join(root, "ipam"))
-	if err := os.WriteFile(filepath.Join(confDir, "10-node.conf"), []byte(primary), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	inst, err := cniinstall.New(cniinstall.Config{
-		BinSource: filepath.Join(binDir, "ambientd-cni"), BinDir: hostBin, ConfDir: confDir, InPlace: inPlace,
-		Entry: cniinstall.Entry{Type: "ambientd-cni", PluginSettings: cniapi.PluginSettings{AgentSocket: sock, Timeout: "30s", LogLevel: "debug", LogFile: filepath.Join(root, "plugin.log")}},
-	}, testutil.Logger(t, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := inst.Install(); err != nil {
-		t.Fatal(err)
-	}
-	if err := inst.Check(); err != nil {
-		t.Fatal(err)
-	}
+`, t.TempDir())
+	hostBin, confDir, inst := installOnNode(t, "10-node.conf", primary, sock, inPlace)
 
 	// The runtime: plugins from the host bin dir first (ours is only
 	// there), the reference plugins after.

@@ -14,10 +14,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/cniapi"
-	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestCNI11StatusAndGC: on a node whose network is a cniVersion 1.1.0
@@ -30,26 +27,16 @@ import (
 // attachments succeeds, releases only the stale pod (the agent told of its
 // DEL, never of the live one's) and keeps the live pod's address.
 func TestCNI11StatusAndGC(t *testing.T) {
-	for _, inPlace := range []bool{false, true} {
-		name := "owned"
-		if inPlace {
-			name = "in-place"
-		}
-		t.Run(name, func(t *testing.T) { testCNI11StatusAndGC(t, inPlace) })
-	}
+	forEachInstallMode(t, testCNI11StatusAndGC)
 }
 
 func testCNI11StatusAndGC(t *testing.T, inPlace bool) {
 	hostNS := newNS(t)
 	live, stale := newNS(t), newNS(t)
-	root := t.TempDir()
-	hostBin, confDir, ipamDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d"), filepath.Join(root, "ipam")
-	sock := filepath.Join(root, "run", "cni.sock")
+	ipamDir := t.TempDir()
+	sock := filepath.Join(t.TempDir(), "run", "cni.sock")
 	ag := &fakeAgent{outcome: agent.Enrolled}
 	stopAgent := serveAgent(t, ag, sock)
-	if err := os.MkdirAll(confDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	primary := fmt.Sprintf(`{
   "cniVersion": "1.1.0",
   "cniVersions": ["1.0.0", "1.1.0"],
@@ -60,19 +47,7 @@ func testCNI11StatusAndGC(t *testing.T, inPlace bool) {
   ]
 }
 `, ipamDir)
-	if err := os.WriteFile(filepath.Join(confDir, "10-node.conflist"), []byte(primary), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	inst, err := cniinstall.New(cniinstall.Config{
-		BinSource: filepath.Join(binDir, "ambientd-cni"), BinDir: hostBin, ConfDir: confDir, InPlace: inPlace,
-		Entry: cniinstall.Entry{Type: "ambientd-cni", PluginSettings: cniapi.PluginSettings{AgentSocket: sock, Timeout: "30s", LogLevel: "debug", LogFile: filepath.Join(root, "plugin.log")}},
-	}, testutil.Logger(t, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := inst.Install(); err != nil {
-		t.Fatal(err)
-	}
+	hostBin, confDir, inst := installOnNode(t, "10-node.conflist", primary, sock, inPlace)
 
 	list := runtimeList(t, confDir)
 	kinds := make([]string, 0, len(list.Plugins))
