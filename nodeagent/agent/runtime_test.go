@@ -75,6 +75,9 @@ func TestRuntimeClassDecidesCapture(t *testing.T) {
 			t.Errorf("%s: ztunnel asked to add it %d times", c.pod, n)
 		}
 	}
+	if n := h.failures("invalid_pod"); n != 2 {
+		t.Errorf("failures{reason=invalid_pod} = %v, want 2 (the refused ADDs)", n)
+	}
 	if applied, _, _ := h.rules.counts(); applied != 1 || h.reg.Len() != 1 {
 		t.Errorf("rules applied %d times, registry holds %d pods; want only the runc pod's", applied, h.reg.Len())
 	}
