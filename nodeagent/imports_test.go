@@ -132,7 +132,9 @@ var (
 // the ones nodeagent/kube's scheme registers.
 // admissionregistration/v1: `ambientd check` reads whether deploy/'s
 // admission policies are bound (the agent itself never does).
-var agentAPIGroups = []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1", "k8s.io/api/admissionregistration/v1"}
+// node/v1: the RuntimeClass a pod names (a sandboxed runtime is never
+// enrolled).
+var agentAPIGroups = []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1", "k8s.io/api/admissionregistration/v1", "k8s.io/api/node/v1"}
 
 // heavyClientGo are the client-go packages that link (and, through
 // kubernetes/scheme, register at init) every API group of Kubernetes, or

@@ -23,7 +23,8 @@ const (
 // object. A pod keeps its metadata (without managed fields) and only the
 // spec and status fields some part of the agent reads:
 //
-//   - spec: nodeName, hostNetwork, serviceAccountName, readinessGates, and
+//   - spec: nodeName, hostNetwork, serviceAccountName, readinessGates,
+//     runtimeClassName (policy.CheckRuntime), and
 //     of each container and init container its name; of a container named
 //     istio-proxy also its env, args and securityContext (sidecar mode,
 //     policy.ProxyInfo);
@@ -57,6 +58,7 @@ func Trim(conditions ...corev1.PodConditionType) func(obj any) (any, error) {
 			HostNetwork:        p.Spec.HostNetwork,
 			ServiceAccountName: p.Spec.ServiceAccountName,
 			ReadinessGates:     p.Spec.ReadinessGates,
+			RuntimeClassName:   p.Spec.RuntimeClassName,
 			InitContainers:     trimContainers(p.Spec.InitContainers),
 			Containers:         trimContainers(p.Spec.Containers),
 		}

@@ -1,7 +1,8 @@
 // Package policy decides, in one place, which data plane a pod gets from
 // this node agent: the ambient mesh (rules to ztunnel), sidecar capture
 // (rules to the pod's own istio-proxy, Istio's injector having added it), or
-// nothing. It is pure: it looks only at the pod and its namespace's labels,
+// nothing. It is pure: it looks only at the pod and its namespace's labels
+// (and, in CheckRuntime, at the runtime handler the caller looked up),
 // never at the cluster.
 package policy
 
@@ -70,6 +71,12 @@ type Config struct {
 	// SelfLabels identify the agent's own pods (all must match). Default
 	// app=ambientd.
 	SelfLabels map[string]string
+	// CapturableRuntimeHandlers are the runtime handlers (a RuntimeClass's
+	// handler; NoRuntimeClass for pods without one) whose pods' traffic the
+	// in-pod rules capture (CheckRuntime). A pod in the mesh under any
+	// other handler is not enrolled and never reported in the mesh.
+	// Default DefaultCapturableRuntimeHandlers.
+	CapturableRuntimeHandlers []string
 }
 
 // IstioAgentPodPrefix names the pods of Istio's own node agent DaemonSet
@@ -88,6 +95,8 @@ func DefaultConfig() Config {
 		SystemNamespace:   DefaultSystemNamespace,
 		ZtunnelLabels:     map[string]string{"app": "ztunnel"},
 		SelfLabels:        map[string]string{"app": "ambientd"},
+
+		CapturableRuntimeHandlers: DefaultCapturableRuntimeHandlers(),
 	}
 }
 

@@ -428,6 +428,10 @@ func verdict(p Pod) (string, bool) {
 			return fmt.Sprintf("NOT SERVED: no ztunnel serves node %s (its traffic is captured and refused); NotReady until one acks its snapshot", p.Node), true
 		}
 		return fmt.Sprintf("NOT SERVED: no ztunnel serves node %s (its traffic is captured and refused); NOT gated: it may be Ready", p.Node), true
+	case c != nil && c.Status == string(corev1.ConditionFalse) && c.Reason == "RuntimeNotCapturable":
+		// A sandboxed runtime (gVisor, Kata): the agent refuses it, so
+		// it does not run as a mesh pod its traffic would bypass.
+		return "NOT MESHED: its runtime handler's traffic cannot be captured, the agent refuses it (" + c.Message + ")", true
 	case p.Redirection == podmeta.RedirectionPending || (c != nil && c.Status == string(corev1.ConditionFalse)):
 		msg := "pending"
 		if c != nil {

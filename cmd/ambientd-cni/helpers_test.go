@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ambientd/ambientd/cniapi"
+	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
 	"github.com/ambientd/ambientd/test/infra/build"
@@ -114,23 +117,36 @@ func (a *fakeAgent) events() (adds, dels []agent.PodEvent) {
 func startAgent(t testing.TB, h cniserver.Handler) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "cni.sock")
+	serveAgent(t, h, sock)
+	return sock
+}
+
+// serveAgent serves h on sock (replacing a stale socket there, as the agent
+// does) until stop is called or the test ends; stop returns once the server
+// has stopped and removed its socket.
+func serveAgent(t testing.TB, h cniserver.Handler, sock string) (stop func()) {
+	t.Helper()
 	s := cniserver.New(cniserver.Config{SocketPath: sock}, h, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	testutil.Eventually(t, "agent serving", waitTimeout, s.Serving)
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent Run: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("agent Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("agent did not stop")
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("agent did not stop")
-		}
-	})
-	return sock
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // newNS creates a throwaway network namespace, removed at cleanup. Its lo is
@@ -196,4 +212,76 @@ func execBinary(t testing.TB, bin string, env map[string]string, stdin []byte, a
 		t.Fatalf("%s did not exit within the test's bound", bin)
 	}
 	return r
+}
+
+// runtimeList loads the network a runtime would from confDir: its first
+// file, a single-plugin .conf turned into a list as runtimes (containerd's
+// go-cni, CRI-O's ocicni) do.
+func runtimeList(t testing.TB, confDir string) *libcni.NetworkConfigList {
+	t.Helper()
+	files, err := libcni.ConfFiles(confDir, []string{".conf", ".conflist", ".json"})
+	if err != nil || len(files) == 0 {
+		t.Fatalf("conf dir: %v %v", files, err)
+	}
+	if filepath.Ext(files[0]) == ".conflist" {
+		l, err := libcni.ConfListFromFile(files[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
+	c, err := libcni.ConfFromFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
+	l, err := libcni.ConfListFromConf(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// forEachInstallMode runs test once per mode of the installer: its own
+// conflist that sorts first (owned, the default), and our entry added to
+// the node's config in place.
+func forEachInstallMode(t *testing.T, test func(t *testing.T, inPlace bool)) {
+	for _, inPlace := range []bool{false, true} {
+		name := "owned"
+		if inPlace {
+			name = "in-place"
+		}
+		t.Run(name, func(t *testing.T) { test(t, inPlace) })
+	}
+}
+
+// installOnNode makes a throwaway node's CNI dirs, writes the node's
+// network config primary as confDir/file, and installs the plugin there
+// with the installer, its entry pointing at the agent socket sock. The
+// runtime finds our plugin only in hostBin.
+func installOnNode(t *testing.T, file, primary, sock string, inPlace bool) (hostBin, confDir string, inst *cniinstall.Installer) {
+	t.Helper()
+	root := t.TempDir()
+	hostBin, confDir = filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(confDir, file), []byte(primary), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := cniinstall.New(cniinstall.Config{
+		BinSource: filepath.Join(binDir, "ambientd-cni"), BinDir: hostBin, ConfDir: confDir, InPlace: inPlace,
+		Entry: cniinstall.Entry{Type: "ambientd-cni", PluginSettings: cniapi.PluginSettings{AgentSocket: sock, Timeout: "30s", LogLevel: "debug", LogFile: filepath.Join(root, "plugin.log")}},
+	}, testutil.Logger(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inst.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Check(); err != nil {
+		t.Fatal(err)
+	}
+	return hostBin, confDir, inst
 }

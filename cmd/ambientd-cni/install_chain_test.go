@@ -11,10 +11,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ambientd/ambientd/cniapi"
-	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/agent"
-	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
 // TestChainInstalledConfig runs the real chain from the config the installer
@@ -26,13 +23,7 @@ import (
 // which reaches the agent. After Uninstall the runtime's config no longer
 // calls it and the .conf is as it was.
 func TestChainInstalledConfig(t *testing.T) {
-	for _, inPlace := range []bool{false, true} {
-		name := "owned"
-		if inPlace {
-			name = "in-place"
-		}
-		t.Run(name, func(t *testing.T) { testChainInstalledConfig(t, inPlace) })
-	}
+	forEachInstallMode(t, testChainInstalledConfig)
 }
 
 func testChainInstalledConfig(t *testing.T, inPlace bool) {
@@ -40,62 +31,18 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	podNS := newNS(t)
 	ag := &fakeAgent{outcome: agent.Enrolled}
 	sock := startAgent(t, ag)
-	root := t.TempDir()
-	hostBin, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
-	if err := os.MkdirAll(confDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	primary := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "node-net",
   "type": "bridge", "bridge": "amb-inst0", "isGateway": true, "ipMasq": false,
   "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "10.88.9.0/24"}]]}
 }
-`, filepath.Join(root, "ipam"))
-	if err := os.WriteFile(filepath.Join(confDir, "10-node.conf"), []byte(primary), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	inst, err := cniinstall.New(cniinstall.Config{
-		BinSource: filepath.Join(binDir, "ambientd-cni"), BinDir: hostBin, ConfDir: confDir, InPlace: inPlace,
-		Entry: cniinstall.Entry{Type: "ambientd-cni", PluginSettings: cniapi.PluginSettings{AgentSocket: sock, Timeout: "30s", LogLevel: "debug", LogFile: filepath.Join(root, "plugin.log")}},
-	}, testutil.Logger(t, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := inst.Install(); err != nil {
-		t.Fatal(err)
-	}
-	if err := inst.Check(); err != nil {
-		t.Fatal(err)
-	}
+`, t.TempDir())
+	hostBin, confDir, inst := installOnNode(t, "10-node.conf", primary, sock, inPlace)
 
-	// The runtime: the first file of the conf dir, plugins from the host bin
-	// dir first (ours is only there), the reference plugins after.
+	// The runtime: plugins from the host bin dir first (ours is only
+	// there), the reference plugins after.
 	cni := libcni.NewCNIConfigWithCacheDir([]string{hostBin, binDir}, t.TempDir(), nil)
-	runtimeList := func() *libcni.NetworkConfigList {
-		files, err := libcni.ConfFiles(confDir, []string{".conf", ".conflist", ".json"})
-		if err != nil || len(files) == 0 {
-			t.Fatalf("conf dir: %v %v", files, err)
-		}
-		if filepath.Ext(files[0]) == ".conflist" {
-			l, err := libcni.ConfListFromFile(files[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return l
-		}
-		//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
-		c, err := libcni.ConfFromFile(files[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		//lint:ignore SA1019 runtimes (containerd's go-cni, CRI-O's ocicni) still load single-plugin files this way
-		l, err := libcni.ConfListFromConf(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
 	rt := func(uid string) *libcni.RuntimeConf {
 		return &libcni.RuntimeConf{ContainerID: "infra-" + uid, NetNS: podNS.Path(), IfName: "eth0", Args: [][2]string{
 			{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "web-" + uid},
@@ -114,7 +61,7 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 		})
 	}
 
-	list := runtimeList()
+	list := runtimeList(t, confDir)
 	if n := len(list.Plugins); n != 2 || list.Plugins[1].Network.Type != "ambientd-cni" {
 		t.Fatalf("runtime's chain has %d plugins, last %q", n, list.Plugins[n-1].Network.Type)
 	}
@@ -135,7 +82,7 @@ func testChainInstalledConfig(t *testing.T, inPlace bool) {
 	if b, _ := os.ReadFile(filepath.Join(confDir, "10-node.conf")); string(b) != primary {
 		t.Fatalf("original .conf not restored byte for byte:\n%s", b)
 	}
-	list = runtimeList()
+	list = runtimeList(t, confDir)
 	if err := chain(true, list, "u2"); err != nil {
 		t.Fatalf("ADD after uninstall: %v", err)
 	}

@@ -39,6 +39,7 @@ import (
 // into a Config after the flag set (lists, uids, octal bits).
 type runFlags struct {
 	kubeconfig, logLevel, excludeNamespaces, handover string
+	capturableRuntimeHandlers                         string
 	ztunnelSocketMode, kubeletUID, ztunnelAllowedUIDs string
 	installCNI                                        bool
 	kubeQPS                                           float64
@@ -50,40 +51,41 @@ type runFlags struct {
 
 // envOf maps the run flags to their environment variables (parseFlags).
 var envOf = flagEnv{
-	"kubeconfig":           "KUBECONFIG",
-	"node-name":            "NODE_NAME",
-	"ztunnel-socket":       "ZTUNNEL_UDS_ADDRESS",
-	"cni-socket":           "AMBIENTD_CNI_SOCKET",
-	"health-addr":          "AMBIENTD_HEALTH_ADDR",
-	"metrics-addr":         "AMBIENTD_METRICS_ADDR",
-	"pprof-addr":           "AMBIENTD_PPROF_ADDR",
-	"host-proc":            "AMBIENTD_HOST_PROC",
-	"iptables":             "AMBIENTD_IPTABLES",
-	"exclude-namespaces":   admission.EnvExcludeNamespaces,
-	"system-namespace":     admission.EnvSystemNamespace,
-	"dns-capture":          "AMBIENTD_DNS_CAPTURE",
-	"ipv6":                 "AMBIENTD_IPV6",
-	"install-cni":          "AMBIENTD_INSTALL_CNI",
-	"fail-pending":         "AMBIENTD_FAIL_PENDING",
-	"pod-lookup-timeout":   "AMBIENTD_POD_LOOKUP_TIMEOUT",
-	"retry-base-delay":     "AMBIENTD_RETRY_BASE_DELAY",
-	"retry-max-delay":      "AMBIENTD_RETRY_MAX_DELAY",
-	"log-level":            "AMBIENTD_LOG_LEVEL",
-	"gc-percent":           "AMBIENTD_GC_PERCENT",
-	"kube-qps":             "AMBIENTD_KUBE_QPS",
-	"kube-burst":           "AMBIENTD_KUBE_BURST",
-	"verify-interval":      "AMBIENTD_VERIFY_INTERVAL",
-	"run-dir":              "AMBIENTD_RUN_DIR",
-	"ztunnel-socket-mode":  "AMBIENTD_ZTUNNEL_SOCKET_MODE",
-	"pod-condition-type":   admission.EnvConditionType,
-	"kubelet-uid":          "AMBIENTD_KUBELET_UID",
-	"admin-socket":         "AMBIENTD_ADMIN_SOCKET",
-	"iptables-lock-wait":   "AMBIENTD_IPTABLES_LOCK_WAIT",
-	"workers":              "AMBIENTD_WORKERS",
-	"max-parallel-adds":    "AMBIENTD_MAX_PARALLEL_ADDS",
-	"ztunnel-allowed-uids": "AMBIENTD_ZTUNNEL_ALLOWED_UIDS",
-	"handover":             "AMBIENTD_HANDOVER",
-	"ztunnel-grace":        "AMBIENTD_ZTUNNEL_GRACE",
+	"kubeconfig":                  "KUBECONFIG",
+	"node-name":                   "NODE_NAME",
+	"ztunnel-socket":              "ZTUNNEL_UDS_ADDRESS",
+	"cni-socket":                  "AMBIENTD_CNI_SOCKET",
+	"health-addr":                 "AMBIENTD_HEALTH_ADDR",
+	"metrics-addr":                "AMBIENTD_METRICS_ADDR",
+	"pprof-addr":                  "AMBIENTD_PPROF_ADDR",
+	"host-proc":                   "AMBIENTD_HOST_PROC",
+	"iptables":                    "AMBIENTD_IPTABLES",
+	"exclude-namespaces":          admission.EnvExcludeNamespaces,
+	"system-namespace":            admission.EnvSystemNamespace,
+	"capturable-runtime-handlers": "AMBIENTD_CAPTURABLE_RUNTIME_HANDLERS",
+	"dns-capture":                 "AMBIENTD_DNS_CAPTURE",
+	"ipv6":                        "AMBIENTD_IPV6",
+	"install-cni":                 "AMBIENTD_INSTALL_CNI",
+	"fail-pending":                "AMBIENTD_FAIL_PENDING",
+	"pod-lookup-timeout":          "AMBIENTD_POD_LOOKUP_TIMEOUT",
+	"retry-base-delay":            "AMBIENTD_RETRY_BASE_DELAY",
+	"retry-max-delay":             "AMBIENTD_RETRY_MAX_DELAY",
+	"log-level":                   "AMBIENTD_LOG_LEVEL",
+	"gc-percent":                  "AMBIENTD_GC_PERCENT",
+	"kube-qps":                    "AMBIENTD_KUBE_QPS",
+	"kube-burst":                  "AMBIENTD_KUBE_BURST",
+	"verify-interval":             "AMBIENTD_VERIFY_INTERVAL",
+	"run-dir":                     "AMBIENTD_RUN_DIR",
+	"ztunnel-socket-mode":         "AMBIENTD_ZTUNNEL_SOCKET_MODE",
+	"pod-condition-type":          admission.EnvConditionType,
+	"kubelet-uid":                 "AMBIENTD_KUBELET_UID",
+	"admin-socket":                "AMBIENTD_ADMIN_SOCKET",
+	"iptables-lock-wait":          "AMBIENTD_IPTABLES_LOCK_WAIT",
+	"workers":                     "AMBIENTD_WORKERS",
+	"max-parallel-adds":           "AMBIENTD_MAX_PARALLEL_ADDS",
+	"ztunnel-allowed-uids":        "AMBIENTD_ZTUNNEL_ALLOWED_UIDS",
+	"handover":                    "AMBIENTD_HANDOVER",
+	"ztunnel-grace":               "AMBIENTD_ZTUNNEL_GRACE",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -108,6 +110,7 @@ func parseRunFlags(args []string, getenv func(string) string) (runFlags, error) 
 	// What the flags' text sets only once parsed, and the settings two
 	// parts share (one flag each).
 	a.Policy.ExcludeNamespaces = f.excluded()
+	a.Policy.CapturableRuntimeHandlers = splitList(f.capturableRuntimeHandlers)
 	n.CNIConfDir = f.install.confDir
 	f.rules.IPv6, f.rules.StateDir, f.rules.HostProc = a.IPv6, a.RunDir, a.HostProc
 	f.rules.KubeletUID = f.kubeletUIDValue()
@@ -148,6 +151,7 @@ func (f *runFlags) flagSet() (*flag.FlagSet, func(nodeName string) (nodeready.Co
 	fs.StringVar((*string)(&f.rules.Mode), "iptables", string(iptables.ModeAuto), "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
 	fs.DurationVar(&f.rules.LockWait, "iptables-lock-wait", 10*time.Second, "how long iptables-restore waits for the host-wide xtables lock (legacy iptables; rounded up to whole seconds) before the rule step fails and is retried")
 	fs.StringVar(&f.excludeNamespaces, "exclude-namespaces", strings.Join(a.Policy.ExcludeNamespaces, ","), "comma-separated namespaces never enrolled")
+	fs.StringVar(&f.capturableRuntimeHandlers, "capturable-runtime-handlers", strings.Join(a.Policy.CapturableRuntimeHandlers, ","), "comma-separated runtime handlers (a RuntimeClass's handler; \"default\" for pods without a RuntimeClass) whose pods' traffic the in-pod rules capture; a mesh pod under any other (gVisor's runsc, Kata's kata-*) has its CNI ADD refused and is never reported in the mesh (docs/agent.md)")
 	fs.StringVar(&a.Policy.SystemNamespace, "system-namespace", a.Policy.SystemNamespace, "namespace of the mesh's own pods: only there are app=ztunnel and app=ambientd pods kept out of the mesh")
 	fs.BoolVar(&a.DNSCapture, "dns-capture", a.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
 	fs.BoolVar(&a.IPv6, "ipv6", a.IPv6, "also capture IPv6 (harmless in IPv4-only pods); with --ipv6=false a pod with an IPv6 address fails its CNI ADD rather than run with IPv6 uncaptured")
@@ -188,26 +192,27 @@ func (f runFlags) kubeletUIDValue() *uint32 {
 // flagOf names the flag that sets each daemon.Config field its Validate
 // may report (agent.SettingError; the agent's own as "Agent.<field>").
 var flagOf = map[string]string{
-	"ZtunnelSocket":                  "ztunnel-socket",
-	"CNISocket":                      "cni-socket",
-	"CNIConfDir":                     "cni-conf-dir",
-	"AdminSocket":                    "admin-socket",
-	"HealthAddr":                     "health-addr",
-	"MetricsAddr":                    "metrics-addr",
-	"PprofAddr":                      "pprof-addr",
-	"Agent.NodeName":                 "node-name",
-	"Agent.HostProc":                 "host-proc",
-	"Agent.RunDir":                   "run-dir",
-	"Agent.PodConditionType":         "pod-condition-type",
-	"Agent.Policy.ExcludeNamespaces": "exclude-namespaces",
-	"Agent.Policy.SystemNamespace":   "system-namespace",
-	"Agent.PodLookupTimeout":         "pod-lookup-timeout",
-	"Agent.RetryBaseDelay":           "retry-base-delay",
-	"Agent.RetryMaxDelay":            "retry-max-delay",
-	"Agent.ZtunnelGrace":             "ztunnel-grace",
-	"Agent.VerifyInterval":           "verify-interval",
-	"Agent.Workers":                  "workers",
-	"Agent.MaxParallelAdds":          "max-parallel-adds",
+	"ZtunnelSocket":                          "ztunnel-socket",
+	"CNISocket":                              "cni-socket",
+	"CNIConfDir":                             "cni-conf-dir",
+	"AdminSocket":                            "admin-socket",
+	"HealthAddr":                             "health-addr",
+	"MetricsAddr":                            "metrics-addr",
+	"PprofAddr":                              "pprof-addr",
+	"Agent.NodeName":                         "node-name",
+	"Agent.HostProc":                         "host-proc",
+	"Agent.RunDir":                           "run-dir",
+	"Agent.PodConditionType":                 "pod-condition-type",
+	"Agent.Policy.ExcludeNamespaces":         "exclude-namespaces",
+	"Agent.Policy.SystemNamespace":           "system-namespace",
+	"Agent.Policy.CapturableRuntimeHandlers": "capturable-runtime-handlers",
+	"Agent.PodLookupTimeout":                 "pod-lookup-timeout",
+	"Agent.RetryBaseDelay":                   "retry-base-delay",
+	"Agent.RetryMaxDelay":                    "retry-max-delay",
+	"Agent.ZtunnelGrace":                     "ztunnel-grace",
+	"Agent.VerifyInterval":                   "verify-interval",
+	"Agent.Workers":                          "workers",
+	"Agent.MaxParallelAdds":                  "max-parallel-adds",
 }
 
 // validate checks the settings in a fixed order: the process's own, then
@@ -285,9 +290,13 @@ func (f runFlags) allowedUIDs() ([]uint32, error) {
 	return uids, nil
 }
 
-func (f runFlags) excluded() []string {
+func (f runFlags) excluded() []string { return splitList(f.excludeNamespaces) }
+
+// splitList reads a comma-separated flag: its items trimmed, empty ones
+// dropped.
+func splitList(s string) []string {
 	var out []string
-	for _, n := range strings.Split(f.excludeNamespaces, ",") {
+	for _, n := range strings.Split(s, ",") {
 		if n = strings.TrimSpace(n); n != "" {
 			out = append(out, n)
 		}

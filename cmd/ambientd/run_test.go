@@ -154,6 +154,18 @@ func TestParseRunFlags(t *testing.T) {
 				t.Errorf("kubelet uid %v, want 0", u)
 			}
 		}},
+		{name: "capturable runtime handlers default", args: []string{"--node-name=n"}, env: env(), check: func(t *testing.T, f runFlags) {
+			if got := strings.Join(f.node.Agent.Policy.CapturableRuntimeHandlers, ","); got != "default,runc,crun" {
+				t.Errorf("capturable runtime handlers %q, want default,runc,crun", got)
+			}
+		}},
+		{name: "capturable runtime handlers from env", args: []string{"--node-name=n"}, env: env("AMBIENTD_CAPTURABLE_RUNTIME_HANDLERS", " runc, nvidia ,"), check: func(t *testing.T, f runFlags) {
+			if got := strings.Join(f.node.Agent.Policy.CapturableRuntimeHandlers, ","); got != "runc,nvidia" {
+				t.Errorf("capturable runtime handlers %q, want runc,nvidia", got)
+			}
+		}},
+		{name: "bad runtime handler", args: []string{"--node-name=n", "--capturable-runtime-handlers=runc,Kata_QEMU"}, env: env(), wantErr: "--capturable-runtime-handlers"},
+		{name: "no runtime handler", args: []string{"--node-name=n", "--capturable-runtime-handlers=,"}, env: env(), wantErr: "--capturable-runtime-handlers"},
 		{name: "stray argument", args: []string{"--node-name=n", "extra"}, env: env(), wantErr: "unexpected"},
 		{name: "exclude list", args: []string{"--node-name=n", "--exclude-namespaces= a, b ,,"}, env: env(), check: func(t *testing.T, f runFlags) {
 			if got := strings.Join(f.excluded(), ","); got != "a,b" {

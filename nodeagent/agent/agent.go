@@ -25,6 +25,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/listers"
 	"k8s.io/client-go/tools/cache"
@@ -194,6 +195,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxParallelAdds <= 0 {
 		c.MaxParallelAdds = d.MaxParallelAdds
 	}
+	if c.Policy.CapturableRuntimeHandlers == nil {
+		c.Policy.CapturableRuntimeHandlers = d.Policy.CapturableRuntimeHandlers
+	}
 	return c
 }
 
@@ -215,8 +219,9 @@ type Agent struct {
 	podInformer cache.SharedIndexInformer
 	nsInformer  cache.SharedIndexInformer
 	nsLister    listers.ResourceIndexer[*corev1.Namespace]
-	queue       workqueue.TypedRateLimitingInterface[string] // pod uids
-	podSeen     broadcast                                    // fires on every pod event
+	rcLister    listers.ResourceIndexer[*nodev1.RuntimeClass] // runtimeVerdict
+	queue       workqueue.TypedRateLimitingInterface[string]  // pod uids
+	podSeen     broadcast                                     // fires on every pod event
 
 	locks keyedMutex
 	// sidecar, when set, captures sidecar pods at CNI ADD (sidecar.go);
@@ -253,9 +258,10 @@ const uidIndex = "uid"
 // shares them with the process's other parts; all are required.
 type Deps struct {
 	Client kube.Interface
-	// Informers: the agent watches this node's pods and every namespace
-	// through them. It adds its transforms, indexers and handlers in New;
-	// the owner starts them afterwards and stops them after Run returned.
+	// Informers: the agent watches this node's pods, every namespace and
+	// every RuntimeClass through them. It adds its transforms, indexers
+	// and handlers in New; the owner starts them afterwards and stops
+	// them after Run returned.
 	Informers *kube.Informers
 	// Recorder records the pods' Events (kube.Events).
 	Recorder record.EventRecorder
@@ -347,6 +353,13 @@ func New(cfg Config, d Deps) (*Agent, error) {
 		return nil, fmt.Errorf("agent: namespace informer transform: %w", err)
 	}
 	a.nsLister = listers.New[*corev1.Namespace](a.nsInformer.GetIndexer(), corev1.Resource("namespace"))
+	// RuntimeClasses: the handler a pod runs under decides whether the
+	// rules can capture it. Not waited for at start: a lookup the cache
+	// cannot answer is a direct GET.
+	if err := d.Informers.RuntimeClasses.SetTransform(trim); err != nil {
+		return nil, fmt.Errorf("agent: RuntimeClass informer transform: %w", err)
+	}
+	a.rcLister = listers.New[*nodev1.RuntimeClass](d.Informers.RuntimeClasses.GetIndexer(), nodev1.Resource("runtimeclass"))
 
 	// Event handlers only enqueue keys; all decisions happen in sync.
 	if _, err := a.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{

@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -134,6 +135,8 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 			_, err = client.CoreV1().Namespaces().Create(t.Context(), o, metav1.CreateOptions{})
 		case *corev1.Pod:
 			_, err = client.CoreV1().Pods(o.Namespace).Create(t.Context(), o, metav1.CreateOptions{})
+		case *nodev1.RuntimeClass:
+			_, err = client.NodeV1().RuntimeClasses().Create(t.Context(), o, metav1.CreateOptions{})
 		default:
 			err = fmt.Errorf("newHarness: cannot seed a %T", o)
 		}

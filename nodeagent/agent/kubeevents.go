@@ -35,6 +35,11 @@ const (
 	// an invalid value; the message says what the agent does instead
 	// (podopts.Annotations).
 	EventInvalidAnnotation = "InvalidAnnotation"
+	// EventRuntimeNotCapturable (Warning): a pod that belongs in the mesh
+	// runs under a runtime handler whose traffic the in-pod rules do not
+	// capture (gVisor, Kata, ...); it is not enrolled (its CNI ADD is
+	// refused) and the message says how to opt it out.
+	EventRuntimeNotCapturable = "RuntimeNotCapturable"
 )
 
 // podEvent records an Event on pod uid, found in the informer cache or the

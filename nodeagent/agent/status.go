@@ -40,6 +40,10 @@ const (
 	// False: the pod belongs in the mesh but the agent let go of it
 	// (--fail-pending rolled it back; its Events say why).
 	ReasonNotEnrolled = "NotEnrolled"
+	// False: the pod belongs in the mesh but runs under a runtime handler
+	// (gVisor, Kata, ...) whose traffic the in-pod rules do not capture
+	// (policy.CheckRuntime); never enrolled, never annotated.
+	ReasonRuntimeNotCapturable = "RuntimeNotCapturable"
 )
 
 // pendingReason maps activate's failure kinds (its metric labels) to
@@ -154,6 +158,10 @@ func podCondition(pod *corev1.Pod, t string) *corev1.PodCondition {
 func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) {
 	pod := s.pod
 	if pod == nil {
+		return
+	}
+	if s.uncapturable != nil && after.Phase == registry.Absent {
+		a.publishUncapturable(s)
 		return
 	}
 	a.eventFor(s, after, moved, err)

@@ -35,6 +35,9 @@ type podSync struct {
 	// removing: the sync tried to take the pod out of the mesh (an error
 	// then means the removal failed).
 	removing bool
+	// uncapturable: the pod belongs in the mesh but its runtime handler's
+	// traffic is not captured by the rules (refuseUncapturable): why.
+	uncapturable error
 }
 
 // sync is the one per-pod path: it drives pod uid to where it belongs and
@@ -151,6 +154,16 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		}
 		log.Debug("pod not in mesh", "reason", d.Reason)
 		return NotInMesh, nil
+	}
+
+	verdict, err := a.runtimeVerdict(ctx, pod)
+	if err != nil {
+		s.undecided = true
+		a.metrics.failure("api")
+		return OutcomeUnknown, err
+	}
+	if verdict != nil {
+		return a.refuseUncapturable(ctx, log, s, pod, entry, registered, in != nil, verdict)
 	}
 
 	defaults := podopts.Defaults(a.cfg.DNSCapture)

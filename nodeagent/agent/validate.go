@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/ambientd/ambientd/policy"
 )
 
 // SettingError is a Config validation error (the agent's, and the daemon's
@@ -56,6 +58,16 @@ func (c Config) Validate() error {
 	}
 	if errs := validation.IsDNS1123Label(c.Policy.SystemNamespace); len(errs) > 0 {
 		return bad("Policy.SystemNamespace", "%q: %s", c.Policy.SystemNamespace, strings.Join(errs, "; "))
+	}
+	// A handler name is a RuntimeClass's handler: a DNS label (as is
+	// policy.NoRuntimeClass). An empty list would refuse every mesh pod.
+	if len(c.Policy.CapturableRuntimeHandlers) == 0 {
+		return bad("Policy.CapturableRuntimeHandlers", "is empty: want at least one handler (%q for pods without a RuntimeClass)", policy.NoRuntimeClass)
+	}
+	for _, h := range c.Policy.CapturableRuntimeHandlers {
+		if errs := validation.IsDNS1123Label(h); len(errs) > 0 {
+			return bad("Policy.CapturableRuntimeHandlers", "%q: %s", h, strings.Join(errs, "; "))
+		}
 	}
 	if c.PodLookupTimeout < 100*time.Millisecond || c.PodLookupTimeout > 5*time.Minute {
 		return bad("PodLookupTimeout", "%v: want 100ms to 5m", c.PodLookupTimeout)

@@ -1,10 +1,10 @@
 // Package kube is the node agent's Kubernetes API client: typed clients for
 // the few resources the agent reads and writes (pods and their status,
-// namespaces, nodes and their status, core/v1 Events, its own DaemonSet and,
-// for `ambientd check`, its ConfigMap),
+// namespaces, nodes and their status, core/v1 Events, its own DaemonSet,
+// RuntimeClasses and, for `ambientd check`, its ConfigMap),
 // shared informers over them and an Event sink — built from client-go's
 // generic pieces (rest, gentype, tools/cache, listers, tools/record) over a
-// scheme that registers only core/v1 and apps/v1.
+// scheme that registers only the groups of those resources.
 //
 // Why not client-go's Clientset: k8s.io/client-go/kubernetes links a typed
 // client, apply configurations and, through kubernetes/scheme, the API types
@@ -30,6 +30,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -48,6 +49,7 @@ type Interface interface {
 	CoreV1() CoreV1Interface
 	AppsV1() AppsV1Interface
 	AdmissionregistrationV1() AdmissionregistrationV1Interface
+	NodeV1() NodeV1Interface
 }
 
 // CoreV1Interface holds the core/v1 resources the agent uses.
@@ -62,6 +64,19 @@ type CoreV1Interface interface {
 // AppsV1Interface holds the apps/v1 resources the agent uses.
 type AppsV1Interface interface {
 	DaemonSets(namespace string) DaemonSetInterface
+}
+
+// NodeV1Interface holds the node.k8s.io/v1 resources the agent uses.
+type NodeV1Interface interface {
+	RuntimeClasses() RuntimeClassInterface
+}
+
+// RuntimeClassInterface: RuntimeClasses are watched and read (the handler
+// a pod's runtimeClassName names says whether the in-pod rules can capture
+// its traffic).
+type RuntimeClassInterface interface {
+	Getter[*nodev1.RuntimeClass]
+	ListWatcher[*nodev1.RuntimeClassList]
 }
 
 // AdmissionregistrationV1Interface holds what `ambientd check` reads to
@@ -139,7 +154,7 @@ type DaemonSetInterface interface {
 }
 
 // NewScheme returns a scheme with the API groups the agent uses (core/v1,
-// apps/v1; admissionregistration/v1 for `ambientd check`) and the meta/v1 options its requests carry: what client-go's
+// apps/v1, node.k8s.io/v1; admissionregistration/v1 for `ambientd check`) and the meta/v1 options its requests carry: what client-go's
 // kubernetes/scheme does for every group.
 func NewScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
@@ -147,6 +162,7 @@ func NewScheme() *runtime.Scheme {
 	utilruntime.Must(corev1.AddToScheme(s))
 	utilruntime.Must(appsv1.AddToScheme(s))
 	utilruntime.Must(admissionregistrationv1.AddToScheme(s))
+	utilruntime.Must(nodev1.AddToScheme(s))
 	return s
 }
 
@@ -157,6 +173,7 @@ type Client struct {
 	core coreV1
 	apps appsV1
 	adm  admissionregistrationV1
+	node nodeV1
 }
 
 var _ Interface = (*Client)(nil)
@@ -194,7 +211,11 @@ func NewForConfig(c *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{core: coreV1{core, params}, apps: appsV1{apps, params}, adm: admissionregistrationV1{adm, params}}, nil
+	node, err := restClient(cfg, httpClient, nodev1.SchemeGroupVersion, "/apis", scheme, codecs)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{core: coreV1{core, params}, apps: appsV1{apps, params}, adm: admissionregistrationV1{adm, params}, node: nodeV1{node, params}}, nil
 }
 
 // restClient is one group version's REST client, configured as client-go's
@@ -218,6 +239,9 @@ func (c *Client) AppsV1() AppsV1Interface { return c.apps }
 
 // AdmissionregistrationV1 returns the admissionregistration/v1 clients.
 func (c *Client) AdmissionregistrationV1() AdmissionregistrationV1Interface { return c.adm }
+
+// NodeV1 returns the node.k8s.io/v1 clients.
+func (c *Client) NodeV1() NodeV1Interface { return c.node }
 
 type coreV1 struct {
 	rc     rest.Interface
@@ -309,4 +333,15 @@ func (c admissionregistrationV1) ValidatingAdmissionPolicyBindings() Lister[*adm
 			return &admissionregistrationv1.ValidatingAdmissionPolicyBindingList{}
 		},
 		gentype.PrefersProtobuf[*admissionregistrationv1.ValidatingAdmissionPolicyBinding]())
+}
+
+type nodeV1 struct {
+	rc     rest.Interface
+	params runtime.ParameterCodec
+}
+
+func (c nodeV1) RuntimeClasses() RuntimeClassInterface {
+	return gentype.NewClientWithList("runtimeclasses", c.rc, c.params, "",
+		func() *nodev1.RuntimeClass { return &nodev1.RuntimeClass{} }, func() *nodev1.RuntimeClassList { return &nodev1.RuntimeClassList{} },
+		gentype.PrefersProtobuf[*nodev1.RuntimeClass]())
 }

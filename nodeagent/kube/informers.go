@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -53,6 +54,13 @@ func (f *InformerFactory) Namespaces() cache.SharedIndexInformer {
 func (f *InformerFactory) Nodes() cache.SharedIndexInformer {
 	return f.informerFor("nodes", func() cache.SharedIndexInformer {
 		return newInformer(f.client, f.client.CoreV1().Nodes(), f.tweak, &corev1.Node{})
+	})
+}
+
+// RuntimeClasses returns the shared informer of RuntimeClasses.
+func (f *InformerFactory) RuntimeClasses() cache.SharedIndexInformer {
+	return f.informerFor("runtimeclasses", func() cache.SharedIndexInformer {
+		return newInformer(f.client, f.client.NodeV1().RuntimeClasses(), f.tweak, &nodev1.RuntimeClass{})
 	})
 }
 
@@ -122,13 +130,13 @@ func newInformer[L runtime.Object](client any, lw ListWatcher[L], tweak func(*me
 // Informers are the agent process's shared informers, made once (by
 // nodeagent/daemon) and handed to every part that watches: this node's
 // pods (the field selector keeps the cache small on big clusters), every
-// namespace (their labels enroll pods) and this node (its condition and
-// taint). The parts add their handlers, transforms and indexers before
+// namespace (their labels enroll pods), every RuntimeClass (the handler a
+// pod runs under) and this node (its condition and taint). The parts add their handlers, transforms and indexers before
 // Start; the owner starts them once and shuts them down after the last
 // part stopped.
 type Informers struct {
-	Pods, Namespaces, Node cache.SharedIndexInformer
-	factories              []*InformerFactory
+	Pods, Namespaces, RuntimeClasses, Node cache.SharedIndexInformer
+	factories                              []*InformerFactory
 }
 
 // NewInformers makes the informers of nodeName's agent; nothing runs yet.
@@ -140,7 +148,7 @@ func NewInformers(client Interface, nodeName string) *Informers {
 	node := NewInformerFactory(client, func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	})
-	return &Informers{Pods: pods.Pods(), Namespaces: all.Namespaces(), Node: node.Nodes(),
+	return &Informers{Pods: pods.Pods(), Namespaces: all.Namespaces(), RuntimeClasses: all.RuntimeClasses(), Node: node.Nodes(),
 		factories: []*InformerFactory{pods, all, node}}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -216,7 +217,8 @@ func (a *agentInstall) boundTokenPod(t *testing.T, ctx context.Context, node, ki
 // controller and event recorder — land on its node; everything else is
 // refused: another node's pods and node, fields it does not own on its own
 // node's pod and node, pod spec and deletion, Events from another node, and
-// any write with a token without the node claim.
+// any write with a token without the node claim. RuntimeClasses it reads
+// (list, watch, get) and cannot write.
 func TestAgentRightsOwnNodeOnly(t *testing.T) {
 	ctx := testutil.Context(t, 4*time.Minute)
 	admin := testEnv.CP.Admin
@@ -350,6 +352,44 @@ func TestAgentRightsOwnNodeOnly(t *testing.T) {
 		waitEvent(t, ctx, ns, "RightsCheck", func(e corev1.Event) bool { return e.Count == 2 })
 		rec.Event(&corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: mine, UID: n.UID}, corev1.EventTypeNormal, "RightsCheckNode", "node")
 		waitEvent(t, ctx, metav1.NamespaceDefault, "RightsCheckNode", func(e corev1.Event) bool { return e.InvolvedObject.Name == mine })
+	})
+
+	t.Run("reads RuntimeClasses", func(t *testing.T) {
+		// The agent's own client lists, watches and gets them (the
+		// handler decides whether a pod's traffic can be captured).
+		rc, err := admin.NodeV1().RuntimeClasses().Create(ctx, &nodev1.RuntimeClass{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-rights-" + ns}, Handler: "runsc"}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = admin.NodeV1().RuntimeClasses().Delete(context.Background(), rc.Name, metav1.DeleteOptions{})
+		})
+		rcs := agentLean.NodeV1().RuntimeClasses()
+		if got, err := rcs.Get(ctx, rc.Name, metav1.GetOptions{}); err != nil || got.Handler != "runsc" {
+			t.Errorf("agent reading RuntimeClass %s: %v, %v", rc.Name, got, err)
+		}
+		if l, err := rcs.List(ctx, metav1.ListOptions{}); err != nil || !slices.ContainsFunc(l.Items, func(x nodev1.RuntimeClass) bool { return x.Name == rc.Name }) {
+			t.Errorf("agent listing RuntimeClasses: %v", err)
+		}
+		w, err := rcs.Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Errorf("agent watching RuntimeClasses: %v", err)
+		} else {
+			w.Stop()
+		}
+		// Read only.
+		for what, err := range map[string]error{
+			"create a RuntimeClass": func() error {
+				_, err := agentClient.NodeV1().RuntimeClasses().Create(ctx, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-rights-evil"}, Handler: "runc"}, metav1.CreateOptions{})
+				return err
+			}(),
+			"delete a RuntimeClass": agentClient.NodeV1().RuntimeClasses().Delete(ctx, rc.Name, metav1.DeleteOptions{}),
+		} {
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("agent may %s (answer: %v); want forbidden by RBAC", what, err)
+			}
+		}
 	})
 
 	t.Run("everything else refused", func(t *testing.T) {

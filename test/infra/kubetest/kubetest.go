@@ -26,6 +26,7 @@ func (c clientset) AppsV1() kube.AppsV1Interface { return appsV1(c) }
 func (c clientset) AdmissionregistrationV1() kube.AdmissionregistrationV1Interface {
 	return admissionregistrationV1(c)
 }
+func (c clientset) NodeV1() kube.NodeV1Interface { return nodeV1(c) }
 
 // IsWatchListSemanticsUnSupported passes on what the clientset says (the
 // fake has no watch-list support), so informers over the wrapper list and
@@ -47,6 +48,10 @@ func (c coreV1) ConfigMaps(ns string) kube.ConfigMapInterface {
 type appsV1 clientset
 
 func (c appsV1) DaemonSets(ns string) kube.DaemonSetInterface { return c.cs.AppsV1().DaemonSets(ns) }
+
+type nodeV1 clientset
+
+func (c nodeV1) RuntimeClasses() kube.RuntimeClassInterface { return c.cs.NodeV1().RuntimeClasses() }
 
 type admissionregistrationV1 clientset
 
