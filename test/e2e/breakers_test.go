@@ -12,7 +12,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -28,6 +30,8 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/ambientd/ambientd/breakers"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
+	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -199,4 +203,67 @@ func TestClusterBreakers(t *testing.T) {
 			t.Errorf("note %q does not say the read was forbidden", n)
 		}
 	}
+}
+
+// ciliumExclusive acts as Cilium's agent with cni-exclusive=true does
+// (daemon/cmd/cni/config.go): it writes 05-cilium.conflist and renames
+// every other .conf, .conflist and .json of dir to NAME.cilium_bak, again
+// whenever one appears, until ctx ends.
+func ciliumExclusive(ctx context.Context, dir string) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cilium := filepath.Join(dir, "05-cilium.conflist")
+		for ctx.Err() == nil {
+			if _, err := os.Stat(cilium); err != nil {
+				_ = os.WriteFile(cilium, []byte(`{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni"}]}`), 0o644)
+			}
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				n := e.Name()
+				if n == "05-cilium.conflist" || e.IsDir() || !(strings.HasSuffix(n, ".conf") || strings.HasSuffix(n, ".conflist") || strings.HasSuffix(n, ".json")) {
+					continue
+				}
+				_ = os.Rename(filepath.Join(dir, n), filepath.Join(dir, n+".cilium_bak"))
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return done
+}
+
+// TestNodeConditionNamesExclusiveCNI: on a node whose Cilium runs with
+// cni-exclusive=true and keeps renaming the agent's config away, the
+// node condition is False with reason ExclusiveCNI and a message naming
+// the renamed config and the fix — not a bare PluginNotInstalled.
+func TestNodeConditionNamesExclusiveCNI(t *testing.T) {
+	root := t.TempDir()
+	binDir, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
+	for _, d := range []string{binDir, confDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "10-calico.conflist"), []byte(`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"calico"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := newScenario(t, "exclusive", within(2*time.Minute), agentArgs("--install-cni", "--cni-bin-dir="+binDir, "--cni-conf-dir="+confDir,
+		"--cni-bin-source="+testEnv.Bins.CNIPlugin, "--daemonset-namespace="+e2eenv.AgentNamespace))
+	waitNode(t, s.ctx, testEnv.NodeName, "condition True with the plugin installed", conditionIs(corev1.ConditionTrue, nodeready.ReasonReady))
+
+	ctx, stop := context.WithCancel(s.ctx)
+	done := ciliumExclusive(ctx, confDir)
+	t.Cleanup(func() { stop(); <-done })
+	n := waitNode(t, s.ctx, testEnv.NodeName, "condition False/ExclusiveCNI", conditionIs(corev1.ConditionFalse, nodeready.ReasonExclusiveCNI))
+	msg := nodeCondition(n).Message
+	for _, want := range []string{"00-ambientd.conflist", "cilium_bak", "cni.exclusive=false"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("condition message %q lacks %q", msg, want)
+		}
+	}
+	stop()
+	<-done
 }
