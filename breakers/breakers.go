@@ -163,12 +163,12 @@ func orUnset(m map[string]string, k string) string {
 
 func (r *Report) calico(ctx context.Context, objects Objects) {
 	var fc *unstructured.Unstructured
-	var src string
+	var src, resource string
 	var errs []string
 	for _, gvr := range FelixConfigurations {
 		o, err := objects.Object(ctx, gvr, FelixConfigurationName)
 		if err == nil {
-			fc, src = o, "FelixConfiguration "+FelixConfigurationName+" ("+gvr.GroupVersion().String()+")"
+			fc, src, resource = o, "FelixConfiguration "+FelixConfigurationName+" ("+gvr.GroupVersion().String()+")", gvr.GroupResource().String()
 			break
 		}
 		what := gvr.GroupVersion().String()
@@ -192,11 +192,11 @@ func (r *Report) calico(ctx context.Context, objects Objects) {
 	before := len(r.Findings)
 	if v, found, _ := unstructured.NestedString(fc.Object, "spec", "bpfConnectTimeLoadBalancing"); found && v != "Disabled" {
 		add("bpfConnectTimeLoadBalancing="+v,
-			`kubectl patch felixconfiguration default --type merge -p '{"spec":{"bpfConnectTimeLoadBalancing":"Disabled"}}' (Calico then load-balances Services at the host, after capture)`)
+			"kubectl patch "+resource+` default --type merge -p '{"spec":{"bpfConnectTimeLoadBalancing":"Disabled"}}' (Calico then load-balances Services at the host, after capture)`)
 	}
 	if v, found, _ := unstructured.NestedBool(fc.Object, "spec", "bpfConnectTimeLoadBalancingEnabled"); found && v {
 		add("bpfConnectTimeLoadBalancingEnabled=true",
-			`kubectl patch felixconfiguration default --type merge -p '{"spec":{"bpfConnectTimeLoadBalancingEnabled":false}}'`)
+			"kubectl patch "+resource+` default --type merge -p '{"spec":{"bpfConnectTimeLoadBalancingEnabled":false}}'`)
 	}
 	if len(r.Findings) == before {
 		v, found, _ := unstructured.NestedFieldNoCopy(fc.Object, "spec", "bpfConnectTimeLoadBalancing")

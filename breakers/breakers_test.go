@@ -91,6 +91,10 @@ func TestFind(t *testing.T) {
 					if f.Fix == "" || f.Problem == "" {
 						t.Errorf("%s: breaker without problem or fix: %+v", f.Setting, f)
 					}
+					// The fix patches the API the setting was read from.
+					if group, ok := strings.CutSuffix(strings.TrimPrefix(f.Source, "FelixConfiguration default ("), ")"); f.Component == "Calico" && (!ok || !strings.Contains(f.Fix, "kubectl patch felixconfigurations."+strings.Split(group, "/")[0]+" default")) {
+						t.Errorf("%s: fix %q does not patch the API it was read from (%s)", f.Setting, f.Fix, f.Source)
+					}
 				} else {
 					facts = append(facts, f.Setting)
 				}
