@@ -59,7 +59,17 @@ func exclusiveRenames(dir string, since time.Time) []string {
 // explainExclusive wraps a Check failure with ErrExclusiveCNI when Cilium's
 // cni-exclusive renamed configs away since the installer started.
 func (i *Installer) explainExclusive(err error) error {
-	renamed := exclusiveRenames(i.cfg.ConfDir, i.started)
+	return ExplainExclusive(i.cfg.ConfDir, i.started, err)
+}
+
+// ExplainExclusive wraps err, a failed "plugin installed" check of conf
+// dir dir, with ErrExclusiveCNI when Cilium's cni-exclusive renamed configs
+// of dir away at or after since (the checker's start). nil stays nil.
+func ExplainExclusive(dir string, since time.Time, err error) error {
+	if err == nil {
+		return nil
+	}
+	renamed := exclusiveRenames(dir, since)
 	if len(renamed) == 0 {
 		return err
 	}
