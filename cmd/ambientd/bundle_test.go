@@ -55,6 +55,13 @@ func newBundleNode(t *testing.T) *bundleNode {
 		n.kubeconfig: kubeconfig("agent-token-d00d"),
 		filepath.Join(n.confDir, "multus.d", "multus.kubeconfig"): kubeconfig("multus-token-e1e1"),
 	}
+	// A config that is a link out of the conf dir, to the agent's kubeconfig.
+	if err := os.MkdirAll(n.confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(n.kubeconfig, filepath.Join(n.confDir, "20-link.conflist")); err != nil {
+		t.Fatal(err)
+	}
 	for path, data := range files {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
@@ -162,7 +169,8 @@ func TestBundleKeepsCredentialsOut(t *testing.T) {
 		"cni/install-lease.json":      {`"state":"installed"`},
 		"env.txt":                     {"KUBECONFIG=" + `"` + n.kubeconfig + `"`, "AMBIENTD_CNI_PLUGIN_SERVICE_ACCOUNT=[REDACTED]", "\nMY_API_TOKEN\n", "\nDB_PASSWORD\n"},
 		"settings.txt":                {`--cni-plugin-service-account="[REDACTED]"	(env AMBIENTD_CNI_PLUGIN_SERVICE_ACCOUNT)`, `--node-name="node-1"	(env NODE_NAME)`, `--kubeconfig="` + n.kubeconfig + `"	(env KUBECONFIG)`},
-		bundle.ManifestName:           {"note      status: agent not running", "note      events.txt: the node's Events:", "note      metrics.txt:"},
+		bundle.ManifestName: {"note      status: agent not running", "note      events.txt: the node's Events:", "note      metrics.txt:",
+			"file      cni/conf/10-calico.conflist (", "note      cni/conf/20-link.conflist: a symlink leading out of the conf dir: not followed"},
 	}
 	for name, wants := range checks {
 		for _, want := range wants {

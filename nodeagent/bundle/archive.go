@@ -54,19 +54,27 @@ func NewArchive(w io.Writer, dir string, limits Limits, now time.Time) *Archive 
 
 // Add writes one file, redacted, cut at the per-file cap, left out when
 // the total cap is reached. Errors are kept for Close.
-func (a *Archive) Add(name string, data []byte) {
+func (a *Archive) Add(name string, data []byte) { a.AddSized(name, data, 0) }
+
+// AddSized is Add for data read from a source of size bytes, of which
+// data may be only the beginning: the manifest and the cut file say the
+// source's size.
+func (a *Archive) AddSized(name string, data []byte, size int64) {
 	if a.err != nil {
 		return
 	}
+	partial := size > int64(len(data)) // the source was not read whole
 	data = Redact(data)
-	size := int64(len(data))
+	if !partial {
+		size = int64(len(data))
+	}
 	if a.total >= a.limits.MaxTotalBytes {
 		a.manifest = append(a.manifest, fmt.Sprintf("left out  %s (%d bytes): the bundle reached --max-total-bytes=%d", name, size, a.limits.MaxTotalBytes))
 		return
 	}
-	keep := min(size, a.limits.MaxFileBytes, a.limits.MaxTotalBytes-a.total)
+	keep := min(int64(len(data)), a.limits.MaxFileBytes, a.limits.MaxTotalBytes-a.total)
 	line := fmt.Sprintf("file      %s (%d bytes)", name, size)
-	if keep < size {
+	if keep < int64(len(data)) || partial {
 		why := fmt.Sprintf("--max-file-bytes=%d", a.limits.MaxFileBytes)
 		if keep < a.limits.MaxFileBytes {
 			why = fmt.Sprintf("--max-total-bytes=%d", a.limits.MaxTotalBytes)

@@ -115,3 +115,20 @@ func TestArchiveBounds(t *testing.T) {
 		t.Errorf("files hold %d bytes of content, over the %d cap", total, lim.MaxTotalBytes)
 	}
 }
+
+// TestArchiveCutNeverSplitsACredential: a token that crosses the per-file
+// cut is redacted whole; no piece of it is kept before the cut.
+func TestArchiveCutNeverSplitsACredential(t *testing.T) {
+	jwt := "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW0ifQ.c2lnbmF0dXJlLWJ5dGVz"
+	data := strings.Repeat("a", 990) + " " + jwt + " " + strings.Repeat("b", 500)
+	var buf bytes.Buffer
+	a := NewArchive(&buf, "b", Limits{MaxFileBytes: 1000, MaxTotalBytes: 1 << 20}, time.Unix(0, 0))
+	a.Add("f.txt", []byte(data))
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f := untar(t, buf.Bytes())["f.txt"]
+	if strings.Contains(f, "eyJ") || !strings.Contains(f, "[REDACTED") {
+		t.Errorf("the cut kept part of the token: %q", f[980:])
+	}
+}

@@ -50,9 +50,13 @@ type Sources struct {
 // Per-request bound of each collector, within the caller's context.
 const requestTimeout = 10 * time.Second
 
+// readMargin is read past the per-file cap so that redaction sees a
+// credential that crosses the cut whole, and never keeps a piece of it.
+const readMargin = 64 << 10
+
 // readCap bounds what is read of any one source before the archive cuts
 // it: a file or response larger than a cap is never read whole.
-func readCap(a *Archive) int64 { return a.limits.MaxFileBytes + 1 }
+func readCap(a *Archive) int64 { return a.limits.MaxFileBytes + readMargin }
 
 // Collect writes every section into a. A section that cannot be collected
 // is a note in the manifest; Collect itself never fails.
@@ -168,23 +172,28 @@ func collectCNI(a *Archive, src Sources) {
 			if !cniConfigName.MatchString(e.Name()) || strings.Contains(strings.ToLower(e.Name()), "kubeconfig") {
 				continue
 			}
-			data, err := readBounded(filepath.Join(src.CNIConfDir, e.Name()), readCap(a))
+			path := filepath.Join(src.CNIConfDir, e.Name())
+			if e.Type()&fs.ModeSymlink != 0 && !linksWithin(src.CNIConfDir, path) {
+				a.Note("cni/conf/%s: a symlink leading out of the conf dir: not followed", e.Name())
+				continue
+			}
+			data, size, err := readBounded(path, readCap(a))
 			if err != nil {
 				a.Note("cni/conf/%s: %v", e.Name(), err)
 				continue
 			}
-			a.Add("cni/conf/"+safeName(e.Name()), data)
+			a.AddSized("cni/conf/"+safeName(e.Name()), data, size)
 		}
 	}
 	if src.CNIBinDir != "" {
 		_, listing := list(src.CNIBinDir)
 		a.Add("cni/bin-dir.txt", listing)
 		lease := filepath.Join(src.CNIBinDir, src.PluginName+cniapi.LeaseSuffix)
-		data, err := readBounded(lease, readCap(a))
+		data, size, err := readBounded(lease, readCap(a))
 		if err != nil {
 			a.Note("cni/install-lease.json: %v", err)
 		} else {
-			a.Add("cni/install-lease.json", data)
+			a.AddSized("cni/install-lease.json", data, size)
 		}
 	}
 }
@@ -215,20 +224,39 @@ func list(dir string) ([]os.DirEntry, []byte) {
 	return entries, []byte(b.String())
 }
 
-// readBounded reads at most n bytes of a regular file (a symlink is
-// followed within the same rules: the target must be a regular file).
-func readBounded(path string, n int64) ([]byte, error) {
+// readBounded reads at most n bytes of a regular file and returns them
+// with the file's size.
+func readBounded(path string, n int64) ([]byte, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil {
-		return nil, err
-	} else if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
 	}
-	return io.ReadAll(io.LimitReader(f, n))
+	if !fi.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, n))
+	return b, fi.Size(), err
+}
+
+// linksWithin reports whether the symlink path resolves to a file inside
+// dir: the conf dir is a host dir mounted into the agent's container, where
+// a link out of it names another file than on the host.
+func linksWithin(dir, path string) bool {
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return false
+	}
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return false
+	}
+	rel, err := filepath.Rel(realDir, target)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
 
 // collectEvents writes events.txt: the Events about this node, newest
