@@ -178,6 +178,10 @@ type Installer struct {
 	leaseGone    bool  // an uninstall removed the lease: never write it again
 	leaseErr     error // the last lease (or kubeconfig) write's error
 
+	// started is when the installer was made: configs a primary renamed
+	// away after it are evidence of an exclusive primary (exclusive.go).
+	started time.Time
+
 	// stepped, for tests, runs after each change the installer makes to
 	// the conf dir, so a test can look at the runtime's view in between.
 	stepped func()
@@ -215,7 +219,7 @@ func New(cfg Config, log *slog.Logger) (*Installer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Installer{cfg: cfg, log: log}, nil
+	return &Installer{cfg: cfg, log: log, started: time.Now()}, nil
 }
 
 // Config returns the validated config.
@@ -585,6 +589,14 @@ func (i *Installer) Check() error {
 	if err := i.healthErr(); err != nil {
 		return err
 	}
+	if err := i.checkRuntimeConfig(); err != nil {
+		return i.explainExclusive(err)
+	}
+	return nil
+}
+
+// checkRuntimeConfig is Check but for its explanation.
+func (i *Installer) checkRuntimeConfig() error {
 	fi, err := os.Stat(i.binPath())
 	if err != nil {
 		return fmt.Errorf("plugin binary: %w", err)

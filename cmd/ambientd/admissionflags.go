@@ -94,7 +94,7 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 }
 
 // client returns a client and the context's namespace ("default" if none).
-func (c *clientFlags) client(_ context.Context) (kube.Interface, string, error) {
+func (c *clientFlags) client(_ context.Context) (*kube.Client, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if c.kubeconfig != "" {
 		rules.ExplicitPath = c.kubeconfig

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ambientd/ambientd/admission"
 	"github.com/ambientd/ambientd/admission/check"
+	"github.com/ambientd/ambientd/breakers"
 )
 
 // checkCmd explains, through the API only, whether pods are (or will be) in
@@ -32,15 +33,18 @@ func runCheck(ctx context.Context, args []string, getenv func(string) string, st
 	agentNS := fs.String("agent-namespace", admission.DefaultAgentNamespace, "the agent's namespace (its ConfigMap and DaemonSet pods)")
 	agentSel := fs.String("agent-selector", check.DefaultAgentSelector, "label selector of the agent's pods")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+	clusterBreakers := fs.Bool("cluster-breakers", false, "instead of pods, name the cluster's settings under which ambient capture silently fails (Cilium, Calico) and their fixes; exit 3 when one is found")
 	var cf clientFlags
 	cf.register(fs)
 	var sf settingsFlags
 	sf.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: ambientd check [POD...] [-n NAMESPACE | -A] [-f MANIFEST] [-o table|json]\n\n"+
+		fmt.Fprintf(stderr, "usage: ambientd check [POD...] [-n NAMESPACE | -A] [-f MANIFEST] [-o table|json]\n"+
+			"       ambientd check --cluster-breakers [-o table|json]\n\n"+
 			"Says for each pod (all of the namespace when none is named) or each pod template of a manifest whether\n"+
 			"it is (will be) in the ambient mesh and gated on %s, which label decided it, the agent's\n"+
-			"annotation and condition, and whether an agent serves its node. Needs only a kubeconfig.\n\n", podmeta.ConditionEnrolled)
+			"annotation and condition, and whether an agent serves its node. With --cluster-breakers it names the\n"+
+			"CNI settings under which capture silently fails instead. Needs only a kubeconfig.\n\n", podmeta.ConditionEnrolled)
 		fs.PrintDefaults()
 	}
 	if code, ok := parseClientFlags(fs, args, &sf, getenv, stderr); !ok {
@@ -60,6 +64,9 @@ func runCheck(ctx context.Context, args []string, getenv func(string) string, st
 	case *all && (len(names) > 0 || *namespace != ""):
 		fmt.Fprintf(stderr, "ambientd check: -A excludes pod names and -n\n")
 		return 2
+	case *clusterBreakers && (len(names) > 0 || *file != "" || *all):
+		fmt.Fprintf(stderr, "ambientd check: --cluster-breakers excludes pod names, -f and -A\n")
+		return 2
 	case *timeout <= 0:
 		fmt.Fprintf(stderr, "ambientd check: --timeout %v: must be positive\n", *timeout)
 		return 2
@@ -70,6 +77,9 @@ func runCheck(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		fmt.Fprintf(stderr, "ambientd check: %v\n", err)
 		return 1
+	}
+	if *clusterBreakers {
+		return writeBreakers(breakers.Find(ctx, client, client), *output, stdout, stderr)
 	}
 	ns := *namespace
 	if ns == "" && !*all {
@@ -103,6 +113,27 @@ func runCheck(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		fmt.Fprintf(stderr, "ambientd check: %v\n", err)
 		return 1
+	}
+	return 0
+}
+
+// writeBreakers prints the cluster breakers report; exit 3 when one is
+// found, so a pipeline can stop on it.
+func writeBreakers(rep breakers.Report, output string, stdout, stderr io.Writer) int {
+	var err error
+	if output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = breakers.WriteTable(stdout, rep)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ambientd check: %v\n", err)
+		return 1
+	}
+	if rep.Breakers() > 0 {
+		return 3
 	}
 	return 0
 }

@@ -70,7 +70,8 @@ func TestInjectCommand(t *testing.T) {
 
 // TestCheckCommandFlags: usage errors exit 2 before any cluster access.
 func TestCheckCommandFlags(t *testing.T) {
-	for _, args := range [][]string{{"-o", "yaml"}, {"-A", "-n", "x"}, {"-f", "m.yaml", "pod-a"}, {"--timeout", "0s"}, {"--system-namespace", "Bad_NS"}} {
+	for _, args := range [][]string{{"-o", "yaml"}, {"-A", "-n", "x"}, {"-f", "m.yaml", "pod-a"}, {"--timeout", "0s"}, {"--system-namespace", "Bad_NS"},
+		{"--cluster-breakers", "pod-a"}, {"--cluster-breakers", "-A"}, {"--cluster-breakers", "-f", "m.yaml"}} {
 		var out, errb bytes.Buffer
 		if code := runCheck(context.Background(), args, envMap(), nil, &out, &errb); code != 2 {
 			t.Errorf("%q: exit %d (%s), want 2", args, code, errb.String())

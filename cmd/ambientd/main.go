@@ -16,7 +16,9 @@ commands:
   uninstall remove the CNI plugin, its config entry and the host rules from this node
   rules    print the exact in-pod and host rules for given options, touching nothing
   inject   add the readiness gate to manifests' pod templates the mesh will enroll (as the admission policy does)
-  check    say whether pods (or a manifest's) are in the mesh and gated, and why (kubeconfig only)
+  check    say whether pods (or a manifest's) are in the mesh and gated, and why (kubeconfig only);
+           --cluster-breakers: the CNI settings under which capture silently fails
+  bundle   write one archive for a support ticket: settings, status, CNI dirs, rules, errors, Events, metrics (root)
   version  print the version
 `
 
@@ -40,6 +42,8 @@ func main() {
 		os.Exit(injectCmd(args))
 	case "check":
 		os.Exit(checkCmd(args))
+	case "bundle":
+		os.Exit(bundleCmd(args))
 	case "uninstall":
 		os.Exit(uninstallCmd(args))
 	case "version":

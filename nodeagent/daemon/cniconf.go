@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/ambientd/ambientd/cniinstall"
 )
@@ -22,4 +23,14 @@ func PluginInConfDir(dir, pluginType string) error {
 		return fmt.Errorf("%s, the CNI config in use, has no %q plugin (plugins %v)", rc.Path, pluginType, rc.Types)
 	}
 	return nil
+}
+
+// pluginCheck is PluginInConfDir as the node condition runs it: a failure
+// is explained as the installer explains its own (cniinstall.
+// ExplainExclusive) when Cilium's cni-exclusive renamed configs of dir away
+// since the agent started.
+func pluginCheck(dir, pluginType string, started time.Time) func() error {
+	return func() error {
+		return cniinstall.ExplainExclusive(dir, started, PluginInConfDir(dir, pluginType))
+	}
 }

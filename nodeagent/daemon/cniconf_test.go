@@ -1,10 +1,14 @@
 package daemon
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/ambientd/ambientd/cniinstall"
 )
 
 func TestPluginInConfDir(t *testing.T) {
@@ -49,5 +53,36 @@ func TestPluginInConfDir(t *testing.T) {
 	}
 	if err := PluginInConfDir(filepath.Join(t.TempDir(), "missing"), "ambientd-cni"); err == nil {
 		t.Error("missing dir: no error")
+	}
+}
+
+// TestPluginCheckNamesExclusiveCNI: without --install-cni too, a plugin
+// config renamed away by Cilium's cni-exclusive since the agent started
+// makes the check say so (the node condition's ExclusiveCNI); a backup
+// from before the start does not.
+func TestPluginCheckNamesExclusiveCNI(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("10-old.conflist.cilium_bak", `{"cniVersion":"1.0.0","name":"old","plugins":[{"type":"bridge"}]}`)
+	write("10-net.conflist", `{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"bridge"},{"type":"ambientd-cni"}]}`)
+	check := pluginCheck(dir, "ambientd-cni", time.Now())
+	if err := check(); err != nil {
+		t.Fatalf("installed: %v", err)
+	}
+	write("05-cilium.conflist", `{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni"}]}`)
+	if err := check(); err == nil || errors.Is(err, cniinstall.ErrExclusiveCNI) {
+		t.Fatalf("Cilium's config sorts first, nothing renamed: %v; want a plain failure", err)
+	}
+	if err := os.Rename(filepath.Join(dir, "10-net.conflist"), filepath.Join(dir, "10-net.conflist.cilium_bak")); err != nil {
+		t.Fatal(err)
+	}
+	err := check()
+	if !errors.Is(err, cniinstall.ErrExclusiveCNI) || !strings.Contains(err.Error(), "10-net.conflist renamed") || strings.Contains(err.Error(), "10-old") {
+		t.Fatalf("check = %v; want ErrExclusiveCNI naming 10-net.conflist only", err)
 	}
 }

@@ -110,7 +110,7 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 		if cfg.CNIConfDir == "" {
 			return nil, errors.New("daemon: a CNI config dir (or a plugin check) is required")
 		}
-		cfg.PluginInstalled = func() error { return PluginInConfDir(cfg.CNIConfDir, cniapi.PluginType) }
+		cfg.PluginInstalled = pluginCheck(cfg.CNIConfDir, cniapi.PluginType, time.Now())
 	}
 	if err := registerPluginCheck(&cfg, a.Metrics()); err != nil {
 		return nil, err

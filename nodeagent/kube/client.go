@@ -32,6 +32,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -133,8 +134,9 @@ type NodeInterface interface {
 }
 
 // EventInterface is what client-go's Event recorder writes through (see
-// EventSink).
+// EventSink); `ambientd bundle` lists the node's Events.
 type EventInterface interface {
+	Lister[*corev1.EventList]
 	Create(ctx context.Context, event *corev1.Event, opts metav1.CreateOptions) (*corev1.Event, error)
 	Update(ctx context.Context, event *corev1.Event, opts metav1.UpdateOptions) (*corev1.Event, error)
 	Patcher[*corev1.Event]
@@ -231,6 +233,28 @@ func restClient(cfg rest.Config, h *http.Client, gv schema.GroupVersion, apiPath
 	return rc, nil
 }
 
+// Object reads one cluster-scoped object of any API group as JSON, by its
+// group, version and resource: `ambientd check --cluster-breakers` reads
+// other projects' custom resources (Calico's FelixConfiguration) without
+// their Go types and without client-go's dynamic client, which the agent
+// binary does not link (lean binary). API errors are *apierrors.StatusError,
+// as the typed clients return them.
+func (c *Client) Object(ctx context.Context, gvr schema.GroupVersionResource, name string) (*unstructured.Unstructured, error) {
+	if gvr.Group == "" || gvr.Version == "" || gvr.Resource == "" || name == "" {
+		return nil, fmt.Errorf("kube: object %s %q: group, version, resource and name are required", gvr, name)
+	}
+	raw, err := c.adm.rc.Get().AbsPath("/apis", gvr.Group, gvr.Version, gvr.Resource, name).
+		SetHeader("Accept", "application/json").Do(ctx).Raw()
+	if err != nil {
+		return nil, err
+	}
+	var o unstructured.Unstructured
+	if err := o.UnmarshalJSON(raw); err != nil {
+		return nil, fmt.Errorf("kube: %s %s: %w", gvr, name, err)
+	}
+	return &o, nil
+}
+
 // CoreV1 returns the core/v1 clients.
 func (c *Client) CoreV1() CoreV1Interface { return c.core }
 
@@ -271,8 +295,8 @@ func (c coreV1) Nodes() NodeInterface {
 }
 
 func (c coreV1) Events(namespace string) EventInterface {
-	return gentype.NewClient("events", c.rc, c.params, namespace,
-		func() *corev1.Event { return &corev1.Event{} })
+	return gentype.NewClientWithList("events", c.rc, c.params, namespace,
+		func() *corev1.Event { return &corev1.Event{} }, func() *corev1.EventList { return &corev1.EventList{} })
 }
 
 func (c coreV1) ConfigMaps(namespace string) ConfigMapInterface {

@@ -11,6 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/cniinstall"
 )
 
 // Defaults.
@@ -39,8 +41,12 @@ const (
 // Condition reasons, in the order they are checked: the reason names the
 // first check that fails; the message lists every failing check.
 const (
-	ReasonReady               = "Ready"
-	ReasonPluginNotInstalled  = "PluginNotInstalled"
+	ReasonReady              = "Ready"
+	ReasonPluginNotInstalled = "PluginNotInstalled"
+	// ReasonExclusiveCNI: the plugin is not installed because a primary
+	// CNI in exclusive mode renames other configs away (Cilium's
+	// cni-exclusive=true; cniinstall.ErrExclusiveCNI).
+	ReasonExclusiveCNI        = "ExclusiveCNI"
 	ReasonCachesNotSynced     = "CachesNotSynced"
 	ReasonZtunnelNotConnected = "ZtunnelNotConnected"
 	ReasonSnapshotNotAcked    = "SnapshotNotAcked"
@@ -124,7 +130,11 @@ func Compute(in Inputs) Readiness {
 		msgs = append(msgs, msg)
 	}
 	if err := in.PluginInstalled(); err != nil {
-		fail(ReasonPluginNotInstalled, "CNI plugin not installed: "+err.Error())
+		reason := ReasonPluginNotInstalled
+		if errors.Is(err, cniinstall.ErrExclusiveCNI) {
+			reason = ReasonExclusiveCNI
+		}
+		fail(reason, "CNI plugin not installed: "+err.Error())
 	}
 	if !in.AgentStarted() {
 		fail(ReasonCachesNotSynced, "agent caches not synced or registry not rebuilt yet")

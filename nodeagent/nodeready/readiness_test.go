@@ -3,12 +3,15 @@ package nodeready
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ambientd/ambientd/cniinstall"
 )
 
 // fakeInputs builds Inputs from fixed values, the CNI socket serving.
@@ -40,6 +43,8 @@ func TestCompute(t *testing.T) {
 	}{
 		{"all ready", fakeInputs(nil, true, ztReady), true, ReasonReady, nil},
 		{"plugin missing", fakeInputs(noPlugin, true, ztReady), false, ReasonPluginNotInstalled, []string{"10-calico.conflist"}},
+		{"an exclusive primary renamed ours away", fakeInputs(fmt.Errorf("%w: 00-ambientd.conflist renamed: %w", cniinstall.ErrExclusiveCNI, noPlugin), true, ztReady), false, ReasonExclusiveCNI,
+			[]string{"CNI plugin not installed", "cni-exclusive", "00-ambientd.conflist renamed", "10-calico.conflist"}},
 		{"caches not synced", fakeInputs(nil, false, ztReady), false, ReasonCachesNotSynced, nil},
 		{"no ztunnel", fakeInputs(nil, true, ZtunnelState{}), false, ReasonZtunnelNotConnected, nil},
 		{"not acked", fakeInputs(nil, true, ZtunnelState{Connected: true}), false, ReasonSnapshotNotAcked, nil},
