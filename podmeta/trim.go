@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Container names Istio's injector uses.
@@ -37,13 +38,23 @@ const (
 // containers' statuses, kubelet's other conditions, ...) is dropped: at a
 // thousand pods it is most of the agent's heap (docs/scale.md). The agent
 // never writes a cached pod back (it patches), so nothing dropped here can
-// be lost. Other objects lose their managed fields only.
+// be lost. A namespace keeps its name, uid, resourceVersion, labels and
+// deletion timestamp — the policy reads its labels only; its annotations
+// (kubectl's last-applied configuration among them), spec and status go:
+// every agent holds every namespace. Other objects lose their managed
+// fields only.
 //
 // A reader of a new pod field adds it here; TestTrimKeepsWhatTheAgentReads
 // compares every reader's answer on a trimmed pod with its answer on the
 // full one.
 func Trim(conditions ...corev1.PodConditionType) func(obj any) (any, error) {
 	return func(obj any) (any, error) {
+		if ns, ok := obj.(*corev1.Namespace); ok {
+			return &corev1.Namespace{TypeMeta: ns.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+				Name: ns.Name, UID: ns.UID, ResourceVersion: ns.ResourceVersion,
+				Labels: ns.Labels, DeletionTimestamp: ns.DeletionTimestamp,
+			}}, nil
+		}
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
 			if m, err := meta.Accessor(obj); err == nil {

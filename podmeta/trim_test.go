@@ -3,6 +3,7 @@ package podmeta_test
 import (
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -155,16 +156,37 @@ func TestTrimKeepsWhatTheAgentReads(t *testing.T) {
 	}
 }
 
-// TestTrimOtherObjects: a namespace keeps everything but its managed fields.
+// TestTrimOtherObjects: a namespace keeps what the policy reads (its labels)
+// and what identifies it; its annotations (kubectl's last-applied
+// configuration), spec and status go. A node keeps everything but its
+// managed fields.
 func TestTrimOtherObjects(t *testing.T) {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant", Labels: map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient},
-		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}}}
+	now := metav1.Now()
+	ns := &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{Name: "tenant", UID: "u1", ResourceVersion: "42", DeletionTimestamp: &now,
+			Labels:        map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient},
+			Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 4096)},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
+		Spec:   corev1.NamespaceSpec{Finalizers: []corev1.FinalizerName{corev1.FinalizerKubernetes}},
+		Status: corev1.NamespaceStatus{Phase: corev1.NamespaceActive},
+	}
 	obj, err := podmeta.Trim(trimCondition)(ns)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := obj.(*corev1.Namespace)
-	if got.ManagedFields != nil || got.Labels[podmeta.LabelDataplaneMode] != podmeta.ModeAmbient {
-		t.Errorf("namespace after Trim: %+v", got.ObjectMeta)
+	want := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant", UID: "u1", ResourceVersion: "42", DeletionTimestamp: &now,
+		Labels: map[string]string{podmeta.LabelDataplaneMode: podmeta.ModeAmbient}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("namespace after Trim: %+v, want %+v", got, want)
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{"a": "b"},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}}}
+	obj, err = podmeta.Trim(trimCondition)(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := obj.(*corev1.Node); n.ManagedFields != nil || n.Annotations["a"] != "b" {
+		t.Errorf("node after Trim: %+v", n.ObjectMeta)
 	}
 }

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 type RequestMetrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	bytes    *prometheus.CounterVec
 
 	mu      sync.Mutex
 	seconds [60]second // a ring of the last minute, one slot per second
@@ -39,12 +41,16 @@ func NewRequestMetrics() *RequestMetrics {
 			Help:    "Time from sending a request to the API server to its answer's headers (a watch: until it is established), by verb and resource.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"verb", "resource"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ambientd_kube_response_bytes_total",
+			Help: "Bytes of the API server's answers the agent read, by verb and resource (a list, or a watch's initial events and every event after them).",
+		}, []string{"verb", "resource"}),
 	}
 }
 
 // Register adds the metrics to reg.
 func (m *RequestMetrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.latency} {
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.bytes} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -73,7 +79,23 @@ func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.m.requests.WithLabelValues(verb, resource, code).Inc()
 	t.m.latency.WithLabelValues(verb, resource).Observe(time.Since(start).Seconds())
 	t.m.count(start)
+	if err == nil && resp.Body != nil {
+		resp.Body = countingBody{ReadCloser: resp.Body, read: t.m.bytes.WithLabelValues(verb, resource)}
+	}
 	return resp, err
+}
+
+// countingBody counts the bytes read from an answer as they are read (a
+// watch's body is read for the watch's life).
+type countingBody struct {
+	io.ReadCloser
+	read prometheus.Counter
+}
+
+func (b countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.read.Add(float64(n))
+	return n, err
 }
 
 func (m *RequestMetrics) count(at time.Time) {

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -42,7 +43,9 @@ func TestRequestMetricsCount(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/missing") {
 			http.NotFound(w, r)
+			return
 		}
+		_, _ = w.Write([]byte(`{"kind":"Node"}`))
 	}))
 	defer srv.Close()
 	m := NewRequestMetrics()
@@ -56,6 +59,7 @@ func TestRequestMetricsCount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
 	if got := testutil.ToFloat64(m.requests.WithLabelValues("get", "nodes", "200")); got != 2 {
@@ -63,6 +67,9 @@ func TestRequestMetricsCount(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.requests.WithLabelValues("get", "pods", "404")); got != 1 {
 		t.Errorf("get pods 404 = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.bytes.WithLabelValues("get", "nodes")); got != 2*float64(len(`{"kind":"Node"}`)) {
+		t.Errorf("bytes read of get nodes = %v, want two answers' worth", got)
 	}
 	if n := m.LastMinute(time.Now()); n != 3 {
 		t.Errorf("last minute = %d, want 3", n)
