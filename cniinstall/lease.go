@@ -91,6 +91,9 @@ func (i *Installer) WriteLease() error {
 	// no agent answers (as before it could decide): logged, not a reason
 	// to keep the node unready.
 	kerr := i.writeKubeconfig()
+	if kerr != nil {
+		i.report(KubeconfigFailed)
+	}
 	i.leaseErr = i.writeLease(state)
 	return errors.Join(i.leaseErr, kerr)
 }
