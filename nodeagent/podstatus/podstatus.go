@@ -37,6 +37,11 @@ type Status struct {
 	// Condition is the pod condition (of Options.ConditionType); a zero
 	// Condition leaves the pod's condition as it is.
 	Condition Condition
+	// FirstTrue marks a write that turns the pod's condition True for the
+	// first time (the pod was never carried before); it is not written,
+	// only handed to Options.OnWritten once the write landed. Equal
+	// ignores it.
+	FirstTrue bool
 }
 
 // Condition is the value of the agent's pod condition.
@@ -87,6 +92,9 @@ type Options struct {
 	// OnResult, when set, is called after each attempt with how long the
 	// write took (metrics hook).
 	OnResult func(r Result, took time.Duration)
+	// OnWritten, when set, is called after each write that landed, with
+	// the status written and the pod as the API server returned it.
+	OnWritten func(st Status, pod *corev1.Pod)
 }
 
 // Patcher queues pod status writes (the annotation and the condition, one
@@ -184,11 +192,14 @@ func (p *Patcher) next(ctx context.Context) bool {
 		return true
 	}
 	start := time.Now()
-	err := p.patch(ctx, k, w)
+	pod, err := p.patch(ctx, k, w)
 	took := time.Since(start)
 	res := ResultOK
 	switch {
 	case err == nil:
+		if p.opts.OnWritten != nil {
+			p.opts.OnWritten(w.status, pod)
+		}
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err):
 		// Gone, or a different pod now has this name (the uid precondition
 		// failed): the write is moot.
@@ -281,17 +292,18 @@ func patchBody(uid, conditionType string, st Status) ([]byte, error) {
 	return b, nil
 }
 
-// patch sends the strategic merge patch of patchBody.
-func (p *Patcher) patch(ctx context.Context, k Key, w want) error {
+// patch sends the strategic merge patch of patchBody; it returns the pod
+// as the API server returned it.
+func (p *Patcher) patch(ctx context.Context, k Key, w want) (*corev1.Pod, error) {
 	body, err := patchBody(w.uid, p.opts.ConditionType, w.status)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
-	_, err = p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
+	pod, err := p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
-		return fmt.Errorf("podstatus: patch %s %+v: %w", k, w.status, err)
+		return nil, fmt.Errorf("podstatus: patch %s %+v: %w", k, w.status, err)
 	}
-	return nil
+	return pod, nil
 }

@@ -128,7 +128,7 @@ func TestSetForOldPodDoesNotReplaceNewPodsWrite(t *testing.T) {
 		t.Errorf("new pod's annotation %q, want enabled", v)
 	}
 	if v, ok := p.queued("ns", "web-0", "u-new"); ok {
-		t.Errorf("write still queued after landing: %q", v)
+		t.Errorf("write still queued after landing: %+v", v)
 	}
 }
 
