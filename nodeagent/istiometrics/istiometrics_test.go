@@ -1,12 +1,17 @@
 package istiometrics
 
 import (
+	"bytes"
 	"errors"
 	"maps"
 	"net/http"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
 )
 
 // scrape gathers reg into name → label value (of the one label, or "") →
@@ -113,5 +118,99 @@ func TestOff(t *testing.T) {
 	}
 	if _, types := scrape(t, reg); len(types) != 0 {
 		t.Errorf("off, yet exported %v", types)
+	}
+}
+
+// istioExposition is Istio's own exposition of its istio-cni metrics,
+// generated with Istio's code (test/istio-oracle/cmd/istio-cni-metrics,
+// `make istio-oracle`).
+const istioExposition = "../../test/istio-oracle/testdata/metrics/istio-cni.prom"
+
+// family is one metric family of a text exposition: its type, and per
+// label name the values its samples show.
+type family struct {
+	typ    string
+	labels map[string][]string
+}
+
+// parseFamilies reads a Prometheus text exposition (TYPE lines and
+// samples; no histograms).
+func parseFamilies(t *testing.T, text string) map[string]*family {
+	t.Helper()
+	out := map[string]*family{}
+	for _, l := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(l, "# TYPE "); ok {
+			name, typ, _ := strings.Cut(rest, " ")
+			out[name] = &family{typ: typ, labels: map[string][]string{}}
+			continue
+		}
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		name, rest, _ := strings.Cut(l, "{")
+		name, _, _ = strings.Cut(name, " ")
+		f := out[name]
+		if f == nil {
+			t.Fatalf("sample before its TYPE: %q", l)
+		}
+		if labels, _, ok := strings.Cut(rest, "}"); ok {
+			for _, kv := range strings.Split(labels, ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				f.labels[k] = append(f.labels[k], strings.Trim(v, `"`))
+			}
+		}
+	}
+	return out
+}
+
+// TestMatchesIstiosExposition: every family Istio's own code exposes
+// (Istio's exporter over Istio's declarations, moved by Istio's installer
+// and node agent) is exported by us under the same name, of the same type,
+// with the same label names, and every label value Istio showed is one of
+// ours.
+func TestMatchesIstiosExposition(t *testing.T) {
+	golden, err := os.ReadFile(istioExposition)
+	if err != nil {
+		t.Fatal(err)
+	}
+	istio := parseFamilies(t, string(golden))
+	if len(istio) < 3 {
+		t.Fatalf("%s: %d families, want Istio's installer's and node agent's", istioExposition, len(istio))
+	}
+	m := New()
+	reg := prometheus.NewRegistry()
+	if err := m.Register(reg, Sources{ZtunnelConnections: func() int { return 0 }, PluginInstalled: func() error { return nil }, Installer: true}); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if _, err := expfmt.MetricFamilyToText(&buf, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ours := parseFamilies(t, buf.String())
+	for name, want := range istio {
+		got, ok := ours[name]
+		if !ok {
+			t.Errorf("Istio exposes %s; we do not", name)
+			continue
+		}
+		if got.typ != want.typ {
+			t.Errorf("%s: type %s, Istio's %s", name, got.typ, want.typ)
+		}
+		if !slices.Equal(slices.Sorted(maps.Keys(got.labels)), slices.Sorted(maps.Keys(want.labels))) {
+			t.Errorf("%s: labels %v, Istio's %v", name, slices.Sorted(maps.Keys(got.labels)), slices.Sorted(maps.Keys(want.labels)))
+		}
+		for label, values := range want.labels {
+			for _, v := range values {
+				if !slices.Contains(got.labels[label], v) {
+					t.Errorf("%s: Istio shows %s=%q, we never export it (ours: %v)", name, label, v, got.labels[label])
+				}
+			}
+		}
 	}
 }
