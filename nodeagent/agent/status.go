@@ -182,7 +182,9 @@ func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) 
 	if cur.Condition.Status == want.Condition.Status && !cur.Condition.Since.IsZero() {
 		want.Condition.Since = cur.Condition.Since
 	}
-	want.FirstTrue = firstTrue(cur, want)
+	// Only the write of the move itself: a sync that only heals what a
+	// stale cache still shows as pending is not the pod's first moment.
+	want.FirstTrue = moved && firstTrue(cur, want)
 	a.status.Set(pod.Namespace, pod.Name, string(pod.UID), want)
 }
 

@@ -135,10 +135,14 @@ func New(client kube.Interface, log *slog.Logger, opts Options) *Patcher {
 }
 
 // Set asks for pod namespace/name (which must have uid) to show st. It never
-// blocks.
+// blocks. A write not landed yet that st replaces with the same status
+// hands its FirstTrue on: the first True stays the first once it lands.
 func (p *Patcher) Set(namespace, name, uid string, st Status) {
 	k := Key{namespace, name, uid}
 	p.mu.Lock()
+	if prev, ok := p.wanted[k]; ok && prev.status.FirstTrue && prev.status.Equal(st) {
+		st.FirstTrue = true
+	}
 	p.gen++
 	p.wanted[k] = want{uid: uid, status: st, gen: p.gen}
 	p.mu.Unlock()
@@ -222,6 +226,11 @@ func (p *Patcher) next(ctx context.Context) bool {
 	p.mu.Lock()
 	if cur, ok := p.wanted[k]; ok && cur.gen == w.gen {
 		delete(p.wanted, k)
+	} else if ok && res == ResultOK && w.status.FirstTrue {
+		// A later write of the same status inherited the mark (Set)
+		// while this one was in flight: the first True has landed.
+		cur.status.FirstTrue = false
+		p.wanted[k] = cur
 	}
 	if len(p.wanted) == 0 && p.drained != nil {
 		close(p.drained)
