@@ -108,11 +108,14 @@ fresh-check:
 # separate test-only module pinned to one Istio release (never part of ./...,
 # never imported by the product). Regenerates the committed golden files in
 # test/istio-oracle/testdata/sidecar and fails if any differs; also builds
-# bin/istio-validation (Istio's istio-validation check). CI's other targets
-# only read the committed files and never build Istio.
+# bin/istio-validation (Istio's istio-validation check), and regenerates
+# testdata/metrics/istio-cni.prom, the exposition of Istio's istio-cni
+# metrics that nodeagent/istiometrics is checked against. CI's other
+# targets only read the committed files and never build Istio.
 istio-oracle:
-	cd test/istio-oracle && $(GO) build -o ../../bin/ . ./cmd/istio-validation
+	cd test/istio-oracle && $(GO) build -o ../../bin/ . ./cmd/istio-validation ./cmd/istio-cni-metrics
 	cd test/istio-oracle && ../../bin/istio-oracle -out testdata/sidecar
+	cd test/istio-oracle && ../../bin/istio-cni-metrics -out testdata/metrics/istio-cni.prom
 
 # The oracle check: builds the oracle and regenerates/compares the golden
 # files (istio-oracle above), then runs the sidecar tests against them and

@@ -185,6 +185,8 @@ type Installer struct {
 	// stepped, for tests, runs after each change the installer makes to
 	// the conf dir, so a test can look at the runtime's view in between.
 	stepped func()
+	// observe is told each Result (Observe).
+	observe func(Result)
 }
 
 // step marks one change to the conf dir done (see stepped).
@@ -234,19 +236,57 @@ const maxRedo = 5
 // Install makes one pass: binary, then config. changed says whether it
 // wrote anything. ErrNoConfig when there is no config to insert into yet.
 func (i *Installer) Install() (changed bool, err error) {
+	changed, _, err = i.install()
+	return changed, err
+}
+
+// install is Install, also saying which step failed (BinaryFailed or
+// ConfigFailed; 0 without an error).
+func (i *Installer) install() (changed bool, failed Result, err error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	binChanged, err := i.ensureBinary()
 	if err != nil {
-		return false, err
+		return false, BinaryFailed, err
 	}
 	for redo := 0; ; redo++ {
 		c, err := i.ensureConfig()
 		changed = changed || c
 		if !errors.Is(err, errConflict) || redo == maxRedo {
-			return binChanged || changed, err
+			if err != nil {
+				failed = ConfigFailed
+			}
+			return binChanged || changed, failed, err
 		}
 		i.log.Debug("CNI config changed while we were changing it; starting over", "error", err)
+	}
+}
+
+// Result is what an install round or a write of the plugin's kubeconfig
+// came to, as Observe reports it (Istio's istio_cni_installs_total counts
+// them).
+type Result int
+
+const (
+	// Installed: a round of Run left the plugin installed: its first, and
+	// each one that wrote something (a repair after another's change).
+	Installed Result = iota + 1
+	// BinaryFailed: a round could not install the plugin binary.
+	BinaryFailed
+	// ConfigFailed: a round could not write the CNI config.
+	ConfigFailed
+	// KubeconfigFailed: the plugin's kubeconfig could not be written.
+	KubeconfigFailed
+)
+
+// Observe has f told of every Result from now on; call it before Run and
+// RenewLease. A round that only waits for the node's primary config, or
+// that another writer kept changing files under, reports nothing.
+func (i *Installer) Observe(f func(Result)) { i.observe = f }
+
+func (i *Installer) report(r Result) {
+	if i.observe != nil && r != 0 {
+		i.observe(r)
 	}
 }
 

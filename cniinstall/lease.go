@@ -95,6 +95,9 @@ func (i *Installer) WriteLease() error {
 		return i.leaseErr
 	}
 	kerr := i.writeKubeconfig()
+	if kerr != nil {
+		i.report(KubeconfigFailed)
+	}
 	i.leaseErr = i.writeLease(state)
 	return errors.Join(i.leaseErr, kerr)
 }

@@ -235,9 +235,12 @@ func (r *runner) relevant(ev fsnotify.Event) bool {
 // else's change and counts against the loop guard.
 func (r *runner) pass(first bool) {
 	i := r.i
-	changed, err := i.Install()
+	changed, failed, err := i.install()
 	switch {
 	case err == nil:
+		if first || changed {
+			i.report(Installed)
+		}
 		if i.setHealth(nil) {
 			i.log.Info("CNI installer working again")
 		}
@@ -258,6 +261,7 @@ func (r *runner) pass(first bool) {
 		i.log.Info("CNI config kept changing during the pass; retrying", "error", err)
 		r.soon(settle + r.guard.delay())
 	default:
+		i.report(failed)
 		i.setHealth(err)
 		d := r.passBackoff.next()
 		i.log.Error("installing the CNI plugin failed; retrying", "error", err, "retry_in", d)

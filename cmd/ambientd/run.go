@@ -58,6 +58,7 @@ var envOf = flagEnv{
 	"health-addr":                 "AMBIENTD_HEALTH_ADDR",
 	"metrics-addr":                "AMBIENTD_METRICS_ADDR",
 	"pprof-addr":                  "AMBIENTD_PPROF_ADDR",
+	"istio-metrics":               "AMBIENTD_ISTIO_METRICS",
 	"host-proc":                   "AMBIENTD_HOST_PROC",
 	"iptables":                    "AMBIENTD_IPTABLES",
 	"exclude-namespaces":          admission.EnvExcludeNamespaces,
@@ -146,6 +147,7 @@ func (f *runFlags) flagSet() (*flag.FlagSet, func(nodeName string) (nodeready.Co
 	fs.StringVar(&n.AdminSocket, "admin-socket", admin.DefaultSocketPath, "Unix socket the status command asks (root only)")
 	fs.StringVar(&n.HealthAddr, "health-addr", ":8000", "address of /healthz and /readyz")
 	fs.StringVar(&n.MetricsAddr, "metrics-addr", ":15014", "address of /metrics")
+	fs.BoolVar(&n.IstioMetrics, "istio-metrics", true, "also export Istio's istio-cni metric names (istio_cni_plugin_requests_total, nodeagent_reconcile_events_total, ztunnel_connected, istio_cni_install_ready, istio_cni_installs_total) beside ambientd's, so alerts written for istio-cni keep working (docs/metrics.md, \"Istio's names\")")
 	fs.StringVar(&n.PprofAddr, "pprof-addr", "", "address of Go's profiling endpoints (/debug/pprof/); empty = off. They show the agent's memory and goroutines to whoever reaches them: bind to loopback (127.0.0.1:6060)")
 	fs.StringVar(&a.HostProc, "host-proc", a.HostProc, "host /proc, scanned for running pods' network namespaces")
 	fs.StringVar((*string)(&f.rules.Mode), "iptables", string(iptables.ModeAuto), "rules backend: auto, legacy, nft (iptables-nft) or nftables (native, over netlink)")
@@ -459,6 +461,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	// With --install-cni the installer's own check (our entry last in the
 	// config the runtime uses) feeds /readyz and the node condition;
 	// without it the daemon reads the conf dir itself.
+	var ci *daemon.InstallCNI
 	if f.installCNI {
 		icfg, _ := f.leaseConfig() // validated
 		if icfg.Credentials, err = f.pluginCredentials(restCfg); err != nil {
@@ -470,7 +473,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		ci := daemon.NewInstallCNI(inst, shutdownrule.New(client, f.install.namespace, f.install.daemonSet, f.node.Agent.NodeName), rules, successor, ilog)
+		ci = daemon.NewInstallCNI(inst, shutdownrule.New(client, f.install.namespace, f.install.daemonSet, f.node.Agent.NodeName), rules, successor, ilog)
 		defer ci.Finish()
 		cfg.Agent.HandOver = ci.HandOver
 		cfg.PluginInstalled = ci.Check
@@ -480,6 +483,9 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 	node, err := daemon.New(cfg, client, rules, log)
 	if err != nil {
 		return err
+	}
+	if ci != nil {
+		ci.CountInstalls(node.Istio())
 	}
 	log.Info("ambientd starting", "version", version, "node", cfg.Agent.NodeName, "ztunnel_socket", cfg.ZtunnelSocket, "cni_socket", cfg.CNISocket, "iptables", rules.Mode())
 	return node.Run(ctx)

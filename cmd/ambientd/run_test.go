@@ -72,6 +72,16 @@ func TestParseRunFlags(t *testing.T) {
 				t.Error("--install-cni not set")
 			}
 		}},
+		{name: "Istio's metric names on by default", args: []string{"--node-name=n"}, env: env(), check: func(t *testing.T, f runFlags) {
+			if !f.node.IstioMetrics {
+				t.Error("--istio-metrics off by default")
+			}
+		}},
+		{name: "Istio's metric names off from env", args: []string{"--node-name=n"}, env: env("AMBIENTD_ISTIO_METRICS", "false"), check: func(t *testing.T, f runFlags) {
+			if f.node.IstioMetrics {
+				t.Error("AMBIENTD_ISTIO_METRICS=false did not turn --istio-metrics off")
+			}
+		}},
 		{name: "bad node name", args: []string{"--node-name=N_1"}, env: env(), wantErr: "--node-name"},
 		{name: "handover from env", args: []string{"--node-name=n", "--install-cni"}, env: env("AMBIENTD_HANDOVER", "istio-nftables"), check: func(t *testing.T, f runFlags) {
 			if f.handover != "istio-nftables" {

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/istiometrics"
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/podstatus"
@@ -273,6 +274,9 @@ type Deps struct {
 	// Config.HostProc).
 	Netns Netns
 	Log   *slog.Logger // nil discards
+	// Istio counts the informer events under Istio's
+	// nodeagent_reconcile_events_total (nil: not counted).
+	Istio *istiometrics.Metrics
 }
 
 // New builds an agent from d. The agent is the ztunnel server's snapshot
@@ -326,6 +330,7 @@ func New(cfg Config, d Deps) (*Agent, error) {
 			a.metrics.annotations.WithLabelValues(string(r)).Inc()
 			a.metrics.steps.WithLabelValues("status_write").Observe(took.Seconds())
 		},
+		OnWritten: a.metrics.meshReady,
 	})
 
 	// Pods of this node only; namespaces: all (their labels enroll pods).
@@ -362,21 +367,29 @@ func New(cfg Config, d Deps) (*Agent, error) {
 	a.rcLister = listers.New[*nodev1.RuntimeClass](d.Informers.RuntimeClasses.GetIndexer(), nodev1.Resource("runtimeclass"))
 
 	// Event handlers only enqueue keys; all decisions happen in sync.
+	// Every event is counted under Istio's name, as Istio's agent counts
+	// each pod and namespace event it reconciles.
+	im := d.Istio
 	if _, err := a.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    a.enqueuePod,
-		UpdateFunc: func(_, obj any) { a.enqueuePod(obj) },
-		DeleteFunc: a.enqueuePod,
+		AddFunc: func(obj any) { im.ReconcileEvent(istiometrics.EventAdd); a.enqueuePod(obj) },
+		UpdateFunc: func(_, obj any) {
+			im.ReconcileEvent(istiometrics.EventUpdate)
+			a.enqueuePod(obj)
+		},
+		DeleteFunc: func(obj any) { im.ReconcileEvent(istiometrics.EventDelete); a.enqueuePod(obj) },
 	}); err != nil {
 		return nil, fmt.Errorf("agent: pod event handler: %w", err)
 	}
 	if _, err := a.nsInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: a.enqueueNamespace,
+		AddFunc: func(obj any) { im.ReconcileEvent(istiometrics.EventAdd); a.enqueueNamespace(obj) },
 		UpdateFunc: func(old, obj any) {
+			im.ReconcileEvent(istiometrics.EventUpdate)
 			o, n := old.(*corev1.Namespace), obj.(*corev1.Namespace)
 			if o.Labels[podmeta.LabelDataplaneMode] != n.Labels[podmeta.LabelDataplaneMode] {
 				a.enqueueNamespace(obj)
 			}
 		},
+		DeleteFunc: func(any) { im.ReconcileEvent(istiometrics.EventDelete) },
 	}); err != nil {
 		return nil, fmt.Errorf("agent: namespace event handler: %w", err)
 	}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/ambientd/ambientd/nodeagent/istiometrics"
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/registry"
@@ -62,6 +63,9 @@ type harness struct {
 	rules    *fakeRules
 	agent    *Agent
 	reg      *registry.Registry
+	// istio are Istio's names the agent counts (registered with its
+	// metrics).
+	istio *istiometrics.Metrics
 	// stop stops the agent and waits for Run to return (at most once; the
 	// test's cleanup calls it too).
 	stop func()
@@ -144,7 +148,7 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 			t.Fatal(err)
 		}
 	}
-	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: setup.rules, reg: registry.New()}
+	h := &harness{t: t, client: client, zt: &fakeZtunnel{nack: map[string]string{}}, rules: setup.rules, reg: registry.New(), istio: istiometrics.New()}
 	emptyProc := t.TempDir()
 	cfg := Config{
 		NodeName:         node,
@@ -159,7 +163,7 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 		mut(&cfg)
 	}
 	deps := sharedDeps(t, kubetest.Wrap(client))
-	deps.Ztunnel, deps.Rules, deps.Registry = h.zt, h.rules, h.reg
+	deps.Ztunnel, deps.Rules, deps.Registry, deps.Istio = h.zt, h.rules, h.reg, h.istio
 	if setup.realNetns || cfg.HostProc != emptyProc || cfg.RunDir != "" {
 		h.podNetns = testutil.NewNetNS(t).NS.Path() // before the agent: removed after it stopped
 	} else {
@@ -172,6 +176,9 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 		t.Fatal(err)
 	}
 	h.agent = a
+	if err := h.istio.Register(a.Metrics(), istiometrics.Sources{}); err != nil {
+		t.Fatal(err)
+	}
 	h.zt.source = a.Snapshot
 	// As the daemon does: the informers start once the agent added its
 	// handlers, and the ztunnel server once the agent is ready.

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/ambientd/ambientd/nodeagent/podstatus"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
 
@@ -38,7 +39,15 @@ type metrics struct {
 	ruleWrites prometheus.Counter
 	// verifyPass is the duration of one drift pass.
 	verifyPass prometheus.Histogram
+	// podMeshReady is, per pod, from its creation to its condition first
+	// True/Enrolled.
+	podMeshReady prometheus.Histogram
 }
+
+// meshReadyBuckets span 0.25 s .. 17 min: a new pod is enrolled within a
+// second or two of its creation when its node is ready; a pod that waited
+// for a ztunnel or a node still starting takes minutes.
+var meshReadyBuckets = prometheus.ExponentialBuckets(0.25, 2, 13)
 
 // repair kinds (label values of ambientd_repairs_total).
 var repairKinds = []string{"pod_rules", "host_rules", "probe_set", "sandbox"}
@@ -140,6 +149,11 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 		Help:    "Duration of one drift-verification pass over the enrolled pods and the host rules.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
 	})
+	m.podMeshReady = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ambientd_pod_mesh_ready_seconds",
+		Help:    "From a pod's creation (metadata.creationTimestamp, the API server's clock, whole seconds) to its pod condition first written True/Enrolled.",
+		Buckets: meshReadyBuckets,
+	})
 	// Every fixed label value exists from the start, so a rate() or an
 	// alert sees 0, not an absent series.
 	for _, r := range failureReasons {
@@ -165,7 +179,7 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 		m.annotations.WithLabelValues(r)
 	}
 	m.reg.MustRegister(m.failures, m.retries, m.enrollments, m.cniAdds, m.cniAddTime, m.removals,
-		m.annotations, m.steps, m.addSteps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass,
+		m.annotations, m.steps, m.addSteps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass, m.podMeshReady,
 		&podsCollector{reg: reg,
 			desc:     prometheus.NewDesc("ambientd_pods", "Registered pods by lifecycle phase.", []string{"phase"}, nil),
 			notReady: prometheus.NewDesc("ambientd_pods_not_ready", "Registered pods whose pod condition is False, by its reason.", []string{"reason"}, nil)},
@@ -207,6 +221,17 @@ func (c *podsCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (m *metrics) failure(reason string) { m.failures.WithLabelValues(reason).Inc() }
+
+// meshReady is the status writer's OnWritten: a write that turned a pod's
+// condition True/Enrolled for the first time observes the pod's age then.
+// A pod with no creation time (none the API gave) is not observed; a
+// negative age (clocks apart) counts as 0.
+func (m *metrics) meshReady(st podstatus.Status, pod *corev1.Pod) {
+	if !st.FirstTrue || pod == nil || pod.CreationTimestamp.IsZero() {
+		return
+	}
+	m.podMeshReady.Observe(max(time.Since(pod.CreationTimestamp.Time), 0).Seconds())
+}
 
 // step observes an enrollment step that began at start, and adds it to
 // the CNI ADD's breakdown when ctx is an ADD's.

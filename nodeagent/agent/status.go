@@ -194,7 +194,20 @@ func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) 
 	if cur.Condition.Status == want.Condition.Status && !cur.Condition.Since.IsZero() {
 		want.Condition.Since = cur.Condition.Since
 	}
+	// Only the write of the move itself: a sync that only heals what a
+	// stale cache still shows as pending is not the pod's first moment.
+	want.FirstTrue = moved && firstTrue(cur, want)
 	a.status.Set(pod.Namespace, pod.Name, string(pod.UID), want)
+}
+
+// firstTrue reports whether writing want over what the pod shows (cur)
+// makes its condition True/Enrolled for the first time: the pod shows no
+// True condition and was never enabled (an enabled pod whose ztunnel went
+// away, Unserved, keeps its annotation). ambientd_pod_mesh_ready_seconds
+// observes these writes.
+func firstTrue(cur, want podstatus.Status) bool {
+	return want.Condition.Status == corev1.ConditionTrue && want.Condition.Reason == ReasonEnrolled &&
+		cur.Condition.Status != corev1.ConditionTrue && cur.Redirection != podmeta.RedirectionEnabled
 }
 
 // publishNow writes the status of e's phase at once, in the middle of a sync

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/istiometrics"
 	"github.com/ambientd/ambientd/nodeagent/unixsock"
 )
 
@@ -63,6 +65,9 @@ type Config struct {
 	// ShutdownGrace is how long Run waits for calls in flight when ctx is
 	// done before cutting them off; default 5s.
 	ShutdownGrace time.Duration
+	// Istio counts ADDs under Istio's istio_cni_plugin_requests_total
+	// (nil: not counted; see istioResponseCode).
+	Istio *istiometrics.Metrics
 }
 
 // Server serves CNIEvents and grpc.health.v1 on a Unix socket.
@@ -165,6 +170,7 @@ func (s *Server) AddPod(ctx context.Context, req *cniapi.AddPodRequest) (*cniapi
 	start := time.Now()
 	ev, err := podEvent(req.GetPod(), true)
 	if err != nil {
+		s.cfg.Istio.PluginRequest(http.StatusBadRequest)
 		return nil, status.Errorf(codes.InvalidArgument, "AddPod: %v", err)
 	}
 	ev.Received = start
@@ -177,6 +183,9 @@ func (s *Server) AddPod(ctx context.Context, req *cniapi.AddPodRequest) (*cniapi
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	out, err := s.h.HandleAdd(ctx, ev)
+	if code, counted := istioResponseCode(out, err); counted {
+		s.cfg.Istio.PluginRequest(code)
+	}
 	took := time.Since(start)
 	log := s.log.With("namespace", ev.Namespace, "pod", ev.Name, "uid", ev.UID, "took", took)
 	if err != nil {
@@ -190,6 +199,24 @@ func (s *Server) AddPod(ctx context.Context, req *cniapi.AddPodRequest) (*cniapi
 	}
 	log.Info("CNI ADD handled", "outcome", out.String())
 	return &cniapi.AddPodResponse{Outcome: outcomeProto(out), Message: out.String(), AgentNanos: int64(took)}, nil
+}
+
+// istioResponseCode is the HTTP status Istio's node agent would have
+// answered an ADD with (cni/pkg/nodeagent/cni-watcher.go): 200 when the pod
+// was handled, 400 for a request naming no possible pod or netns, 500 when
+// the pod could not be added. Istio's plugin calls its agent only for pods
+// in the ambient mesh, so an ADD of a pod out of the mesh or of a sidecar
+// pod is not counted (counted false); a failure always is.
+func istioResponseCode(out agent.Outcome, err error) (code int, counted bool) {
+	switch {
+	case err != nil && toStatus(err).Code() == codes.InvalidArgument:
+		return http.StatusBadRequest, true
+	case err != nil, outcomeProto(out) == cniapi.Outcome_OUTCOME_UNSPECIFIED:
+		return http.StatusInternalServerError, true
+	case out == agent.NotInMesh, out == agent.SidecarCaptured:
+		return 0, false
+	}
+	return http.StatusOK, true
 }
 
 // DelPod implements cniapi.CNIEventsServer.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/istiometrics"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 )
 
@@ -169,6 +172,29 @@ func TestAddDelRoundTrip(t *testing.T) {
 	}
 }
 
+// pluginRequests reads istio_cni_plugin_requests_total by response_code.
+func pluginRequests(t *testing.T, m *istiometrics.Metrics) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := m.Register(reg, istiometrics.Sources{}); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != istiometrics.PluginRequestsName {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+	}
+	return got
+}
+
 func TestAddAnswers(t *testing.T) {
 	testutil.RequireRoot(t)
 	okPod := &cniapi.Pod{Name: "p", Namespace: "ns", NetnsPath: "/proc/1/ns/net", Ips: []string{"10.0.0.1/32"}}
@@ -179,30 +205,36 @@ func TestAddAnswers(t *testing.T) {
 		wantOutcome cniapi.Outcome
 		wantCode    codes.Code
 		wantMsg     string
+		// istio is the response_code counted under Istio's
+		// istio_cni_plugin_requests_total ("": not counted, as Istio's
+		// plugin never asks its agent about a pod out of the mesh).
+		istio string
 	}{
-		{"enrolled", &recorder{outcome: agent.Enrolled}, okPod, cniapi.Outcome_OUTCOME_ENROLLED, codes.OK, ""},
-		{"pending", &recorder{outcome: agent.Pending}, okPod, cniapi.Outcome_OUTCOME_PENDING, codes.OK, ""},
-		{"not in mesh", &recorder{outcome: agent.NotInMesh}, okPod, cniapi.Outcome_OUTCOME_NOT_IN_MESH, codes.OK, ""},
-		{"no outcome is a handler bug", &recorder{}, okPod, 0, codes.Internal, "without an error"},
-		{"plain error", &recorder{err: errors.New("apply in-pod rules: iptables-restore: exit 4")}, okPod, 0, codes.Internal, "iptables-restore: exit 4"},
-		{"status error keeps its code", &recorder{err: status.Error(codes.FailedPrecondition, "pod has no netns")}, okPod, 0, codes.FailedPrecondition, "pod has no netns"},
-		{"wrapped deadline", &recorder{err: fmt.Errorf("wait for ztunnel: %w", context.DeadlineExceeded)}, okPod, 0, codes.DeadlineExceeded, "wait for ztunnel"},
+		{"enrolled", &recorder{outcome: agent.Enrolled}, okPod, cniapi.Outcome_OUTCOME_ENROLLED, codes.OK, "", "200"},
+		{"pending", &recorder{outcome: agent.Pending}, okPod, cniapi.Outcome_OUTCOME_PENDING, codes.OK, "", "200"},
+		{"not in mesh", &recorder{outcome: agent.NotInMesh}, okPod, cniapi.Outcome_OUTCOME_NOT_IN_MESH, codes.OK, "", ""},
+		{"sidecar", &recorder{outcome: agent.SidecarCaptured}, okPod, cniapi.Outcome_OUTCOME_SIDECAR, codes.OK, "", ""},
+		{"no outcome is a handler bug", &recorder{}, okPod, 0, codes.Internal, "without an error", "500"},
+		{"plain error", &recorder{err: errors.New("apply in-pod rules: iptables-restore: exit 4")}, okPod, 0, codes.Internal, "iptables-restore: exit 4", "500"},
+		{"status error keeps its code", &recorder{err: status.Error(codes.FailedPrecondition, "pod has no netns")}, okPod, 0, codes.FailedPrecondition, "pod has no netns", "500"},
+		{"wrapped deadline", &recorder{err: fmt.Errorf("wait for ztunnel: %w", context.DeadlineExceeded)}, okPod, 0, codes.DeadlineExceeded, "wait for ztunnel", "500"},
 		// The agent's domain errors, wrapped as the core wraps them, reach the
 		// plugin as these codes (errors.Is across the boundary).
-		{"pod unknown", &recorder{err: fmt.Errorf("pod ns/p not found (waited 10s): %w", agent.ErrPodUnknown)}, okPod, 0, codes.NotFound, "pod ns/p not found"},
-		{"api unavailable", &recorder{err: fmt.Errorf("lookup: %w: %w", agent.ErrAPIUnavailable, errors.New("connection refused"))}, okPod, 0, codes.Unavailable, "connection refused"},
-		{"invalid pod", &recorder{err: fmt.Errorf("pod ns/p: %w: bad dns-capture", agent.ErrInvalidPod)}, okPod, 0, codes.InvalidArgument, "bad dns-capture"},
-		{"netns unusable", &recorder{err: fmt.Errorf("pod ns/p: %w: netns %q", agent.ErrNetnsUnusable, "/x")}, okPod, 0, codes.InvalidArgument, "netns"},
-		{"not captured", &recorder{err: fmt.Errorf("%w: program in-pod rules: boom", agent.ErrNotCaptured)}, okPod, 0, codes.Internal, "boom"},
-		{"pending with fail-pending", &recorder{err: fmt.Errorf("pod ns/p: %w (--fail-pending is set)", fmt.Errorf("%w: nack", agent.ErrPending))}, okPod, 0, codes.Unavailable, "--fail-pending"},
-		{"no pod", &recorder{outcome: agent.Enrolled}, nil, 0, codes.InvalidArgument, "no pod"},
-		{"no namespace", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", NetnsPath: "/x"}, 0, codes.InvalidArgument, "name and namespace"},
-		{"no netns", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns"}, 0, codes.InvalidArgument, "netns path"},
-		{"bad ip", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns", NetnsPath: "/x", Ips: []string{"10.0.0.300/8"}}, 0, codes.InvalidArgument, "bad IP"},
+		{"pod unknown", &recorder{err: fmt.Errorf("pod ns/p not found (waited 10s): %w", agent.ErrPodUnknown)}, okPod, 0, codes.NotFound, "pod ns/p not found", "500"},
+		{"api unavailable", &recorder{err: fmt.Errorf("lookup: %w: %w", agent.ErrAPIUnavailable, errors.New("connection refused"))}, okPod, 0, codes.Unavailable, "connection refused", "500"},
+		{"invalid pod", &recorder{err: fmt.Errorf("pod ns/p: %w: bad dns-capture", agent.ErrInvalidPod)}, okPod, 0, codes.InvalidArgument, "bad dns-capture", "400"},
+		{"netns unusable", &recorder{err: fmt.Errorf("pod ns/p: %w: netns %q", agent.ErrNetnsUnusable, "/x")}, okPod, 0, codes.InvalidArgument, "netns", "400"},
+		{"not captured", &recorder{err: fmt.Errorf("%w: program in-pod rules: boom", agent.ErrNotCaptured)}, okPod, 0, codes.Internal, "boom", "500"},
+		{"pending with fail-pending", &recorder{err: fmt.Errorf("pod ns/p: %w (--fail-pending is set)", fmt.Errorf("%w: nack", agent.ErrPending))}, okPod, 0, codes.Unavailable, "--fail-pending", "500"},
+		{"no pod", &recorder{outcome: agent.Enrolled}, nil, 0, codes.InvalidArgument, "no pod", "400"},
+		{"no namespace", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", NetnsPath: "/x"}, 0, codes.InvalidArgument, "name and namespace", "400"},
+		{"no netns", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns"}, 0, codes.InvalidArgument, "netns path", "400"},
+		{"bad ip", &recorder{outcome: agent.Enrolled}, &cniapi.Pod{Name: "p", Namespace: "ns", NetnsPath: "/x", Ips: []string{"10.0.0.300/8"}}, 0, codes.InvalidArgument, "bad IP", "400"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, _ := startServer(t, tt.h, Config{})
+			im := istiometrics.New()
+			s, _ := startServer(t, tt.h, Config{Istio: im})
 			c := cniapi.NewCNIEventsClient(dial(t, s.cfg.SocketPath))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -215,6 +247,13 @@ func TestAddAnswers(t *testing.T) {
 			}
 			if err == nil && resp.GetOutcome() != tt.wantOutcome {
 				t.Errorf("outcome = %v, want %v", resp.GetOutcome(), tt.wantOutcome)
+			}
+			want := map[string]float64{"200": 0, "400": 0, "500": 0}
+			if tt.istio != "" {
+				want[tt.istio] = 1
+			}
+			if got := pluginRequests(t, im); !maps.Equal(got, want) {
+				t.Errorf("istio_cni_plugin_requests_total by response_code = %v, want %v", got, want)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/istiometrics"
 	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
 )
 
@@ -104,6 +105,27 @@ func (c *InstallCNI) Component() Component {
 		go c.shutdown.Watch(ctx, c.log)
 		go c.inst.RenewLease(ctx)
 		return c.inst.Run(ctx)
+	})
+}
+
+// CountInstalls counts the installer's rounds under Istio's
+// istio_cni_installs_total (m nil: not counted); call it before the
+// daemon runs.
+func (c *InstallCNI) CountInstalls(m *istiometrics.Metrics) {
+	if m == nil {
+		return
+	}
+	c.inst.Observe(func(r cniinstall.Result) {
+		switch r {
+		case cniinstall.Installed:
+			m.Install(istiometrics.InstallSuccess)
+		case cniinstall.BinaryFailed:
+			m.Install(istiometrics.InstallCopyBinariesFailure)
+		case cniinstall.ConfigFailed:
+			m.Install(istiometrics.InstallCreateCNIConfigFailure)
+		case cniinstall.KubeconfigFailed:
+			m.Install(istiometrics.InstallCreateKubeconfigFailure)
+		}
 	})
 }
 

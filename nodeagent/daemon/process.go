@@ -13,12 +13,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/admin"
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/cniserver"
+	"github.com/ambientd/ambientd/nodeagent/istiometrics"
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/registry"
@@ -65,6 +67,9 @@ type Config struct {
 	Components []Component
 	// Sidecar configures sidecar mode and its repair controller.
 	Sidecar SidecarConfig
+	// IstioMetrics also exports Istio's istio-cni metric names, counted
+	// from the same events (istiometrics; docs/metrics.md).
+	IstioMetrics bool
 }
 
 // Process is the whole node agent process: the agent core, its two socket
@@ -86,6 +91,8 @@ type Process struct {
 	pluginInstalled func() error
 	// inputs are readiness's (the node condition's, /readyz's).
 	inputs nodeready.Inputs
+	// istio counts Istio's names (nil: off).
+	istio *istiometrics.Metrics
 }
 
 // New builds the node agent. What several parts share is built once, here:
@@ -96,9 +103,13 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	informers := kube.NewInformers(client, cfg.Agent.NodeName)
 	events := kube.NewEvents(client, cfg.Agent.NodeName)
 	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, log)
+	var im *istiometrics.Metrics
+	if cfg.IstioMetrics {
+		im = istiometrics.New()
+	}
 	a, err := agent.New(cfg.Agent, agent.Deps{
 		Client: client, Informers: informers, Recorder: events.Recorder(),
-		Ztunnel: zs, Rules: rules, Registry: registry.New(), Log: log,
+		Ztunnel: zs, Rules: rules, Registry: registry.New(), Log: log, Istio: im,
 	})
 	if err != nil {
 		return nil, err
@@ -132,8 +143,17 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	if err != nil {
 		return nil, err
 	}
-	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket}, a, log)
-	n := &Process{absent: absent, cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled}
+	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket, Istio: im}, a, log)
+	// istio_cni_installs_total only with --install-cni (InstallLease is
+	// set then): nothing else installs.
+	if err := im.Register(a.Metrics(), istiometrics.Sources{
+		ZtunnelConnections: func() int { return zs.Status().Connections },
+		PluginInstalled:    cfg.PluginInstalled,
+		Installer:          cfg.InstallLease != nil,
+	}); err != nil {
+		return nil, fmt.Errorf("register Istio's metric names: %w", err)
+	}
+	n := &Process{absent: absent, cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled, istio: im}
 	nrCfg := cfg.NodeReady
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
@@ -156,9 +176,13 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 		Recorder: events.Recorder(),
 		Log:      log,
 		Inputs:   n.inputs,
+		Started:  processStart(log),
 	})
 	if err != nil {
 		return nil, err
+	}
+	if err := a.Metrics().Register(n.ready.Metrics()); err != nil {
+		return nil, fmt.Errorf("register node readiness metrics: %w", err)
 	}
 	// `ambientd status` shows the node condition and the taint as the
 	// readiness controller last saw them.
@@ -178,6 +202,28 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 		}
 	})
 	return n, nil
+}
+
+// Istio is the counter set of Istio's metric names (nil when
+// Config.IstioMetrics is off), for the parts built outside the daemon (the
+// CNI installer: InstallCNI.CountInstalls).
+func (n *Process) Istio() *istiometrics.Metrics { return n.istio }
+
+// processStart is when this process started, as the kernel recorded it
+// (/proc/self/stat, to the clock tick); now when that cannot be read.
+func processStart(log *slog.Logger) time.Time {
+	p, err := procfs.Self()
+	if err == nil {
+		var st procfs.ProcStat
+		if st, err = p.Stat(); err == nil {
+			var secs float64
+			if secs, err = st.StartTime(); err == nil {
+				return time.Unix(0, int64(secs*float64(time.Second)))
+			}
+		}
+	}
+	log.Warn("cannot read the process's start time; the node's time to mesh-ready counts from now", "error", err)
+	return time.Now()
 }
 
 // runNodeReady runs the node readiness controller, re-evaluated at once

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -136,6 +137,9 @@ type Deps struct {
 	Recorder record.EventRecorder
 	Log      *slog.Logger     // nil discards
 	Now      func() time.Time // nil: time.Now
+	// Started is when the agent's process started, the start of
+	// ambientd_node_mesh_ready_seconds (zero: when New ran).
+	Started time.Time
 }
 
 // Status is the controller's view, for /readyz and `ambientd status`.
@@ -187,6 +191,12 @@ type Controller struct {
 	// settlingSince ("" when none; Run's goroutine only).
 	settling      string
 	settlingSince time.Time
+	// started is the process's start; meshReady observes, once, from it
+	// to the first time the node carries the condition True (wasTrue,
+	// only Run's goroutine uses it).
+	started   time.Time
+	meshReady prometheus.Histogram
+	wasTrue   bool
 
 	mu     sync.Mutex
 	status Status
@@ -224,8 +234,21 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 	if c.now == nil {
 		c.now = time.Now
 	}
+	c.started = deps.Started
+	if c.started.IsZero() {
+		c.started = c.now()
+	}
+	c.meshReady = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ambientd_node_mesh_ready_seconds",
+		Help:    "From the agent process's start to the node carrying its condition True for the first time (observed once per process).",
+		Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
+	})
 	return c, nil
 }
+
+// Metrics are the controller's collectors (not registered anywhere; the
+// daemon registers them): ambientd_node_mesh_ready_seconds.
+func (c *Controller) Metrics() prometheus.Collector { return c.meshReady }
 
 // Notify asks for a re-evaluation soon; call it whenever an input may have
 // changed. It never blocks.
@@ -377,6 +400,11 @@ func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Dur
 		c.mu.Lock()
 		c.status.Written = true
 		c.mu.Unlock()
+	}
+	// The node carries want now (written, or already there).
+	if want.Status == corev1.ConditionTrue && !c.wasTrue {
+		c.wasTrue = true
+		c.meshReady.Observe(max(c.now().Sub(c.started), 0).Seconds())
 	}
 	after, err := c.reconcileTaint(ctx, n, r.Ready)
 	if err != nil {

@@ -38,6 +38,11 @@ type Status struct {
 	// Condition is the pod condition (of Options.ConditionType); a zero
 	// Condition leaves the pod's condition as it is.
 	Condition Condition
+	// FirstTrue marks a write that turns the pod's condition True for the
+	// first time (the pod was never carried before); it is not written,
+	// only handed to Options.OnWritten once the write landed. Equal
+	// ignores it.
+	FirstTrue bool
 }
 
 // Condition is the value of the agent's pod condition.
@@ -88,6 +93,9 @@ type Options struct {
 	// OnResult, when set, is called after each attempt with how long the
 	// write took (metrics hook).
 	OnResult func(r Result, took time.Duration)
+	// OnWritten, when set, is called after each write that landed, with
+	// the status written and the pod as the API server returned it.
+	OnWritten func(st Status, pod *corev1.Pod)
 }
 
 // Patcher queues pod status writes (the annotation and the condition, one
@@ -175,10 +183,14 @@ func (p *Patcher) remember(uid string, w landedWrite) {
 }
 
 // Set asks for pod namespace/name (which must have uid) to show st. It never
-// blocks.
+// blocks. A write not landed yet that st replaces with the same status
+// hands its FirstTrue on: the first True stays the first once it lands.
 func (p *Patcher) Set(namespace, name, uid string, st Status) {
 	k := Key{namespace, name, uid}
 	p.mu.Lock()
+	if prev, ok := p.wanted[k]; ok && prev.status.FirstTrue && prev.status.Equal(st) {
+		st.FirstTrue = true
+	}
 	p.gen++
 	p.wanted[k] = want{uid: uid, status: st, gen: p.gen}
 	p.mu.Unlock()
@@ -232,11 +244,14 @@ func (p *Patcher) next(ctx context.Context) bool {
 		return true
 	}
 	start := time.Now()
-	rv, err := p.patch(ctx, k, w)
+	pod, err := p.patch(ctx, k, w)
 	took := time.Since(start)
 	res := ResultOK
 	switch {
 	case err == nil:
+		if p.opts.OnWritten != nil {
+			p.opts.OnWritten(w.status, pod)
+		}
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err):
 		// Gone, or a different pod now has this name (the uid precondition
 		// failed): the write is moot.
@@ -258,10 +273,15 @@ func (p *Patcher) next(ctx context.Context) bool {
 	p.queue.Forget(k)
 	p.mu.Lock()
 	if res == ResultOK {
-		p.remember(w.uid, landedWrite{status: w.status, rv: rv, at: time.Now()})
+		p.remember(w.uid, landedWrite{status: w.status, rv: pod.ResourceVersion, at: time.Now()})
 	}
 	if cur, ok := p.wanted[k]; ok && cur.gen == w.gen {
 		delete(p.wanted, k)
+	} else if ok && res == ResultOK && w.status.FirstTrue {
+		// A later write of the same status inherited the mark (Set)
+		// while this one was in flight: the first True has landed.
+		cur.status.FirstTrue = false
+		p.wanted[k] = cur
 	}
 	if len(p.wanted) == 0 && p.drained != nil {
 		close(p.drained)
@@ -332,18 +352,18 @@ func patchBody(uid, conditionType string, st Status) ([]byte, error) {
 	return b, nil
 }
 
-// patch sends the strategic merge patch of patchBody and returns the pod's
-// resourceVersion after it.
-func (p *Patcher) patch(ctx context.Context, k Key, w want) (string, error) {
+// patch sends the strategic merge patch of patchBody; it returns the pod
+// as the API server returned it.
+func (p *Patcher) patch(ctx context.Context, k Key, w want) (*corev1.Pod, error) {
 	body, err := patchBody(w.uid, p.opts.ConditionType, w.status)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
 	pod, err := p.client.CoreV1().Pods(k.Namespace).Patch(ctx, k.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
-		return "", fmt.Errorf("podstatus: patch %s %+v: %w", k, w.status, err)
+		return nil, fmt.Errorf("podstatus: patch %s %+v: %w", k, w.status, err)
 	}
-	return pod.ResourceVersion, nil
+	return pod, nil
 }

@@ -128,7 +128,7 @@ func TestSetForOldPodDoesNotReplaceNewPodsWrite(t *testing.T) {
 		t.Errorf("new pod's annotation %q, want enabled", v)
 	}
 	if v, ok := p.queued("ns", "web-0", "u-new"); ok {
-		t.Errorf("write still queued after landing: %q", v)
+		t.Errorf("write still queued after landing: %+v", v)
 	}
 }
 
@@ -243,5 +243,59 @@ func TestLandedAfter(t *testing.T) {
 		if got := p.LandedAfter(c.uid, c.rv, c.st); got != c.want {
 			t.Errorf("%s: LandedAfter(%s, %s) = %v, want %v", c.name, c.uid, c.rv, got, c.want)
 		}
+	}
+}
+
+// TestFirstTrueLandsOnce: the mark of a pod's first True reaches OnWritten
+// exactly once, with the pod as written: kept when a later write of the
+// same status replaces it before it was sent, and not handed on to a
+// later write once it was sent (in flight when the later one came).
+func TestFirstTrueLandsOnce(t *testing.T) {
+	enrolled := Status{Redirection: "enabled", Condition: Condition{Status: corev1.ConditionTrue, Reason: "Enrolled"}}
+	first := enrolled
+	first.FirstTrue = true
+	c := fake.NewClientset(pod("a", "1", nil), pod("b", "2", nil))
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	var blockB sync.Once
+	c.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.PatchAction).GetName() == "b" {
+			blockB.Do(func() { close(inFlight); <-release }) // b's first write stays in flight
+		}
+		return false, nil, nil
+	})
+	var mu sync.Mutex
+	marks := map[string]int{}
+	writes := map[string]int{}
+	p := New(kubetest.Wrap(c), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{ConditionType: "ambient.istio.io/enrolled",
+		OnWritten: func(st Status, pod *corev1.Pod) {
+			mu.Lock()
+			defer mu.Unlock()
+			writes[pod.Name]++
+			if st.FirstTrue {
+				marks[pod.Name]++
+			}
+		}})
+	// a: replaced by the same status before anything runs.
+	p.Set("ns", "a", "u-1", first)
+	p.Set("ns", "a", "u-1", enrolled)
+	start(t, p)
+	// b: the first write in flight, then the same status again.
+	p.Set("ns", "b", "u-2", first)
+	select {
+	case <-inFlight:
+	case <-time.After(30 * time.Second):
+		t.Fatal("b's first write never sent")
+	}
+	p.Set("ns", "b", "u-2", enrolled)
+	close(release)
+	testutil.WaitFor(t, "every write landed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return p.Pending() == 0 && writes["b"] == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if marks["a"] != 1 || marks["b"] != 1 {
+		t.Errorf("first-True marks landed a=%d b=%d (writes %v), want 1 each", marks["a"], marks["b"], writes)
 	}
 }
