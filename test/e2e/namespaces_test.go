@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
@@ -93,33 +94,33 @@ func TestManyNamespaces(t *testing.T) {
 	// configuration (about 1 KiB) and a few labels.
 	lastApplied := `{"apiVersion":"v1","kind":"Namespace","metadata":{"annotations":{"owner":"team-` + strings.Repeat("x", 900) + `"},"labels":{"team":"x","env":"prod"},"name":"NAME"}}`
 	start := time.Now()
-	parallel(t, n, func(i int) error {
-		name := fmt.Sprintf("%s-%d", prefix, i)
-		_, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name,
-			Labels:      map[string]string{"team": "x", "env": "prod"},
-			Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Replace(lastApplied, "NAME", name, 1)},
-		}}, metav1.CreateOptions{})
-		return err
-	})
-	t.Logf("%d namespaces created in %v", n, time.Since(start).Round(time.Second))
 	t.Cleanup(func() {
-		// No namespace controller runs here: delete, then finalize.
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		parallel(t, n, func(i int) error {
-			name := fmt.Sprintf("%s-%d", prefix, i)
-			if err := admin.CoreV1().Namespaces().Delete(cctx, name, metav1.DeleteOptions{}); err != nil {
-				return err
+			err := admin.CoreV1().Namespaces().Delete(cctx, fmt.Sprintf("%s-%d", prefix, i), metav1.DeleteOptions{})
+			if apierrors.IsNotFound(err) {
+				return nil
 			}
-			ns, err := admin.CoreV1().Namespaces().Get(cctx, name, metav1.GetOptions{})
-			if err != nil {
-				return nil // gone already
-			}
-			ns.Spec.Finalizers = nil
-			_, err = admin.CoreV1().Namespaces().Finalize(cctx, ns, metav1.UpdateOptions{})
 			return err
 		})
 	})
+	parallel(t, n, func(i int) error {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		ns, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels:      map[string]string{"team": "x", "env": "prod"},
+			Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Replace(lastApplied, "NAME", name, 1)},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		// No namespace controller runs here to finalize a deleted
+		// namespace: without the finalizer the cleanup's delete is final.
+		ns.Spec.Finalizers = nil
+		_, err = admin.CoreV1().Namespaces().Finalize(ctx, ns, metav1.UpdateOptions{})
+		return err
+	})
+	t.Logf("%d namespaces created in %v", n, time.Since(start).Round(time.Second))
 
 	s := newScenario(t, "manyns", within(15*time.Minute))
 	a := s.agent
