@@ -235,7 +235,7 @@ func (i *Installer) withdraw(confs []confFile, noConfig error) (bool, error) {
 	if _, err := i.removeStaleCopies(confs); err != nil {
 		return true, err
 	}
-	i.log.Warn("the primary CNI config was withdrawn; removed our copy of it", "primary", name, "path", owned.path, "missing_for", now.Sub(i.primaryMissing).Round(time.Millisecond))
+	i.log.Warn("the primary CNI config was withdrawn; removed our copy of it", "primary", name, "path", owned.path, "took", now.Sub(i.primaryMissing).Round(time.Millisecond))
 	i.primaryMissing = time.Time{}
 	return true, noConfig
 }
@@ -257,7 +257,7 @@ func (i *Installer) removeStaleCopies(confs []confFile) (bool, error) {
 		}
 		i.step()
 		removed = true
-		i.log.Info("removed our copy left under an earlier owned config name", "path", c.path, "owned", i.cfg.OwnedName)
+		i.log.Info("removed our copy left under an earlier owned config name", "path", c.path, "to", i.cfg.OwnedName)
 	}
 	return removed, nil
 }
