@@ -28,6 +28,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/kube"
 	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/nodeagent/shutdownrule"
+	"github.com/ambientd/ambientd/nodeagent/ztunnel"
 	"github.com/ambientd/ambientd/ztunnelproto"
 )
 
@@ -87,6 +88,7 @@ var envOf = flagEnv{
 	"ztunnel-allowed-uids":        "AMBIENTD_ZTUNNEL_ALLOWED_UIDS",
 	"handover":                    "AMBIENTD_HANDOVER",
 	"ztunnel-grace":               "AMBIENTD_ZTUNNEL_GRACE",
+	"ztunnel-probe-interval":      "AMBIENTD_ZTUNNEL_PROBE_INTERVAL",
 }
 
 // Kubernetes client rate limits: client-go's defaults (5 QPS, burst 10) are
@@ -176,6 +178,7 @@ func (f *runFlags) flagSet() (*flag.FlagSet, func(nodeName string) (nodeready.Co
 	fs.IntVar(&a.MaxParallelAdds, "max-parallel-adds", a.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
 	f.install.register(fs)
 	fs.StringVar(&a.PodConditionType, "pod-condition-type", a.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
+	fs.DurationVar(&n.ZtunnelProbeInterval, "ztunnel-probe-interval", ztunnel.DefaultProbeInterval, "how long a ztunnel connection may be idle before the agent probes it (a Del of a uid no pod has, which ztunnel acks and which changes nothing): a ztunnel that does not answer within 5s is hung, its connection dropped and its pods not ready after --ztunnel-grace (reason ZtunnelNotResponding); 1s to 5m")
 	fs.DurationVar(&a.ZtunnelGrace, "ztunnel-grace", a.ZtunnelGrace, "how long the node may be without a ztunnel that acked its snapshot before every enabled pod's condition turns False (reason ZtunnelUnavailable) so its Services stop sending it traffic nothing proxies; 0 = never (docs/readiness.md)")
 	return fs, nodeReadyFlags(fs), sidecarFlags(fs)
 }
@@ -201,6 +204,7 @@ var flagOf = map[string]string{
 	"HealthAddr":                             "health-addr",
 	"MetricsAddr":                            "metrics-addr",
 	"PprofAddr":                              "pprof-addr",
+	"ZtunnelProbeInterval":                   "ztunnel-probe-interval",
 	"Agent.NodeName":                         "node-name",
 	"Agent.HostProc":                         "host-proc",
 	"Agent.RunDir":                           "run-dir",

@@ -74,7 +74,7 @@ var (
 	phases = []registry.Phase{registry.Unverified, registry.Pending, registry.Enabled, registry.Releasing, registry.Uncaptured, registry.Unserved}
 	// notReadyReasons label ambientd_pods_not_ready: the reasons of a False
 	// pod condition a registered pod can show (status.go).
-	notReadyReasons = []string{ReasonPending, ReasonZtunnelUnavailable, ReasonZtunnelRejected, ReasonRulesFailed, ReasonSandboxChanged, ReasonNetnsNotFound}
+	notReadyReasons = []string{ReasonPending, ReasonZtunnelUnavailable, ReasonZtunnelNotResponding, ReasonZtunnelRejected, ReasonRulesFailed, ReasonSandboxChanged, ReasonNetnsNotFound}
 )
 
 // durationBuckets span 0.5 ms .. 12 s: a CNI step takes milliseconds, a

@@ -33,7 +33,19 @@ const (
 	// EventZtunnelAvailable (Normal): a ztunnel acked its snapshot after
 	// such an outage; the pods are being enabled again.
 	EventZtunnelAvailable = "ZtunnelAvailable"
+	// EventZtunnelNotResponding (Warning): as EventZtunnelUnavailable, when
+	// the last ztunnel was dropped for not answering (hung).
+	EventZtunnelNotResponding = "ZtunnelNotResponding"
 )
+
+// unservedWhy is the reason and the words for a node without a serving
+// ztunnel: gone, or hung (dropped for not answering).
+func (a *Agent) unservedWhy() (reason, event, what string) {
+	if a.zt.Status().Unresponsive {
+		return ReasonZtunnelNotResponding, EventZtunnelNotResponding, "the node's ztunnel stopped answering (hung: no ack within the timeout, its socket open) and no ztunnel has served the node since"
+	}
+	return ReasonZtunnelUnavailable, EventZtunnelUnavailable, "no ztunnel has served the node"
+}
 
 // servedState is whether the node has gone without a ztunnel for longer
 // than the grace. Only followZtunnel writes it.
@@ -117,10 +129,11 @@ func (a *Agent) followZtunnel(ctx context.Context, changed <-chan struct{}) {
 		case !serving && !outage && time.Since(since) >= limit:
 			a.served.set(since, true)
 			uids := a.reg.UIDs(registry.Enabled)
-			a.log.Warn("no ztunnel has served the node for the grace; marking its enabled pods not ready", "grace", grace, "took", time.Since(since).Round(time.Millisecond), "pods", len(uids))
-			a.nodeEvent(corev1.EventTypeWarning, EventZtunnelUnavailable,
-				fmt.Sprintf("No ztunnel has served this node for %v: %d pods marked not ready (condition %s False, reason %s); their traffic is captured with no proxy behind it",
-					time.Since(since).Round(time.Second), len(uids), a.cfg.PodConditionType, ReasonZtunnelUnavailable))
+			reason, event, what := a.unservedWhy()
+			a.log.Warn("no ztunnel has served the node for the grace; marking its enabled pods not ready", "grace", grace, "took", time.Since(since).Round(time.Millisecond), "pods", len(uids), "reason", reason)
+			a.nodeEvent(corev1.EventTypeWarning, event,
+				fmt.Sprintf("For %v %s: %d pods marked not ready (condition %s False, reason %s); their traffic is captured with no proxy behind it",
+					time.Since(since).Round(time.Second), what, len(uids), a.cfg.PodConditionType, reason))
 			for _, uid := range uids {
 				a.queue.Add(uid)
 			}
@@ -143,9 +156,10 @@ func (a *Agent) followZtunnel(ctx context.Context, changed <-chan struct{}) {
 // unserved is the status change of an enabled pod during an outage
 // (syncEnabled): Unserved, with the reason and why.
 func (a *Agent) unserved(uid string) (registry.Entry, error) {
+	reason, _, what := a.unservedWhy()
 	return a.update(uid, func(x *registry.Entry) {
-		x.Phase, x.Reason = registry.Unserved, ReasonZtunnelUnavailable
-		x.LastError = fmt.Sprintf("no ztunnel has served the node for over %v: the pod's traffic is captured with no proxy behind it", a.cfg.ZtunnelGrace)
+		x.Phase, x.Reason = registry.Unserved, reason
+		x.LastError = fmt.Sprintf("%s for over %v: the pod's traffic is captured with no proxy behind it", what, a.cfg.ZtunnelGrace)
 	})
 }
 

@@ -29,7 +29,10 @@ const (
 	// grace after it had the pod (registry.Unserved).
 	ReasonZtunnelUnavailable = "ZtunnelUnavailable"
 	ReasonZtunnelRejected    = "ZtunnelRejected" // False: ztunnel refused the pod (nack, snapshot refusal)
-	ReasonRulesFailed        = "RulesFailed"     // False: the pod's rules or its probe entry could not be put in place
+	// False (the annotation staying `enabled`): the node's ztunnel stopped
+	// answering (hung with its socket open) and none served for the grace.
+	ReasonZtunnelNotResponding = "ZtunnelNotResponding"
+	ReasonRulesFailed          = "RulesFailed" // False: the pod's rules or its probe entry could not be put in place
 	// False: the pod's sandbox changed or went (recreated, a DEL of a pod
 	// that still exists, an IP change): not captured until the agent has
 	// enrolled it in its new sandbox.

@@ -34,6 +34,10 @@ type Config struct {
 	ZtunnelSocket, CNISocket string
 	// ZtunnelSocketMode is the ztunnel socket's permission bits (0: 0600).
 	ZtunnelSocketMode os.FileMode
+	// ZtunnelProbeInterval: an idle ztunnel connection is probed this
+	// often, so a hung ztunnel is found (ztunnel.Config.ProbeInterval;
+	// 0: ztunnel.DefaultProbeInterval).
+	ZtunnelProbeInterval time.Duration
 	// ZtunnelAllowedUIDs are the uids ztunnel may connect as (nil: root).
 	ZtunnelAllowedUIDs []uint32
 	// HealthAddr serves /healthz and /readyz; MetricsAddr serves /metrics.
@@ -102,7 +106,7 @@ type Process struct {
 func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger) (*Process, error) {
 	informers := kube.NewInformers(client, cfg.Agent.NodeName)
 	events := kube.NewEvents(client, cfg.Agent.NodeName)
-	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs}, log)
+	zs := ztunnel.NewServer(ztunnel.Config{SocketPath: cfg.ZtunnelSocket, SocketMode: cfg.ZtunnelSocketMode, AllowedUIDs: cfg.ZtunnelAllowedUIDs, ProbeInterval: cfg.ZtunnelProbeInterval}, log)
 	var im *istiometrics.Metrics
 	if cfg.IstioMetrics {
 		im = istiometrics.New()
@@ -165,7 +169,7 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 		AgentStarted:    a.Started,
 		Ztunnel: func() nodeready.ZtunnelState {
 			st := zs.Status()
-			return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked}
+			return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked, Unresponsive: st.Unresponsive}
 		},
 		CNIServing:   cs.Serving,
 		InstallLease: cfg.InstallLease,

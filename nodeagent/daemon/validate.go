@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"time"
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
 )
@@ -37,6 +38,11 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			return bad(a.field, "%q: want host:port: %w", a.addr, err)
 		}
+	}
+	// Below a second the probe is most of the connection's traffic;
+	// above five minutes a hung ztunnel black-holes its pods that long.
+	if d := c.ZtunnelProbeInterval; d != 0 && (d < time.Second || d > 5*time.Minute) {
+		return bad("ZtunnelProbeInterval", "%v: want 1s to 5m", d)
 	}
 	if err := c.Agent.Validate(); err != nil {
 		var se *agent.SettingError

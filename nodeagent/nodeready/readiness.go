@@ -49,8 +49,12 @@ const (
 	ReasonExclusiveCNI        = "ExclusiveCNI"
 	ReasonCachesNotSynced     = "CachesNotSynced"
 	ReasonZtunnelNotConnected = "ZtunnelNotConnected"
-	ReasonSnapshotNotAcked    = "SnapshotNotAcked"
-	ReasonCNISocketNotServing = "CNISocketNotServing"
+	// ReasonZtunnelNotResponding: the last ztunnel connected stopped
+	// answering (no ack within the timeout: hung, its socket open) and was
+	// dropped; none serves since.
+	ReasonZtunnelNotResponding = "ZtunnelNotResponding"
+	ReasonSnapshotNotAcked     = "SnapshotNotAcked"
+	ReasonCNISocketNotServing  = "CNISocketNotServing"
 	// ReasonInstallLeaseNotWritten: the install lease or the plugin's
 	// kubeconfig could not be written (full disk, read-only remount).
 	ReasonInstallLeaseNotWritten = "InstallLeaseNotWritten"
@@ -68,6 +72,9 @@ const (
 type ZtunnelState struct {
 	Connected     bool // a ztunnel is connected to the agent's socket
 	SnapshotAcked bool // that ztunnel acked the snapshot of the node's pods
+	// Unresponsive: the last ztunnel that served was dropped for not
+	// answering in time (ztunnel.Status.Unresponsive).
+	Unresponsive bool
 }
 
 // Inputs are the facts readiness is computed from. They are read on every
@@ -140,6 +147,8 @@ func Compute(in Inputs) Readiness {
 		fail(ReasonCachesNotSynced, "agent caches not synced or registry not rebuilt yet")
 	}
 	switch zt := in.Ztunnel(); {
+	case !zt.Connected && zt.Unresponsive:
+		fail(ReasonZtunnelNotResponding, "the node's ztunnel stopped answering (no ack within the timeout) and was dropped; no ztunnel connected since")
 	case !zt.Connected:
 		fail(ReasonZtunnelNotConnected, "no ztunnel connected")
 	case !zt.SnapshotAcked:

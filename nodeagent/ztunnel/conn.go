@@ -39,6 +39,21 @@ func delReq(uid string) *request {
 	return &request{op: zp.OpDel, uid: uid, msg: zp.DelRequest(uid), res: make(chan error, 1)}
 }
 
+// probeUID is the uid of the idle probe's Del: no pod has it (a pod's uid
+// is a UUID), so ztunnel acks it without changing anything.
+const probeUID = "ambientd-probe-no-such-pod"
+
+// probeReq is the idle probe: a Del of probeUID (op "probe" in metrics).
+func probeReq() *request {
+	return &request{op: opProbe, uid: probeUID, msg: zp.DelRequest(probeUID), res: make(chan error, 1)}
+}
+
+// opProbe names the idle probe in metrics and logs.
+const opProbe = "probe"
+
+// errAckTimeout marks a request ztunnel did not answer in time.
+var errAckTimeout = errors.New("timed out")
+
 func snapshotSentReq() *request {
 	return &request{op: zp.OpSnapshotSent, msg: zp.SnapshotSentRequest(), res: make(chan error, 1)}
 }
@@ -66,6 +81,9 @@ type zconn struct {
 	// told to drop since: what must move elsewhere when it goes away.
 	// Only the owner goroutine touches it until done is closed.
 	held map[string]struct{}
+	// unresponsive: dropped because ztunnel did not answer a request in
+	// time (set by the owner before done is closed).
+	unresponsive bool
 }
 
 // track records what an acked request did to the pods this ztunnel holds.
@@ -149,18 +167,16 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn, src SnapshotSo
 	zc.snapshotAcked.Store(true)
 	s.notifySnapshotAcked()
 
+	// The idle probe: ZDS has no heartbeat, so a ztunnel that hangs with
+	// its socket open would look like a healthy idle one for ever.
+	probe := time.NewTimer(s.cfg.ProbeInterval)
+	defer probe.Stop()
 	for {
+		var r *request
 		select {
-		case r := <-zc.reqs:
-			err, fatal := zc.roundTrip(ctx, r)
-			if err == nil {
-				zc.track(r)
-			}
-			r.res <- err
-			if fatal {
-				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "error", err)
-				return
-			}
+		case r = <-zc.reqs:
+		case <-probe.C:
+			r = probeReq()
 		case res := <-zc.in:
 			if errors.Is(res.err, io.EOF) {
 				log.Info("ztunnel hung up")
@@ -169,6 +185,22 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn, src SnapshotSo
 			}
 			return
 		case <-ctx.Done():
+			return
+		}
+		err, fatal := zc.roundTrip(ctx, r)
+		if err == nil {
+			zc.track(r)
+		}
+		r.res <- err
+		probe.Reset(s.cfg.ProbeInterval)
+		if fatal {
+			if errors.Is(err, errAckTimeout) {
+				zc.unresponsive = true
+				s.metrics.hung.Inc()
+				log.Warn("dropping ztunnel connection: ztunnel did not answer in time (hung); its pods are not served", "op", r.op, "uid", r.uid, "error", err)
+			} else {
+				log.Warn("dropping ztunnel connection", "op", r.op, "uid", r.uid, "error", err)
+			}
 			return
 		}
 	}
@@ -253,7 +285,7 @@ func (c *zconn) awaitAck(ctx context.Context, r *request, start, deadline time.T
 		default:
 		}
 		m.requests.WithLabelValues(r.op, "timeout").Inc()
-		return fmt.Errorf("%s workload %s: %w: connection %d: no ack within %v (timed out)", r.op, r.uid, ErrConnBroken, c.id, c.s.cfg.AckTimeout), true
+		return fmt.Errorf("%s workload %s: %w: connection %d: no ack within %v (%w)", r.op, r.uid, ErrConnBroken, c.id, c.s.cfg.AckTimeout, errAckTimeout), true
 	case <-ctx.Done():
 		m.requests.WithLabelValues(r.op, "broken").Inc()
 		return fmt.Errorf("%s workload %s: %w: connection %d: agent shutting down", r.op, r.uid, ErrConnBroken, c.id), true

@@ -12,6 +12,7 @@ type Metrics struct {
 	ackSeconds  *prometheus.HistogramVec
 	handovers   *prometheus.CounterVec
 	refused     prometheus.Counter
+	hung        prometheus.Counter
 }
 
 // newMetrics returns the server's collectors; live counts the live
@@ -43,6 +44,10 @@ func newMetrics(live func() int) *Metrics {
 			Name: "ambientd_ztunnel_handovers_total",
 			Help: "Pods of a closed ztunnel connection re-added to the newest remaining one, by result (ok, failed).",
 		}, []string{"result"}),
+		hung: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ambientd_ztunnel_unresponsive_total",
+			Help: "ztunnel connections dropped because ztunnel did not answer a request (an Add, a Del or the idle probe) within the ack timeout: a hung ztunnel, whose pods are then not served.",
+		}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ambientd_ztunnel_peers_refused_total",
 			Help: "Connections to the ztunnel socket closed unserved because the peer's uid (SO_PEERCRED) is not an allowed ztunnel uid.",
@@ -59,6 +64,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.ackSeconds.Describe(ch)
 	m.handovers.Describe(ch)
 	m.refused.Describe(ch)
+	m.hung.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -70,4 +76,5 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.ackSeconds.Collect(ch)
 	m.handovers.Collect(ch)
 	m.refused.Collect(ch)
+	m.hung.Collect(ch)
 }

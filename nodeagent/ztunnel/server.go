@@ -84,8 +84,13 @@ type Config struct {
 	AckTimeout        time.Duration // per request, from the start of its send to its ack [5s]
 	HelloTimeout      time.Duration // from accept to ztunnel's hello [5s]
 	KeepaliveInterval time.Duration // renewal period of the idle read [5s]
-	AcceptRate        rate.Limit    // new connections per second [10]
-	AcceptBurst       int           // [5]
+	// ProbeInterval: a connection with no request for this long gets a
+	// probe — a Del of a uid no pod has, which ztunnel acks and which
+	// changes nothing — so a ztunnel that hangs with its socket open is
+	// found within ProbeInterval + AckTimeout [10s]. ZDS has no heartbeat.
+	ProbeInterval time.Duration
+	AcceptRate    rate.Limit // new connections per second [10]
+	AcceptBurst   int        // [5]
 
 	// AllowedUIDs are the uids a ztunnel may run as [root only]. Every
 	// peer's uid is read from the kernel (SO_PEERCRED) at accept; any other
@@ -110,6 +115,9 @@ func (c Config) withDefaults() Config {
 	if c.KeepaliveInterval <= 0 {
 		c.KeepaliveInterval = 5 * time.Second
 	}
+	if c.ProbeInterval <= 0 {
+		c.ProbeInterval = DefaultProbeInterval
+	}
 	if c.AcceptRate <= 0 {
 		c.AcceptRate = 10
 	}
@@ -130,7 +138,14 @@ type Status struct {
 	// ztunnels that carry the node's pods. During a rolling upgrade the old
 	// one serves while the new one is still taking its snapshot.
 	Serving int
+	// Unresponsive: no connection serves, and the last one that did was
+	// dropped because ztunnel did not answer within the ack timeout (a
+	// hung ztunnel: its process and socket may still be there).
+	Unresponsive bool
 }
+
+// DefaultProbeInterval is Config.ProbeInterval's default.
+const DefaultProbeInterval = 10 * time.Second
 
 // Server is the agent's ztunnel server. Create it with NewServer and start it
 // with Run; AddWorkload and friends may be called before, during and after.
@@ -152,6 +167,9 @@ type Server struct {
 	statusSubs map[int]chan struct{}
 	nextID     uint64
 	subID      int
+	// hung: the last serving connection to close was dropped for not
+	// answering (Status.Unresponsive); cleared when one serves again.
+	hung bool
 }
 
 // NewServer returns a server; Run serves it with the snapshots of a source.
@@ -392,6 +410,7 @@ func (s *Server) Status() Status {
 			st.Serving++
 		}
 	}
+	st.Unresponsive = s.hung && st.Serving == 0
 	return st
 }
 
@@ -429,6 +448,9 @@ func (s *Server) register(c *zconn) {
 
 func (s *Server) unregister(c *zconn) {
 	s.mu.Lock()
+	if c.snapshotAcked.Load() {
+		s.hung = c.unresponsive
+	}
 	for i, x := range s.conns {
 		if x == c {
 			s.conns = append(s.conns[:i], s.conns[i+1:]...)

@@ -20,6 +20,7 @@ import (
 	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
 	zp "github.com/ambientd/ambientd/ztunnelproto"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // The snapshot: Add with fd for pods with a netns, Keep for the others, in
@@ -600,4 +601,43 @@ func TestSubscribeStatus(t *testing.T) {
 	wait("snapshot ack", func(st Status) bool { return st.SnapshotAcked })
 	c.Close()
 	wait("disconnect", func(st Status) bool { return st.Connections == 0 })
+}
+
+// A ztunnel that hangs with its socket open (a deadlock, a full queue)
+// answers nothing: the idle probe finds it within ProbeInterval +
+// AckTimeout, the connection is dropped, the server reports it
+// Unresponsive (not merely gone) and counts it; a healthy ztunnel that
+// connects after it serves again and clears that.
+func TestIdleProbeFindsAHungZtunnel(t *testing.T) {
+	cfg := allowTestUser(Config{SocketPath: socketPath(t), ProbeInterval: 300 * time.Millisecond, AckTimeout: 500 * time.Millisecond})
+	s, _ := runServer(t, cfg, &source{})
+	hung, _ := runEmu(t, ztunnelemu.Config{SocketPath: cfg.SocketPath})
+	waitSnapshot(t, hung, 1)
+	// Idle and healthy: probes come and are acked; the connection stays.
+	ztunnelemu.Await(t, hung, "two idle probes acked", func(st ztunnelemu.State) bool {
+		n := 0
+		for _, r := range st.RequestsOn(1) {
+			if r.Op == "del" && r.UID == probeUID {
+				n++
+			}
+		}
+		return n >= 2
+	})
+	if st := s.Status(); st.Serving != 1 || st.Unresponsive {
+		t.Fatalf("a healthy idle ztunnel: status %+v, want it serving", st)
+	}
+	hung.Hang()
+	testutil.Eventually(t, "the hung ztunnel's connection dropped", 5*time.Second, func() bool { return s.Status().Serving == 0 })
+	if st := s.Status(); !st.Unresponsive {
+		t.Fatalf("after the hung ztunnel was dropped: status %+v, want Unresponsive", st)
+	}
+	if got := promtestutil.ToFloat64(s.metrics.hung); got != 1 {
+		t.Errorf("ambientd_ztunnel_unresponsive_total = %v, want 1", got)
+	}
+	healthy, _ := runEmu(t, ztunnelemu.Config{SocketPath: cfg.SocketPath})
+	waitSnapshot(t, healthy, 1)
+	testutil.Eventually(t, "the new ztunnel serves", 5*time.Second, func() bool { return s.Status().Serving == 1 })
+	if st := s.Status(); st.Unresponsive {
+		t.Fatalf("with a healthy ztunnel serving: status %+v, want not Unresponsive", st)
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
+	"github.com/ambientd/ambientd/nodeagent/nodeready"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/testutil"
 	"github.com/ambientd/ambientd/test/infra/ztunnelemu"
@@ -213,4 +214,57 @@ func TestZtunnelOverlapNeverNotReady(t *testing.T) {
 		}
 		t.Logf("%s: %d versions watched, True throughout the 3 upgrades", p.Name, len(vs))
 	}
+}
+
+// TestHungZtunnelTurnsPodsNotReady: a ztunnel that hangs with its socket
+// open (a deadlock, a full queue) looks to the kernel like a healthy idle
+// one — ZDS has no heartbeat. The agent's idle probe (a Del of a uid no
+// pod has) goes unanswered: the connection is dropped, and after the grace
+// the enrolled pods turn False/ZtunnelNotResponding (annotation still
+// `enabled`), the node condition says ZtunnelNotResponding, the node gets
+// a ZtunnelNotResponding Event and the metric counts the hung connection.
+// A healthy ztunnel replacing it (the hung one killed, a new one started)
+// makes them True again, their traffic captured by it.
+func TestHungZtunnelTurnsPodsNotReady(t *testing.T) {
+	s := newScenario(t, "zthung", agentEnv("AMBIENTD_ZTUNNEL_PROBE_INTERVAL=1s", "AMBIENTD_NODE_CONDITION_SETTLE=0"))
+	ctx, nsName, em, a := s.ctx, s.ns, s.em, s.agent
+	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: nsName, Name: "web", Mutate: gated})
+	waitPod(t, ctx, p, "True/Enrolled", podConditionIs(corev1.ConditionTrue, agent.ReasonEnrolled))
+
+	hung := time.Now()
+	if err := em.Hang(ctx); err != nil {
+		t.Fatalf("hang the emulator: %v", err)
+	}
+	// Probe 1s + ack timeout 5s + grace, with room for a loaded machine.
+	wctx, cancel := context.WithTimeout(ctx, ztunnelGrace+40*time.Second)
+	defer cancel()
+	o := waitPod(t, wctx, p, "False/ZtunnelNotResponding", podConditionIs(corev1.ConditionFalse, agent.ReasonZtunnelNotResponding))
+	t.Logf("pod False/ZtunnelNotResponding %v after ztunnel hung", time.Since(hung).Round(time.Millisecond))
+	if v := o.Annotations[annRedirect]; v != "enabled" {
+		t.Errorf("annotation %q while ztunnel hangs, want enabled (the rules stay)", v)
+	}
+	if kubeletWouldBeReady(o) {
+		t.Errorf("gated pod would be Ready with a hung ztunnel: %+v", o.Status.Conditions)
+	}
+	waitNode(t, ctx, testEnv.NodeName, "node condition False/ZtunnelNotResponding", conditionIs(corev1.ConditionFalse, nodeready.ReasonZtunnelNotResponding))
+	waitNodeEventSince(t, ctx, testEnv.NodeName, agent.EventZtunnelNotResponding, hung)
+	if v := metricValue(t, ctx, a, "ambientd_ztunnel_unresponsive_total", ""); v < 1 {
+		t.Errorf("ambientd_ztunnel_unresponsive_total = %v after a hung ztunnel", v)
+	}
+
+	// Restarted (a liveness failure, an operator): the hung process goes —
+	// with its listeners in the pods' netns — and a healthy one comes.
+	if err := em.Kill(); err != nil {
+		t.Fatalf("kill the hung emulator: %v", err)
+	}
+	em2, err := testEnv.StartEmulator(ctx, e2eenv.EmulatorConfig{NetnsMode: true, Name: "ztunnel-hung-2"})
+	if err != nil {
+		t.Fatalf("start the replacing emulator: %v", err)
+	}
+	em2.LogOnFailure(t)
+	t.Cleanup(func() { em2.Stop(10 * time.Second) })
+	waitEmu(t, ctx, em2, "the new ztunnel's snapshot", snapshotSent)
+	waitPod(t, ctx, p, "True/Enrolled again", podConditionIs(corev1.ConditionTrue, agent.ReasonEnrolled))
+	requireCaptured(t, ctx, em2, p, outsideAddr())
+	waitNode(t, ctx, testEnv.NodeName, "node condition True", conditionIs(corev1.ConditionTrue, nodeready.ReasonReady))
 }

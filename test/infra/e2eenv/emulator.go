@@ -143,6 +143,13 @@ func (em *Emulator) ClearNack(ctx context.Context, workload string) error {
 	return em.do(ctx, http.MethodDelete, "/nack?"+url.Values{"workload": {workload}}.Encode())
 }
 
+// Hang makes the emulator stop answering for good, as a stuck ztunnel
+// does: its connection stays open, its next request is never acked, and
+// it never reconnects (ztunnelemu.Emulator.Hang).
+func (em *Emulator) Hang(ctx context.Context) error {
+	return em.do(ctx, http.MethodPost, "/hang")
+}
+
 func (em *Emulator) do(ctx context.Context, method, path string) error {
 	req, err := http.NewRequestWithContext(ctx, method, "http://"+em.StatusAddr+path, nil)
 	if err != nil {

@@ -54,6 +54,8 @@ type Emulator struct {
 
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced on every state change
+	hang      chan struct{} // closed by Hang
+	hangOnce  sync.Once
 	workloads map[string]*workload
 	nacks     map[string]string
 	conns     []ConnRecord
@@ -100,6 +102,7 @@ func New(cfg Config, log *slog.Logger) *Emulator {
 		cfg:       cfg,
 		log:       log.With("component", "ztunnel-emulator"),
 		changed:   make(chan struct{}),
+		hang:      make(chan struct{}),
 		workloads: map[string]*workload{},
 		nacks:     map[string]string{},
 	}
@@ -160,6 +163,16 @@ func (e *Emulator) session(ctx context.Context, c *zp.Conn) error {
 				return err
 			}
 			return e.protocolError(id, nil, fmt.Sprintf("bad packet: %v", err))
+		}
+		select {
+		case <-e.hang:
+			// Stuck: the request stays unanswered and the connection
+			// open; nothing is read or sent any more.
+			closeAll(files)
+			log.Warn("hung: not answering", "op", zp.RequestOp(req), "uid", zp.RequestUID(req))
+			<-ctx.Done()
+			return ctx.Err()
+		default:
 		}
 		ackMsg, perr := e.handle(s, req, files)
 		if perr != "" {
@@ -398,6 +411,13 @@ func (e *Emulator) update(f func()) {
 	close(e.changed)
 	e.changed = make(chan struct{})
 }
+
+// Hang makes the emulator stop answering, as a stuck ztunnel does (a
+// deadlock, a full queue): its connection stays open, the next request is
+// read but never acked, nothing more is read or sent, and it never
+// reconnects — until Run's context ends. Only another emulator (a ztunnel
+// restart) serves the node again.
+func (e *Emulator) Hang() { e.hangOnce.Do(func() { close(e.hang) }) }
 
 // Disconnect closes the live connection, as a ztunnel restart would; Run
 // reconnects and gets a fresh snapshot. Workloads are kept.

@@ -10,6 +10,7 @@ import (
 //	GET    /state                          the State as JSON
 //	POST   /nack?workload=ns/name&error=m  answer Adds of the workload with m
 //	DELETE /nack?workload=ns/name          stop doing so
+//	POST   /hang                           stop answering for good (Hang)
 //
 // workload may also be a pod uid.
 func (e *Emulator) Handler() http.Handler {
@@ -27,6 +28,10 @@ func (e *Emulator) Handler() http.Handler {
 			return
 		}
 		e.SetNack(key, msg)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /hang", func(w http.ResponseWriter, _ *http.Request) {
+		e.Hang()
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("DELETE /nack", func(w http.ResponseWriter, r *http.Request) {
