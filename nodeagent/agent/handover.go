@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podstatus"
 	"github.com/ambientd/ambientd/nodeagent/registry"
 )
 
@@ -69,6 +70,8 @@ func (a *Agent) handOver() {
 		}
 	}
 	var moved, released, failed atomic.Int64
+	var movedMu sync.Mutex
+	movedUIDs := map[string]bool{} // rules in place in the successor's backend
 	work := make(chan registry.Entry)
 	var wg sync.WaitGroup
 	for range min(a.cfg.Workers, max(len(entries), 1)) {
@@ -77,6 +80,9 @@ func (a *Agent) handOver() {
 				switch a.handOverPod(ctx, to, e) {
 				case handOverMoved:
 					moved.Add(1)
+					movedMu.Lock()
+					movedUIDs[e.UID] = true
+					movedMu.Unlock()
 				case handOverReleased:
 					released.Add(1)
 				default:
@@ -95,15 +101,24 @@ func (a *Agent) handOver() {
 		log = a.log.Error
 	}
 	log("handover: pods' rules moved to the successor's backend", "moved", moved.Load(), "released", released.Load(), "failed", failed.Load(), "took", time.Since(start).Round(time.Millisecond))
-	a.releaseConditions(ctx)
+	a.releaseConditions(ctx, movedUIDs)
 }
 
-// releaseConditions writes, at a handover, True/HandedOver on every pod of
-// the node whose condition is False: the successor (Istio's istio-cni)
-// never writes the condition, so a gated pod left False would be NotReady
-// for ever (the no-deadlock rule, gate.go). The annotation stays, for the
-// successor to read. The writes are waited for within the handover's time.
-func (a *Agent) releaseConditions(ctx context.Context) {
+// releaseConditions settles, at a handover, the condition of every pod of
+// the node the agent holds whose condition is False — the successor
+// (Istio's istio-cni) never writes it, so what is left is what a gated pod
+// shows for ever:
+//
+//   - rules moved into the successor's backend (moved): True/HandedOver —
+//     captured, and the successor adds it to ztunnel (the no-deadlock rule,
+//     gate.go); the annotation stays, for the successor to read;
+//   - unserved (no ztunnel served the node for the grace): left
+//     False/ZtunnelUnavailable — black-holed, and it says so;
+//   - rules not moved (the move failed, or its network namespace was never
+//     found): False/NotHandedOver — its capture is not known.
+//
+// True pods and pods the agent does not hold are left as they are.
+func (a *Agent) releaseConditions(ctx context.Context, moved map[string]bool) {
 	n := 0
 	for _, obj := range a.podInformer.GetStore().List() {
 		pod, ok := obj.(*corev1.Pod)
@@ -115,12 +130,30 @@ func (a *Agent) releaseConditions(ctx context.Context) {
 		// only what the informer shows: a False written (or queued) just
 		// before the stop may not have come back through the watch yet,
 		// and a gated pod left False would be NotReady for ever.
-		if e, held := a.reg.Get(string(pod.UID)); held {
+		e, held := a.reg.Get(string(pod.UID))
+		if held {
 			if st, ok := statusFor(e, true); ok {
 				cur = st
 			}
 		}
-		if want, ok := handedOver(cur); ok {
+		var want podstatus.Status
+		write := false
+		switch {
+		case !held:
+			// Not the agent's: its condition stays as the agent last
+			// wrote it.
+		case e.Phase == registry.Unserved:
+			// Black-holed (no ztunnel served the node for the grace):
+			// its False/ZtunnelUnavailable says what is wrong, and stays
+			// true under the successor until a ztunnel serves.
+		case moved[string(pod.UID)]:
+			// Its rules are in place in the successor's backend: the
+			// successor adds it to ztunnel.
+			want, write = handedOver(cur)
+		default:
+			want, write = notHandedOver(cur)
+		}
+		if write {
 			a.status.Set(pod.Namespace, pod.Name, string(pod.UID), want)
 			n++
 		}

@@ -21,6 +21,9 @@ const (
 	// istio-cni, --handover), which keeps no such condition: a gated pod
 	// left False would be NotReady for ever.
 	ReasonHandedOver = "HandedOver"
+	// False: the node was handed over, but the pod's rules could not be
+	// moved to the successor's backend: its capture is not known.
+	ReasonNotHandedOver = "NotHandedOver"
 	// False: rules in place, ztunnel has not acked the pod yet (an ack
 	// timeout, a restart that has not verified the pod yet).
 	ReasonPending = "Pending"
@@ -111,6 +114,20 @@ func handedOver(cur podstatus.Status) (podstatus.Status, bool) {
 	return podstatus.Status{Redirection: cur.Redirection, Condition: podstatus.Condition{
 		Status: corev1.ConditionTrue, Reason: ReasonHandedOver, Since: time.Now(),
 		Message: "the node was handed over to another mesh agent (--handover), which does not keep this condition; it was False: " + cur.Condition.Message,
+	}}, true
+}
+
+// notHandedOver is what a pod showing a False condition is left with when
+// the node is handed over but the pod's rules were not moved into the
+// successor's backend (the move failed, or its network namespace was never
+// found): False with a reason that says so — its capture is not known.
+func notHandedOver(cur podstatus.Status) (podstatus.Status, bool) {
+	if cur.Condition.Status != corev1.ConditionFalse {
+		return podstatus.Status{}, false
+	}
+	return podstatus.Status{Redirection: cur.Redirection, Condition: podstatus.Condition{
+		Status: corev1.ConditionFalse, Reason: ReasonNotHandedOver, Since: cur.Condition.Since,
+		Message: "the node was handed over to another mesh agent (--handover), but this pod's rules could not be moved to it: its traffic may not be captured; it was False: " + cur.Condition.Message,
 	}}, true
 }
 

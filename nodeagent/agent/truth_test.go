@@ -205,6 +205,29 @@ func TestHandOverReleasesGatedPodsFalse(t *testing.T) {
 	}
 }
 
+// TestHandOverNeverTrueOnAFailedMove: a False pod whose rules could not be
+// moved into the successor's backend is not handed over: its capture under
+// the successor is not known, so it gets False/NotHandedOver, never True.
+func TestHandOverNeverTrueOnAFailedMove(t *testing.T) {
+	to := &fakeSuccessor{fails: true}
+	held := pod("app", "held", "uid-held", nil)
+	held.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podmeta.ConditionEnrolled}}
+	h := newHarness(t, withConfig(func(c *Config) { c.HandOver = func(context.Context) (SuccessorRules, error) { return to, nil } }),
+		withObjects(namespace("app", true), held))
+	h.zt.connect()
+	h.zt.setNack("uid-held", "not now")
+	if _, err := h.agent.HandleAdd(context.Background(), h.event(held)); err != nil {
+		t.Fatalf("HandleAdd: %v", err)
+	}
+	h.waitFor("held pod False/ZtunnelRejected", func() bool {
+		return h.conditionIs("app", "held", corev1.ConditionFalse, ReasonZtunnelRejected)
+	})
+	h.stop()
+	if !h.conditionIs("app", "held", corev1.ConditionFalse, ReasonNotHandedOver) {
+		t.Errorf("pod whose rules were not moved: condition %+v after the handover, want False/%s", h.condition("app", "held"), ReasonNotHandedOver)
+	}
+}
+
 // patchCondition reads the condition's status and reason from a pods/status
 // patch body (podstatus's strategic merge patch).
 func patchCondition(body []byte) (status, reason string, ok bool) {
