@@ -11,7 +11,7 @@ ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 # privilege or tool fails them).
 export AMBIENTD_PRIVILEGED := 1
 
-.PHONY: all build deps unit test test-root verify deploy-manifests e2e e2e-node e2e-switch bench bench-e2e soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
+.PHONY: all build deps unit test test-root verify deploy-manifests e2e e2e-node e2e-switch bench bench-e2e bench-cluster bench-cluster-check soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
 
 all: build
 
@@ -65,6 +65,21 @@ bench:
 # BENCH_PODS=300 make bench-e2e; results go in docs/bench/.
 bench-e2e:
 	hack/bench-e2e.sh
+
+# What N agents cost one API server (root): BENCH_AGENTS hollow nodes (100),
+# each its own netns, agent and ztunnel emulator, against one real
+# kube-apiserver + etcd; phases: steady state, rolling restart, apiserver
+# restart, pod churn, ztunnel outage (BENCH_STEADY, BENCH_SETTLE,
+# BENCH_AFTER_APISERVER, BENCH_CHURN, BENCH_OUTAGE, …: docs/scale.md).
+bench-cluster:
+	hack/bench-cluster.sh
+
+# Its short version, in check: 10 agents, short phases (about 3 minutes);
+# fails unless every agent is ready, every phase has numbers and the steady
+# state costs no request but watches.
+bench-cluster-check:
+	@$(ENSURE) bench-cluster-check
+	ENSURE_NAME='make bench-cluster-check' hack/bench-cluster.sh -check -agents 10 -start-batch 10 -steady 30s -settle 5s -after-apiserver 10s -churn 15s -churn-nodes 3 -outage 15s
 
 # The agent image as an OCI archive (bin/ambientd-image.tar), without Docker:
 # Debian packages + both binaries, assembled by hack/mkimage. Reproducible.
@@ -172,7 +187,7 @@ lint: verify
 
 # The README's test command: everything CI checks, one target after the
 # other, each one's wall time printed (docs/bench/README.md).
-CHECK_TARGETS := verify test-root e2e soak-check e2e-node image-test
+CHECK_TARGETS := verify test-root e2e soak-check bench-cluster-check e2e-node image-test
 check:
 	@for t in $(CHECK_TARGETS); do s=$$(date +%s); $(MAKE) --no-print-directory $$t || exit 1; echo "check: make $$t took $$(( $$(date +%s) - s ))s"; done
 

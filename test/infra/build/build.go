@@ -94,6 +94,10 @@ var Targets = map[string][]Part{
 	"istio-agent-image": {Packages},
 	// The switch scenarios run on the real node, with Istio's image too.
 	"e2e-switch": Node,
+	// Hollow nodes (make bench-cluster and its short version in check):
+	// the control plane and N agents with their emulators.
+	"bench-cluster":       ControlPlane,
+	"bench-cluster-check": ControlPlane,
 }
 
 // kubeParts are built from the wrapper module hack/kube, in this order

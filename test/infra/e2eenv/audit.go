@@ -44,6 +44,10 @@ type AuditRequest struct {
 	Name        string
 	Code        int
 	Body        string // the request's body, for status writes
+	// SourceIP is the client's address as the apiserver saw it (the first
+	// of the event's sourceIPs): it tells apart agents that share one
+	// identity but each reach the apiserver from a node address of its own.
+	SourceIP string
 }
 
 // Write reports whether the request changes state.
@@ -69,10 +73,11 @@ func (r AuditRequest) String() string {
 
 // auditEvent is the part of an audit.k8s.io/v1 Event AuditRequests reads.
 type auditEvent struct {
-	AuditID   string `json:"auditID"`
-	Stage     string `json:"stage"`
-	Verb      string `json:"verb"`
-	UserAgent string `json:"userAgent"`
+	AuditID   string   `json:"auditID"`
+	Stage     string   `json:"stage"`
+	Verb      string   `json:"verb"`
+	UserAgent string   `json:"userAgent"`
+	SourceIPs []string `json:"sourceIPs"`
 	User      struct {
 		Username string `json:"username"`
 	} `json:"user"`
@@ -112,6 +117,9 @@ func (cp *ControlPlane) AuditRequests(from, to time.Time, user string) ([]AuditR
 		}
 		seen[ev.AuditID] = true
 		r := AuditRequest{Received: ev.Received, User: ev.User.Username, UserAgent: ev.UserAgent, Verb: ev.Verb}
+		if len(ev.SourceIPs) > 0 {
+			r.SourceIP = ev.SourceIPs[0]
+		}
 		if ev.ObjectRef != nil {
 			r.Resource, r.Subresource, r.Namespace, r.Name = ev.ObjectRef.Resource, ev.ObjectRef.Subresource, ev.ObjectRef.Namespace, ev.ObjectRef.Name
 		}

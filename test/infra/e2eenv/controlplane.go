@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -42,8 +43,14 @@ const AgentUser = "system:serviceaccount:" + AgentNamespace + ":" + AgentService
 type ControlPlaneConfig struct {
 	EtcdBin, APIServerBin string
 	Dir                   string // work directory (certs, tokens, etcd data, logs, kubeconfigs)
-	// ExtraAPIServerArgs are appended to the apiserver's flags.
+	// ExtraAPIServerArgs are appended to the apiserver's flags (a flag
+	// given again wins: the apiserver keeps the last value).
 	ExtraAPIServerArgs []string
+	// ServingIPs are more addresses the serving certificate is valid for,
+	// beside 127.0.0.1 and ::1: for clients in other network namespaces
+	// that reach the apiserver over a link (with --bind-address=0.0.0.0 in
+	// ExtraAPIServerArgs).
+	ServingIPs []net.IP
 	// ReadyTimeout bounds the wait for etcd health and apiserver /readyz
 	// (default 2 minutes: the machine may be busy building).
 	ReadyTimeout time.Duration
@@ -100,7 +107,7 @@ func startControlPlane(ctx context.Context, sp *spawner, cfg ControlPlaneConfig)
 	cp.URL = "https://127.0.0.1:" + strconv.Itoa(apiPort)
 
 	certFile, keyFile := filepath.Join(pki, "serving.crt"), filepath.Join(pki, "serving.key")
-	if err := writeServingCert(certFile, keyFile); err != nil {
+	if err := writeServingCert(certFile, keyFile, cfg.ServingIPs); err != nil {
 		return nil, err
 	}
 	cp.CAFile = certFile
@@ -235,11 +242,28 @@ func (cp *ControlPlane) restConfig(token string) (*rest.Config, error) {
 }
 
 func (cp *ControlPlane) writeKubeconfig(path, user, token string) error {
+	return cp.writeKubeconfigVia(path, cp.URL, user, token)
+}
+
+// WriteAgentKubeconfigVia writes a kubeconfig of the agent's identity that
+// reaches the apiserver at host ("10.251.0.1"), on the apiserver's port, for
+// an agent in a network namespace of its own (host must be one of
+// ControlPlaneConfig.ServingIPs).
+func (cp *ControlPlane) WriteAgentKubeconfigVia(path, host string) error {
+	u, err := url.Parse(cp.URL)
+	if err != nil {
+		return err
+	}
+	u.Host = net.JoinHostPort(host, u.Port())
+	return cp.writeKubeconfigVia(path, u.String(), AgentServiceAccount, cp.AgentToken)
+}
+
+func (cp *ControlPlane) writeKubeconfigVia(path, server, user, token string) error {
 	ca, err := os.ReadFile(cp.CAFile)
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, []byte(kubeconfig(cp.URL, ca, user, token)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(kubeconfig(server, ca, user, token)), 0o600); err != nil {
 		return fmt.Errorf("write kubeconfig %s: %w", path, err)
 	}
 	return nil
@@ -287,7 +311,7 @@ func tokenFile(adminToken, agentToken string) string {
 		adminToken, AdminUser, agentToken, AgentUser, AgentNamespace)
 }
 
-func writeServingCert(certFile, keyFile string) error {
+func writeServingCert(certFile, keyFile string, extraIPs []net.IP) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return err
@@ -305,7 +329,7 @@ func writeServingCert(certFile, keyFile string) error {
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 		IsCA:                  true, // self-signed: clients trust it as its own CA
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		IPAddresses:           append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, extraIPs...),
 		DNSNames:              []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)

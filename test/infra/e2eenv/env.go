@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -45,6 +46,10 @@ type Options struct {
 	Subnet netip.Prefix
 	// Log receives progress messages (default os.Stderr).
 	Log io.Writer
+	// APIServerArgs are extra kube-apiserver flags, ServingIPs more
+	// addresses its certificate is valid for (ControlPlaneConfig).
+	APIServerArgs []string
+	ServingIPs    []net.IP
 }
 
 // Env is a running environment: control plane, chain, node, and whatever
@@ -134,7 +139,10 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		return e, err
 	}
 
-	e.CP, err = startControlPlane(ctx, e.sp, ControlPlaneConfig{EtcdBin: bins.Etcd, APIServerBin: bins.KubeAPIServer, Dir: dir})
+	e.CP, err = startControlPlane(ctx, e.sp, ControlPlaneConfig{
+		EtcdBin: bins.Etcd, APIServerBin: bins.KubeAPIServer, Dir: dir,
+		ExtraAPIServerArgs: opts.APIServerArgs, ServingIPs: opts.ServingIPs,
+	})
 	if err != nil {
 		return e, fmt.Errorf("start control plane: %w", err)
 	}
