@@ -204,8 +204,12 @@ func (r *result) extrapolation() string {
 		rate(bigNodes/float64(kubeletLeaseSecs)), kubeletLeaseSecs, rate(bigNodes/float64(kubeletStatusSecs)), kubeletStatusSecs/60)
 	if p := r.phase("steady state"); p != nil && p.nodes > 0 {
 		perS := float64(p.agent.nonWatch) / float64(p.nodes) / p.window().Seconds()
-		fmt.Fprintf(&b, "| steady state, requests but watches | %s/s (%d in %s on %d nodes) | %s/s, plus the node condition's heartbeat: at most %s writes/s (every %d min) | %s |\n",
-			rate(perS), p.agent.nonWatch, secs(p.window()), p.nodes, rate(perS*bigNodes), rate(bigNodes/float64(agentHeartbeatSecs)), agentHeartbeatSecs/60, kubeletPeriodic)
+		heartbeat := fmt.Sprintf("the node condition's heartbeat (every %d min) falls in the window", agentHeartbeatSecs/60)
+		if p.window() < agentHeartbeatSecs*time.Second {
+			heartbeat = fmt.Sprintf("plus the node condition's heartbeat (every %d min, longer than the window): %s writes/s", agentHeartbeatSecs/60, rate(bigNodes/float64(agentHeartbeatSecs)))
+		}
+		fmt.Fprintf(&b, "| steady state, requests but watches | %s/s (%d in %s on %d nodes: %s) | %s/s; %s | %s |\n",
+			rate(perS), p.agent.nonWatch, secs(p.window()), p.nodes, orNone(p.agent.kinds()), rate(perS*bigNodes), heartbeat, kubeletPeriodic)
 		w := r.watchersPerNode()
 		fmt.Fprintf(&b, "| watches held | %.1f | %s (client-go renews each every 5–10 min: about %s watch requests/s) | its own (pods, its Node, the objects its pods use) |\n",
 			w, num(w*bigNodes), rate(w*bigNodes/450))
@@ -270,6 +274,13 @@ func (r *result) check() error {
 			p.agent.nonWatch, secs(p.window()), strings.Join(p.agent.kinds(), ", ")))
 	}
 	return errors.Join(errs...)
+}
+
+func orNone(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
 }
 
 func firstLine(s string) string {
