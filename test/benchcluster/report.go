@@ -149,7 +149,7 @@ func (r *result) markdown() string {
 	b.WriteString("\n`patch nodes/status` in a window where nothing changed on the node is the node condition's heartbeat (every 5 minutes per node, `--node-condition-heartbeat`).")
 	if p := r.phase("apiserver restart"); p != nil {
 		if n := p.failedBefore(p.readyAt); n > 0 {
-			fmt.Fprintf(&b, " After the apiserver restart, %d of the agents' requests were answered with an error before the apiserver answered /readyz (it serves while its caches still fill; client-go retries).", n)
+			fmt.Fprintf(&b, " After the apiserver restart, %d of the agents' requests were answered with an error before the apiserver answered /readyz (it serves before it is ready; client-go retries).", n)
 		}
 	}
 	b.WriteString("\n")
@@ -164,9 +164,11 @@ func (r *result) markdown() string {
 			p.name, byVerb(s.requests), num(s.watchersHeld), num(s.watchEvents), bytes(s.watchBytes), bytes(s.listBytes),
 			num(s.etcdWrites), secs(s.apiserverCPU), secs(s.etcdCPU), bytes(float64(s.apiserverRSS)))
 	}
+	b.WriteString("\n`apiserver_request_total` counts a watch when it ends: the watches a window started and still holds are in the agents' table and the watches held, not here.")
 	if p := r.phase("apiserver restart"); p != nil {
-		b.WriteString("\nThe apiserver restart's counters are the new process's from its start (its own start-up requests included); requests sent while it was down are in neither the audit log nor the metrics.\n")
+		b.WriteString(" The apiserver restart's counters are the new process's from its start (its own start-up requests included); requests sent while it was down are in neither the audit log nor the metrics.")
 	}
+	b.WriteString("\n")
 	b.WriteString(r.extrapolation())
 	return b.String()
 }
@@ -204,7 +206,7 @@ func (r *result) extrapolation() string {
 		rate(bigNodes/float64(kubeletLeaseSecs)), kubeletLeaseSecs, rate(bigNodes/float64(kubeletStatusSecs)), kubeletStatusSecs/60)
 	if p := r.phase("steady state"); p != nil && p.nodes > 0 {
 		perS := float64(p.agent.nonWatch) / float64(p.nodes) / p.window().Seconds()
-		heartbeat := fmt.Sprintf("the node condition's heartbeat (every %d min) falls in the window", agentHeartbeatSecs/60)
+		heartbeat := fmt.Sprintf("the node condition's heartbeat (every %d min) falls in the window; at its period alone %s writes/s", agentHeartbeatSecs/60, rate(bigNodes/float64(agentHeartbeatSecs)))
 		if p.window() < agentHeartbeatSecs*time.Second {
 			heartbeat = fmt.Sprintf("plus the node condition's heartbeat (every %d min, longer than the window): %s writes/s", agentHeartbeatSecs/60, rate(bigNodes/float64(agentHeartbeatSecs)))
 		}
