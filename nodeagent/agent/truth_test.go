@@ -177,23 +177,10 @@ func TestHandOverKeepsTheOptionsRulesWereBuiltWith(t *testing.T) {
 // would stay NotReady for ever under it. The handover sets every such pod
 // True/HandedOver (annotation kept); True pods are left as they are.
 func TestHandOverReleasesGatedPodsFalse(t *testing.T) {
-	to := &fakeSuccessor{}
 	gate := []corev1.PodReadinessGate{{ConditionType: podmeta.ConditionEnrolled}}
 	on := pod("app", "on", "uid-on", nil)
 	on.Spec.ReadinessGates = gate
-	held := pod("app", "held", "uid-held", nil)
-	held.Spec.ReadinessGates = gate
-	h := newHarness(t, withConfig(func(c *Config) { c.HandOver = func(context.Context) (SuccessorRules, error) { return to, nil } }),
-		withObjects(namespace("app", true), on, held))
-	h.enrollConnected(on)
-	h.zt.setNack("uid-held", "not now")
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(held)); err != nil {
-		t.Fatalf("HandleAdd: %v", err)
-	}
-	h.waitFor("held pod False/ZtunnelRejected", func() bool {
-		return h.conditionIs("app", "held", corev1.ConditionFalse, ReasonZtunnelRejected)
-	})
-	h.stop()
+	h := handOverWithHeldPod(t, &fakeSuccessor{}, on)
 	if !h.conditionIs("app", "held", corev1.ConditionTrue, ReasonHandedOver) {
 		t.Errorf("gated pod False at the handover: condition %+v afterwards, want True/%s", h.condition("app", "held"), ReasonHandedOver)
 	}
@@ -205,16 +192,24 @@ func TestHandOverReleasesGatedPodsFalse(t *testing.T) {
 	}
 }
 
-// TestHandOverNeverTrueOnAFailedMove: a False pod whose rules could not be
-// moved into the successor's backend is not handed over: its capture under
-// the successor is not known, so it gets False/NotHandedOver, never True.
-func TestHandOverNeverTrueOnAFailedMove(t *testing.T) {
-	to := &fakeSuccessor{fails: true}
+// handOverWithHeldPod runs an agent that hands the node over to to, with a
+// gated pod app/held that ztunnel refused (False/ZtunnelRejected, its rules
+// in place) and the enrolled pods enrolled, and stops it: the handover has
+// run when it returns.
+func handOverWithHeldPod(t *testing.T, to *fakeSuccessor, enrolled ...*corev1.Pod) *harness {
+	t.Helper()
 	held := pod("app", "held", "uid-held", nil)
 	held.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podmeta.ConditionEnrolled}}
+	objs := []runtime.Object{namespace("app", true), held}
+	for _, p := range enrolled {
+		objs = append(objs, p)
+	}
 	h := newHarness(t, withConfig(func(c *Config) { c.HandOver = func(context.Context) (SuccessorRules, error) { return to, nil } }),
-		withObjects(namespace("app", true), held))
+		withObjects(objs...))
 	h.zt.connect()
+	for _, p := range enrolled {
+		h.enrollConnected(p)
+	}
 	h.zt.setNack("uid-held", "not now")
 	if _, err := h.agent.HandleAdd(context.Background(), h.event(held)); err != nil {
 		t.Fatalf("HandleAdd: %v", err)
@@ -223,6 +218,14 @@ func TestHandOverNeverTrueOnAFailedMove(t *testing.T) {
 		return h.conditionIs("app", "held", corev1.ConditionFalse, ReasonZtunnelRejected)
 	})
 	h.stop()
+	return h
+}
+
+// TestHandOverNeverTrueOnAFailedMove: a False pod whose rules could not be
+// moved into the successor's backend is not handed over: its capture under
+// the successor is not known, so it gets False/NotHandedOver, never True.
+func TestHandOverNeverTrueOnAFailedMove(t *testing.T) {
+	h := handOverWithHeldPod(t, &fakeSuccessor{fails: true})
 	if !h.conditionIs("app", "held", corev1.ConditionFalse, ReasonNotHandedOver) {
 		t.Errorf("pod whose rules were not moved: condition %+v after the handover, want False/%s", h.condition("app", "held"), ReasonNotHandedOver)
 	}
