@@ -72,16 +72,21 @@ func waitAgentQuiet(t *testing.T, ctx context.Context, since time.Time) time.Tim
 
 // deleteAsKubelet deletes a pod in the kubelet's order: the object is
 // marked for deletion (a graceful delete), the containers stop, then the
-// sandbox goes (CNI DEL) and the kubelet removes the object.
-func deleteAsKubelet(t *testing.T, ctx context.Context, p *e2eenv.Pod) {
+// sandbox goes (CNI DEL) and the kubelet removes the object. The DEL comes
+// once agent a's informer has had the terminating pod (its pod update
+// events, nodeagent_reconcile_events_total, moved): the kubelet's DEL
+// follows the containers' stop, seconds later.
+func deleteAsKubelet(t *testing.T, ctx context.Context, a *e2eenv.Agent, p *e2eenv.Pod) {
 	t.Helper()
+	const updates = `type="update"`
+	before := metricValue(t, ctx, a, "nodeagent_reconcile_events_total", updates)
 	grace := int64(30)
 	if err := testEnv.CP.Admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
 		t.Fatal(err)
 	}
-	// The containers' stop takes the kubelet at least this long; the
-	// agent's watch has the terminating pod by then.
-	time.Sleep(time.Second)
+	testutil.Until(t, ctx, "the agent's informer has the terminating pod", func() bool {
+		return metricValue(t, ctx, a, "nodeagent_reconcile_events_total", updates) > before
+	})
 	if err := testEnv.DeletePod(ctx, p); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +133,7 @@ func TestAPICostPerNode(t *testing.T) {
 	from = time.Now()
 	p := createPod(t, ctx, e2eenv.PodSpec{Namespace: s.ns, Name: "life"})
 	waitAnnotation(t, ctx, p, "enabled")
-	deleteAsKubelet(t, ctx, p)
+	deleteAsKubelet(t, ctx, s.agent, p)
 	waitAgentQuiet(t, ctx, from)
 	life := nonWatch(agentRequests(t, from, time.Now()))
 	t.Logf("one pod's life: %d requests: %s", len(life), e2eenv.Summary(life))
