@@ -162,6 +162,11 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	if nrCfg.NodeName == "" {
 		nrCfg.NodeName = cfg.Agent.NodeName
 	}
+	if cfg.Agent.ZtunnelGrace > 0 {
+		// The agent announces a ztunnel outage on the node itself, with
+		// the pods it took out (agent.EventZtunnelUnavailable).
+		nrCfg.AnnouncedElsewhere = append(nrCfg.AnnouncedElsewhere, nodeready.ZtunnelReasons()...)
+	}
 	// The inputs of readiness: one definition (nodeready.Compute) for the
 	// node condition, /readyz and `ambientd status`.
 	n.inputs = nodeready.Inputs{

@@ -57,6 +57,13 @@ type Config struct {
 	// out to every Node watcher, and an Event. 0 writes at once (the flag
 	// defaults to DefaultSettle).
 	Settle time.Duration
+	// AnnouncedElsewhere are condition reasons whose outages another
+	// component announces with Events of its own (the agent's
+	// ZtunnelUnavailable / ZtunnelAvailable, which count the pods): a
+	// turn to False for one of them, and the turn back to True, record no
+	// AmbientNotReady / AmbientReady, so an outage is one Event on the
+	// node each way, not two (docs/scale.md).
+	AnnouncedElsewhere []string
 }
 
 func (c Config) withDefaults() Config {
@@ -184,6 +191,9 @@ type Controller struct {
 	// wroteTransition is when this process last wrote a status change of
 	// the condition (only Run's goroutine uses it).
 	wroteTransition time.Time
+	// announcedFalse: this process recorded the Event of the condition's
+	// turn to False (Run's goroutine only).
+	announcedFalse bool
 	// ours is the Node as our last write returned it: newer than the
 	// watch cache until the cache catches up (Run's goroutine only).
 	ours *corev1.Node
@@ -390,7 +400,7 @@ func (c *Controller) reconcile(ctx context.Context, lister nodeLister) (time.Dur
 		transition := cur == nil || cur.Status != want.Status
 		if transition {
 			c.wroteTransition = want.LastTransitionTime.Time
-			c.event(n, r)
+			c.announce(n, cur, r)
 		}
 		if transition || cur.Reason != want.Reason || cur.Message != want.Message {
 			c.log.Info("node condition written", "condition", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
@@ -457,6 +467,23 @@ func (c *Controller) writeCondition(ctx context.Context, cond corev1.NodeConditi
 		return nil, fmt.Errorf("patch node %s condition %s: %w", c.cfg.NodeName, cond.Type, err)
 	}
 	return n, nil
+}
+
+// announce records the Event of a transition of the condition from cur
+// to r, unless Config.AnnouncedElsewhere has it: a False for one of those
+// reasons, and the True that ends it when this controller did not
+// announce that False itself.
+func (c *Controller) announce(n *corev1.Node, cur *corev1.NodeCondition, r Readiness) {
+	elsewhere := func(reason string) bool { return slices.Contains(c.cfg.AnnouncedElsewhere, reason) }
+	switch {
+	case !r.Ready && elsewhere(r.Reason):
+		c.announcedFalse = false
+		return
+	case r.Ready && cur != nil && cur.Status == corev1.ConditionFalse && elsewhere(cur.Reason) && !c.announcedFalse:
+		return
+	}
+	c.announcedFalse = !r.Ready
+	c.event(n, r)
 }
 
 func (c *Controller) event(n *corev1.Node, r Readiness) {

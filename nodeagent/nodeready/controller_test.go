@@ -453,3 +453,54 @@ func TestStaleTrueRemovesNoTaint(t *testing.T) {
 		t.Fatalf("taint kept once ready: %v", n.Spec.Taints)
 	}
 }
+
+// A ztunnel outage is announced by the agent (its ZtunnelUnavailable and
+// ZtunnelAvailable Events count the pods); the condition's own Events
+// for it would be a second Event each way on every node at once.
+func TestOutageAnnouncedElsewhereIsOneEvent(t *testing.T) {
+	served := ZtunnelState{Connected: true, SnapshotAcked: true}
+	type step struct {
+		synced bool
+		zt     ZtunnelState
+		want   string // the one Event recorded, "" none
+	}
+	for _, tc := range []struct {
+		name      string
+		elsewhere []string
+		steps     []step
+	}{
+		{"ztunnel outage announced by the agent", ZtunnelReasons(), []step{
+			{true, served, EventAmbientReady},
+			{true, ZtunnelState{}, ""},
+			{true, served, ""},
+			{true, ZtunnelState{Connected: true}, ""},
+			{true, served, ""},
+		}},
+		{"a False this controller announced is ended with an Event", ZtunnelReasons(), []step{
+			{false, ZtunnelState{}, EventAmbientNotReady},
+			{true, ZtunnelState{}, ""}, // reason moves to ZtunnelNotConnected: no transition
+			{true, served, EventAmbientReady},
+		}},
+		{"nobody else announces: every transition", nil, []step{
+			{true, served, EventAmbientReady},
+			{true, ZtunnelState{}, EventAmbientNotReady},
+			{true, served, EventAmbientReady},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Config{AnnouncedElsewhere: tc.elsewhere})
+			for i, s := range tc.steps {
+				h.in.set(s.synced, s.zt)
+				h.clock.step(time.Second)
+				h.reconcile(t)
+				ev := h.events()
+				switch {
+				case s.want == "" && len(ev) != 0:
+					t.Fatalf("step %d: events %q, want none", i, ev)
+				case s.want != "" && (len(ev) != 1 || !strings.Contains(ev[0], " "+s.want+" ")):
+					t.Fatalf("step %d: events %q, want one %s", i, ev, s.want)
+				}
+			}
+		})
+	}
+}

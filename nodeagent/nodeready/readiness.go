@@ -60,6 +60,12 @@ const (
 	ReasonInstallLeaseNotWritten = "InstallLeaseNotWritten"
 )
 
+// ZtunnelReasons are the condition's reasons for a node no ztunnel
+// serves.
+func ZtunnelReasons() []string {
+	return []string{ReasonZtunnelNotConnected, ReasonZtunnelNotResponding, ReasonSnapshotNotAcked}
+}
+
 // Event reasons recorded on the Node.
 const (
 	EventTaintRemoved    = "TaintRemoved"    // Normal: the startup taint was removed
