@@ -43,6 +43,7 @@ type config struct {
 	churnNodes   int           // nodes that get pods
 	churnPods    int           // pods per node per round
 	outage       time.Duration // how long every ztunnel is gone
+	apf          bool          // apply deploy/apf.yaml before the agents start
 	agentArgs    string
 	out          string
 	check        bool
@@ -62,6 +63,7 @@ func main() {
 	flag.IntVar(&c.churnNodes, "churn-nodes", e2eenv.EnvInt("BENCH_CHURN_NODES", 5), "nodes that get the churned pods (env BENCH_CHURN_NODES)")
 	flag.IntVar(&c.churnPods, "churn-pods", e2eenv.EnvInt("BENCH_CHURN_PODS", 10), "pods per node created, then deleted, each round (env BENCH_CHURN_PODS)")
 	flag.DurationVar(&c.outage, "outage", e2eenv.EnvDuration("BENCH_OUTAGE", 30*time.Second), "how long every ztunnel is gone (env BENCH_OUTAGE)")
+	flag.BoolVar(&c.apf, "apf", e2eenv.EnvBoolOr("BENCH_APF", true), "apply the shipped FlowSchema and PriorityLevelConfiguration (deploy/apf.yaml) before the agents start, as the chart does (env BENCH_APF)")
 	flag.StringVar(&c.agentArgs, "agent-args", os.Getenv("BENCH_AGENT_ARGS"), "extra flags for `ambientd run`, space separated (env BENCH_AGENT_ARGS)")
 	flag.StringVar(&c.out, "out", os.Getenv("BENCH_OUT"), "also append the tables to this file (env BENCH_OUT)")
 	flag.BoolVar(&c.check, "check", e2eenv.EnvBool("BENCH_CHECK"), "fail unless every agent is ready, every phase produced numbers and the steady state cost nothing but watches (env BENCH_CHECK)")

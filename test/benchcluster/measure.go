@@ -68,6 +68,12 @@ var wanted = []string{
 	"apiserver_response_sizes",
 	"etcd_requests_total",
 	"etcd_request_duration_seconds",
+	// API Priority and Fairness, by priority level (the agents' own,
+	// ambientd, when deploy/apf.yaml is applied).
+	"apiserver_flowcontrol_dispatched_requests_total",
+	"apiserver_flowcontrol_rejected_requests_total",
+	"apiserver_flowcontrol_request_wait_duration_seconds",
+	"apiserver_flowcontrol_nominal_limit_seats",
 }
 
 // parseMetrics reads the Prometheus text exposition and keeps the wanted

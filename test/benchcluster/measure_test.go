@@ -154,6 +154,16 @@ func TestCheck(t *testing.T) {
 		"phase missing":   func(r *result) { r.phases = r.phases[:3] },
 		"no watches":      func(r *result) { r.phase("rolling restart").agent = agentCost{} },
 		"no metrics":      func(r *result) { r.phase("pod churn (API-only pods)").after = snapshot{} },
+		"two Events per node in an outage": func(r *result) {
+			var reqs []e2eenv.AuditRequest
+			for _, node := range []string{"a", "b"} {
+				for range 2 {
+					reqs = append(reqs, e2eenv.AuditRequest{UserAgent: "ambientd/x", Verb: "create", Resource: "events", SourceIP: node})
+				}
+			}
+			r.phase("ztunnel outage, every node").agent = countAgent(reqs)
+		},
+		"APF applied, nothing at its level": func(r *result) { r.apf = []string{"FlowSchema/ambientd", "PriorityLevelConfiguration/ambientd"} },
 	} {
 		r := good()
 		spoil(r)
@@ -168,5 +178,18 @@ func TestNum(t *testing.T) {
 		if got := num(in); got != want {
 			t.Errorf("num(%v) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestBusiest(t *testing.T) {
+	at := func(s float64) e2eenv.AuditRequest {
+		return e2eenv.AuditRequest{UserAgent: "ambientd/x", Verb: "watch", Received: time.Unix(100, 0).Add(time.Duration(s * float64(time.Second)))}
+	}
+	c := countAgent([]e2eenv.AuditRequest{at(0), at(0.5), at(0.9), at(1.2), at(4.1)})
+	if peak, span := c.busiest(); peak != 3 || span != 5*time.Second {
+		t.Errorf("busiest = %d in %s, want 3 in 5s", peak, span)
+	}
+	if peak, span := (agentCost{}).busiest(); peak != 0 || span != 0 {
+		t.Errorf("no requests: busiest = %d in %s", peak, span)
 	}
 }

@@ -66,17 +66,40 @@ type agentCost struct {
 	perNode     map[string]int // node address → non-watch requests
 	otherAgents int            // requests of the identity with another user agent
 	failed      map[int]int    // answers ≥ 400 by code
+	// perSecond counts the requests by the second they were received
+	// (Unix seconds): how a wave of them is spread over time.
+	perSecond map[int64]int
+}
+
+// busiest is the most requests received within one second, and the span
+// from the first request to the last.
+func (c agentCost) busiest() (peak int, span time.Duration) {
+	var first, last int64
+	for sec, n := range c.perSecond {
+		peak = max(peak, n)
+		if first == 0 || sec < first {
+			first = sec
+		}
+		last = max(last, sec)
+	}
+	if len(c.perSecond) > 0 {
+		span = time.Duration(last-first+1) * time.Second
+	}
+	return peak, span
 }
 
 // countAgent sums the audit log's requests of the agents' identity.
 func countAgent(reqs []e2eenv.AuditRequest) agentCost {
-	c := agentCost{byKind: map[string]int{}, perNode: map[string]int{}, failed: map[int]int{}}
+	c := agentCost{byKind: map[string]int{}, perNode: map[string]int{}, failed: map[int]int{}, perSecond: map[int64]int{}}
 	for _, r := range reqs {
 		if !strings.HasPrefix(r.UserAgent, "ambientd/") {
 			c.otherAgents++
 			continue
 		}
 		c.requests++
+		if !r.Received.IsZero() {
+			c.perSecond[r.Received.Unix()]++
+		}
 		kind := r.Verb + " " + r.Resource
 		if r.Subresource != "" {
 			kind += "/" + r.Subresource
@@ -112,9 +135,12 @@ func (c agentCost) plus(o agentCost) agentCost {
 	sum := agentCost{
 		requests: c.requests + o.requests, watches: c.watches + o.watches, nonWatch: c.nonWatch + o.nonWatch,
 		writes: c.writes + o.writes, otherAgents: c.otherAgents + o.otherAgents,
-		byKind: map[string]int{}, perNode: map[string]int{}, failed: map[int]int{},
+		byKind: map[string]int{}, perNode: map[string]int{}, failed: map[int]int{}, perSecond: map[int64]int{},
 	}
 	for _, x := range []agentCost{c, o} {
+		for k, n := range x.perSecond {
+			sum.perSecond[k] += n
+		}
 		for k, n := range x.byKind {
 			sum.byKind[k] += n
 		}
@@ -169,6 +195,25 @@ type serverCost struct {
 	etcdCPU       time.Duration
 	apiserverRSS  int64
 	podWatchEvent float64 // events on pods sent to watchers
+	apf           apfCost
+}
+
+// apfCost is what API Priority and Fairness did in a window: at the
+// agents' priority level (apfLevel) and at every other.
+type apfCost struct {
+	seats         float64 // the agents' level's nominal seats at the window's end
+	dispatched    float64 // requests the agents' level let through
+	waitSum       float64 // their time in its queues, seconds
+	rejected      float64 // requests the agents' level refused (429)
+	rejectedOther float64 // requests every other level refused
+}
+
+// meanWait is the mean time a request of the agents' level waited.
+func (c apfCost) meanWait() time.Duration {
+	if c.dispatched == 0 {
+		return 0
+	}
+	return time.Duration(c.waitSum / c.dispatched * float64(time.Second))
 }
 
 func (p *phase) server() serverCost {
@@ -182,6 +227,13 @@ func (p *phase) server() serverCost {
 		etcdWrites:    etcdWrites(b, a),
 		podWatchEvent: sumDelta(b, a, "apiserver_watch_events_total", "resource=pods"),
 		apiserverRSS:  p.after.apiserverRSS,
+		apf: apfCost{
+			seats:         sumGauge(a, "apiserver_flowcontrol_nominal_limit_seats", "priority_level="+apfLevel),
+			dispatched:    sumDelta(b, a, "apiserver_flowcontrol_dispatched_requests_total", "priority_level="+apfLevel),
+			waitSum:       sumDelta(b, a, "apiserver_flowcontrol_request_wait_duration_seconds_sum", "priority_level="+apfLevel, "execute=true"),
+			rejected:      sumDelta(b, a, "apiserver_flowcontrol_rejected_requests_total", "priority_level="+apfLevel),
+			rejectedOther: sumDelta(b, a, "apiserver_flowcontrol_rejected_requests_total") - sumDelta(b, a, "apiserver_flowcontrol_rejected_requests_total", "priority_level="+apfLevel),
+		},
 	}
 	s.apiserverCPU = cpuDelta(p.before.apiserverPid, p.after.apiserverPid, p.before.apiserverCPU, p.after.apiserverCPU)
 	s.etcdCPU = cpuDelta(p.before.etcdPid, p.after.etcdPid, p.before.etcdCPU, p.after.etcdCPU)

@@ -129,8 +129,8 @@ func (r *result) markdown() string {
 	}
 
 	b.WriteString("\n### What the agents asked (apiserver audit log: the agents' identity, user agent `ambientd/…`)\n\n")
-	b.WriteString("| phase | what happened | window | nodes (touched) | requests: watches / other | other per node per s (all nodes) | other per touched node (most on one node) | writes | by verb and resource |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| phase | what happened | window | nodes (touched) | requests: watches / other | busiest second (first to last) | other per node per s (all nodes) | other per touched node (most on one node) | writes | by verb and resource |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, p := range r.phases {
 		a := p.agent
 		perS := 0.0
@@ -141,8 +141,9 @@ func (r *result) markdown() string {
 		if kinds == "" {
 			kinds = "none"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %d (%d) | %s / %s | %s | %s (%d) | %s | %s |\n",
-			p.name, p.note, secs(p.window()), p.nodes, p.touched, num(float64(a.watches)), num(float64(a.nonWatch)),
+		peak, span := a.busiest()
+		fmt.Fprintf(&b, "| %s | %s | %s | %d (%d) | %s / %s | %s (%s) | %s | %s (%d) | %s | %s |\n",
+			p.name, p.note, secs(p.window()), p.nodes, p.touched, num(float64(a.watches)), num(float64(a.nonWatch)), num(float64(peak)), secs(span),
 			rate(perS), rate(perTouched(p, float64(a.nonWatch))), a.maxPerNode(), num(float64(a.writes)), kinds)
 	}
 
@@ -169,7 +170,27 @@ func (r *result) markdown() string {
 		b.WriteString(" The apiserver restart's counters are the new process's from its start (its own start-up requests included); requests sent while it was down are in neither the audit log nor the metrics.")
 	}
 	b.WriteString("\n")
+	b.WriteString(r.apfTable())
 	b.WriteString(r.extrapolation())
+	return b.String()
+}
+
+// apfTable is what API Priority and Fairness did in each phase: the
+// agents' own level (deploy/apf.yaml) against every other.
+func (r *result) apfTable() string {
+	var b strings.Builder
+	b.WriteString("\n### API Priority and Fairness (the apiserver's `apiserver_flowcontrol_*`)\n\n")
+	if len(r.apf) == 0 {
+		b.WriteString("Not applied (`-apf=false`): the agents' requests took the apiserver's default flow schemas.\n")
+		return b.String()
+	}
+	fmt.Fprintf(&b, "Applied before the agents started: %s (`deploy/apf.yaml`). Seats, requests and queue waits of the agents' level `%s`; refusals (429) at it and at every other level.\n\n", strings.Join(r.apf, ", "), apfLevel)
+	b.WriteString("| phase | `ambientd` seats | dispatched at `ambientd` | mean queue wait | refused at `ambientd` | refused at every other level |\n|---|---|---|---|---|---|\n")
+	for _, p := range r.phases {
+		a := p.server().apf
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", p.name, num(a.seats), num(a.dispatched), a.meanWait().Round(time.Microsecond), num(a.rejected), num(a.rejectedOther))
+	}
+	b.WriteString("\nA watch counts as dispatched when it starts (its initial events hold a seat; the watch itself does not).\n")
 	return b.String()
 }
 
@@ -270,6 +291,22 @@ func (r *result) check() error {
 	}
 	if p := r.phase("pod churn (API-only pods)"); p != nil && p.server().podWatchEvent == 0 {
 		errs = append(errs, fmt.Errorf("pod churn: no watch event on pods for %d pods", p.pods))
+	}
+	// A ztunnel outage is one Event on the node each way (the agent's
+	// ZtunnelUnavailable / ZtunnelAvailable), not one per component.
+	for _, name := range []string{"ztunnel outage, every node", "ztunnel back, every node"} {
+		p := r.phase(name)
+		if p == nil || p.touched == 0 {
+			continue
+		}
+		if ev := p.agent.byKind["create events"] + p.agent.byKind["patch events"]; ev > p.touched {
+			errs = append(errs, fmt.Errorf("phase %q: %d Events written for %d nodes (budget: one per node)", name, ev, p.touched))
+		}
+	}
+	if len(r.apf) > 0 {
+		if p := r.phase("first start"); p != nil && p.server().apf.dispatched == 0 {
+			errs = append(errs, fmt.Errorf("first start: no request dispatched at the %q priority level: the shipped FlowSchema does not match the agents", apfLevel))
+		}
 	}
 	if p := r.phase("steady state"); p != nil && p.agent.nonWatch > 0 {
 		errs = append(errs, fmt.Errorf("steady state: the agents made %d requests but watches in %s (budget: none): %s",

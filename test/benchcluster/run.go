@@ -32,6 +32,8 @@ type result struct {
 	// many watches as before; apiWatchNote says if it never did.
 	apiWatchBack time.Duration
 	apiWatchNote string
+	// apf names the APF objects applied (-apf), none when not.
+	apf []string
 }
 
 // bench is a run in progress.
@@ -75,6 +77,11 @@ func run(ctx context.Context, env *e2eenv.Env, c config) (*result, error) {
 	}
 	spec := hollowSpec{env: env, kubeconfig: kubeconfig, agentArgs: splitArgs(c.agentArgs), nsenter: nsenter}
 
+	if c.apf {
+		if b.res.apf, err = applyAPF(ctx, env.CP.Admin); err != nil {
+			return nil, err
+		}
+	}
 	if b.res.baseline, err = b.scrape.snapshot(ctx); err != nil {
 		return nil, err
 	}

@@ -39,3 +39,11 @@ func EnvBool(name string) bool {
 	v, _ := strconv.ParseBool(os.Getenv(name))
 	return v
 }
+
+// EnvBoolOr is name's value as a bool, or def when unset or not a bool.
+func EnvBoolOr(name string, def bool) bool {
+	if v, err := strconv.ParseBool(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
