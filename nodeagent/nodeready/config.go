@@ -1,12 +1,15 @@
 package nodeready
 
 import (
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/ambientd/ambientd/settings"
 )
 
 // Config says what the controller maintains. NodeName is required; the
@@ -62,49 +65,57 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// SettingError is a Config validation error; Field names the Config field
-// (so a caller can name its own flag for it).
-type SettingError struct {
-	Field string
-	Err   error
-}
-
-func (e *SettingError) Error() string { return e.Field + ": " + e.Err.Error() }
-func (e *SettingError) Unwrap() error { return e.Err }
-
-// Validate checks c (after defaults); errors are *SettingError.
+// Validate checks c (after defaults); each error starts with the flag
+// that sets the field (RegisterFlags) and the value. Fields are checked in
+// a fixed order, so with several bad ones the same is reported every time.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	bad := func(field, format string, args ...any) error {
-		return &SettingError{Field: field, Err: fmt.Errorf(format, args...)}
+	bad := func(flag, format string, args ...any) error {
+		return fmt.Errorf("--"+flag+" "+format, args...)
 	}
 	if c.NodeName == "" {
-		return bad("NodeName", "node name is required")
+		return bad("node-name", "is required")
 	}
 	if errs := validation.IsDNS1123Subdomain(c.NodeName); len(errs) > 0 {
-		return bad("NodeName", "node name %q: %v", c.NodeName, errs)
+		return bad("node-name", "%q: %v", c.NodeName, errs)
 	}
 	if errs := validation.IsQualifiedName(c.ConditionType); len(errs) > 0 {
-		return bad("ConditionType", "condition type %q: %v", c.ConditionType, errs)
+		return bad("node-condition-type", "%q: %v", c.ConditionType, errs)
 	}
 	if errs := validation.IsQualifiedName(c.TaintKey); len(errs) > 0 {
-		return bad("TaintKey", "taint key %q: %v", c.TaintKey, errs)
+		return bad("taint-key", "%q: %v", c.TaintKey, errs)
 	}
 	if !slices.ContainsFunc(MeshTaintPrefixes, func(p string) bool { return strings.HasPrefix(c.TaintKey, p) }) {
-		return bad("TaintKey", "taint key %q: want one of the mesh's own prefixes %v (the agent removes this taint: a key such as dedicated would let it attract workloads that were kept away)", c.TaintKey, MeshTaintPrefixes)
+		return bad("taint-key", "%q: want one of the mesh's own prefixes %v (the agent removes this taint: a key such as dedicated would let it attract workloads that were kept away)", c.TaintKey, MeshTaintPrefixes)
 	}
 	// Shorter than a second, a ztunnel restart would taint the node.
 	if c.TaintGracePeriod < time.Second || c.TaintGracePeriod > time.Hour {
-		return bad("TaintGracePeriod", "taint grace period %v: want 1s to 1h", c.TaintGracePeriod)
+		return bad("taint-grace-period", "%v: want 1s to 1h", c.TaintGracePeriod)
 	}
 	if c.ResyncPeriod < 100*time.Millisecond || c.ResyncPeriod > time.Hour {
-		return bad("ResyncPeriod", "resync period %v: want between 100ms and 1h", c.ResyncPeriod)
+		return bad("node-condition-resync", "%v: want 100ms to 1h", c.ResyncPeriod)
 	}
 	if c.Settle < 0 || (c.Settle > 0 && c.Settle < 100*time.Millisecond) || c.Settle > time.Minute {
-		return bad("Settle", "settle %v: want 0 (at once) or 100ms to 1m", c.Settle)
+		return bad("node-condition-settle", "%v: want 0 (at once) or 100ms to 1m", c.Settle)
 	}
 	if c.HeartbeatPeriod < time.Second || c.HeartbeatPeriod > time.Hour {
-		return bad("HeartbeatPeriod", "heartbeat period %v: want between 1s and 1h", c.HeartbeatPeriod)
+		return bad("node-condition-heartbeat", "%v: want 1s to 1h", c.HeartbeatPeriod)
 	}
 	return nil
+}
+
+// RegisterFlags binds c's fields to their flags on fs, with the defaults
+// as values (NodeName is the agent's --node-name: the caller copies it).
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.ConditionType, "node-condition-type", DefaultConditionType, "node condition the agent maintains: True when the CNI plugin is installed, caches are synced and ztunnel is connected with its snapshot acked")
+	fs.BoolVar(&c.Untaint, "untaint", false, "remove the startup taint (--taint-key, any effect) from this node while the node condition is True")
+	fs.StringVar(&c.TaintKey, "taint-key", DefaultTaintKey, "the node's startup taint")
+	fs.BoolVar(&c.TaintWhenUnready, "taint-when-unready", false, "add the taint (NoSchedule) back when the node condition has been False for --taint-grace-period, and remove it when True again")
+	// 0 is "the default" to a caller in Go; on the command line it would
+	// be a request for no grace at all.
+	c.TaintGracePeriod = DefaultGracePeriod
+	fs.Var(settings.Positive{P: &c.TaintGracePeriod}, "taint-grace-period", "how long (a `duration`) the node condition must be False before --taint-when-unready taints the node")
+	fs.DurationVar(&c.ResyncPeriod, "node-condition-resync", DefaultResyncPeriod, "how often the node condition's inputs are re-evaluated besides on changes")
+	fs.DurationVar(&c.HeartbeatPeriod, "node-condition-heartbeat", DefaultHeartbeatPeriod, "how often the node condition is rewritten when nothing changed, moving its lastHeartbeatTime (a condition whose heartbeat is older was left by an agent that stopped)")
+	fs.DurationVar(&c.Settle, "node-condition-settle", DefaultSettle, "how long a False node condition (or a new reason while False) must hold before it is written; True is written at once (an agent's start walks several False reasons in a second: one Node write, not five; 0 = at once)")
 }
