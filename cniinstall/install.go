@@ -101,7 +101,8 @@ type Config struct {
 	Credentials func() ([]byte, error)
 }
 
-// Validate checks the config and fills defaults.
+// Validate checks the config and fills defaults; an error names the
+// agent's flag that sets the field (`ambientd run`, `ambientd uninstall`).
 func (c *Config) Validate() error {
 	if c.Entry.Type == "" {
 		c.Entry.Type = cniapi.PluginType
@@ -130,24 +131,26 @@ func (c *Config) Validate() error {
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = cniapi.DefaultLeaseTTL
 	}
-	for name, p := range map[string]string{"bin source": c.BinSource, "bin dir": c.BinDir, "conf dir": c.ConfDir, "host conf dir": c.HostConfDir} {
-		if !filepath.IsAbs(p) {
-			return fmt.Errorf("cni install: %s %q must be an absolute path", name, p)
+	// In a fixed order, each named by the agent's flag that sets it, so
+	// with several bad ones the same is reported every time.
+	for _, p := range []struct{ flag, path string }{{"cni-bin-source", c.BinSource}, {"cni-bin-dir", c.BinDir}, {"cni-conf-dir", c.ConfDir}, {"cni-host-conf-dir", c.HostConfDir}} {
+		if !filepath.IsAbs(p.path) {
+			return fmt.Errorf("--%s %q: must be an absolute path", p.flag, p.path)
 		}
 	}
-	for name, n := range map[string]string{"conf name": c.ConfName, "owned conf name": c.OwnedName, "plugin type": c.Entry.Type} {
-		if strings.ContainsRune(n, '/') || n == "." || n == ".." {
-			return fmt.Errorf("cni install: %s %q must be a plain file name", name, n)
+	for _, n := range []struct{ what, name string }{{"--cni-conf-name", c.ConfName}, {"--cni-owned-config-name", c.OwnedName}, {"plugin type", c.Entry.Type}} {
+		if strings.ContainsRune(n.name, '/') || n.name == "." || n.name == ".." {
+			return fmt.Errorf("%s %q: must be a plain file name", n.what, n.name)
 		}
 	}
 	if c.ConfName != "" && !contains(confExtensions, filepath.Ext(c.ConfName)) {
-		return fmt.Errorf("cni install: conf name %q must end in .conf, .conflist or .json", c.ConfName)
+		return fmt.Errorf("--cni-conf-name %q: must end in .conf, .conflist or .json", c.ConfName)
 	}
 	if filepath.Ext(c.OwnedName) != ".conflist" {
-		return fmt.Errorf("cni install: owned conf name %q must end in .conflist", c.OwnedName)
+		return fmt.Errorf("--cni-owned-config-name %q: must end in .conflist", c.OwnedName)
 	}
 	if !c.InPlace && c.ConfName == c.OwnedName {
-		return fmt.Errorf("cni install: conf name and owned conf name are both %q", c.OwnedName)
+		return fmt.Errorf("--cni-conf-name %q: the owned config's name too (--cni-owned-config-name)", c.OwnedName)
 	}
 	return nil
 }
