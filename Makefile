@@ -162,7 +162,7 @@ generate:
 
 # The shipped code's packages (what sloglint holds to docs/agent.md's log
 # schema).
-SHIPPED   := ./admission/... ./cmd/... ./cniapi/... ./cniinstall/... ./cniplugin/... ./iptables/... ./nodeagent/... ./policy/... ./podmeta/... ./ztunnelproto/...
+SHIPPED   := ./admission/... ./cmd/... ./cniapi/... ./cniinstall/... ./cniplugin/... ./iptables/... ./nodeagent/... ./policy/... ./podmeta/... ./settings/... ./ztunnelproto/...
 
 # gofmt, go vet with every build tag, staticcheck, sloglint (its single
 # checker with the log schema built in: hack/sloglint) and the docs check

@@ -71,18 +71,24 @@ type Config struct {
 	Timeout time.Duration
 }
 
-// Validate checks the config, naming what is wrong.
+// Validate checks the config, naming what is wrong (an operator's
+// setting by its flag, RegisterFlags).
 func (c Config) Validate() error {
 	if _, err := ParseMode(string(c.Mode)); err != nil {
-		return err
+		return fmt.Errorf("--iptables: %w", err)
 	}
 	for _, i := range c.RerouteInterfaces {
 		if err := ValidInterfaceName(i); err != nil {
 			return err
 		}
 	}
-	if c.LockWait < 0 || c.Timeout < 0 {
-		return errors.New("iptables lock wait and timeout must not be negative")
+	// 0 is the default; more than a minute holds every rule step of the
+	// node that long behind another program's lock.
+	if c.LockWait < 0 || c.LockWait > time.Minute {
+		return fmt.Errorf("--iptables-lock-wait %v: want 0 (the default, %v) or up to 1m", c.LockWait, DefaultLockWait)
+	}
+	if c.Timeout < 0 {
+		return errors.New("iptables timeout must not be negative")
 	}
 	return nil
 }
@@ -92,7 +98,7 @@ func (c Config) withDefaults() Config {
 		c.Mode = ModeAuto
 	}
 	if c.LockWait == 0 {
-		c.LockWait = 10 * time.Second
+		c.LockWait = DefaultLockWait
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 30 * time.Second

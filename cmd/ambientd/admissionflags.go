@@ -14,6 +14,7 @@ import (
 
 	"github.com/ambientd/ambientd/admission"
 	"github.com/ambientd/ambientd/nodeagent/kube"
+	"github.com/ambientd/ambientd/settings"
 )
 
 // settingsFlags are the agent settings `inject` and `check` decide with
@@ -24,10 +25,14 @@ type settingsFlags struct {
 	given                                             map[string]bool
 }
 
-var settingsEnvOf = flagEnv{
-	"exclude-namespaces": admission.EnvExcludeNamespaces,
-	"system-namespace":   admission.EnvSystemNamespace,
-	"pod-condition-type": admission.EnvConditionType,
+// settingsVar names the variables of the agent settings inject and check
+// read (the agent's: admission.EnvExcludeNamespaces, …).
+func settingsVar(name string) string {
+	switch name {
+	case "exclude-namespaces", "system-namespace", "pod-condition-type":
+		return settings.Var(name)
+	}
+	return ""
 }
 
 func (s *settingsFlags) register(fs *flag.FlagSet) {
@@ -38,10 +43,10 @@ func (s *settingsFlags) register(fs *flag.FlagSet) {
 }
 
 // parse notes which settings the command line or the variables gave, and
-// validates; call after parseFlags(..., settingsEnvOf).
+// validates; call after settings.Parse(..., settingsVar).
 func (s *settingsFlags) parse(fs *flag.FlagSet) error {
 	s.given = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { s.given[f.Name] = true }) // set by parseFlags too
+	fs.Visit(func(f *flag.Flag) { s.given[f.Name] = true }) // set by settings.Parse too
 	for _, n := range s.settings(admission.DefaultSettings()).Policy.ExcludeNamespaces {
 		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
 			return fmt.Errorf("--exclude-namespaces: %q: %s", n, strings.Join(errs, "; "))
@@ -119,14 +124,14 @@ func (c *clientFlags) client(_ context.Context) (*kube.Client, string, error) {
 // parseClientFlags parses the flags of a client command (inject, check)
 // and the settings' variables; ok=false: exit with code.
 func parseClientFlags(fs *flag.FlagSet, args []string, sf *settingsFlags, getenv func(string) string, stderr io.Writer) (code int, ok bool) {
-	err := parseFlags(fs, args, getenv, settingsEnvOf)
+	err := settings.Parse(fs, args, getenv, settingsVar)
 	if err == nil {
 		err = sf.parse(fs)
 	}
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0, false
-	case isParseError(err):
+	case settings.IsUsageError(err):
 		return 2, false // fs printed it, with the usage
 	case err != nil:
 		fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)

@@ -19,6 +19,7 @@ import (
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/bundle"
 	"github.com/ambientd/ambientd/nodeagent/kube"
+	"github.com/ambientd/ambientd/settings"
 )
 
 // bundleCmd writes one archive for a support ticket (nodeagent/bundle).
@@ -26,12 +27,13 @@ func bundleCmd(args []string) int {
 	return runBundle(context.Background(), args, os.Getenv, os.Environ(), os.Stdout, os.Stderr)
 }
 
-// bundleEnvOf maps the bundle's own flags to their variables.
-var bundleEnvOf = flagEnv{
-	"o":               "AMBIENTD_BUNDLE_OUTPUT",
-	"max-file-bytes":  "AMBIENTD_BUNDLE_MAX_FILE_BYTES",
-	"max-total-bytes": "AMBIENTD_BUNDLE_MAX_TOTAL_BYTES",
-	"timeout":         "AMBIENTD_BUNDLE_TIMEOUT",
+// bundleVar names the bundle's variables: its own flags' (-o's
+// AMBIENTD_BUNDLE_OUTPUT).
+func bundleVar(name string) string {
+	if name == "o" {
+		name = "output"
+	}
+	return settings.CommandVar("bundle", name)
 }
 
 func runBundle(ctx context.Context, args []string, getenv func(string) string, environ []string, stdout, stderr io.Writer) int {
@@ -53,10 +55,10 @@ func runBundle(ctx context.Context, args []string, getenv func(string) string, e
 	if i := slices.Index(args, "--"); i >= 0 {
 		bundleArgs, agentArgs = args[:i], args[i+1:]
 	}
-	switch err := parseFlags(fs, bundleArgs, getenv, bundleEnvOf); {
+	switch err := settings.Parse(fs, bundleArgs, getenv, bundleVar); {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case isParseError(err):
+	case settings.IsUsageError(err):
 		return 2
 	case err != nil:
 		fmt.Fprintf(stderr, "ambientd bundle: %v\n", err)
@@ -98,19 +100,7 @@ func runBundle(ctx context.Context, args []string, getenv func(string) string, e
 		out = file
 	}
 	a := bundle.NewArchive(out, dir, bundle.Limits{MaxFileBytes: *maxFile, MaxTotalBytes: *maxTotal}, now)
-	src := bundle.Sources{
-		Files: []bundle.File{
-			{Name: "version.txt", Data: versionText(now, node)},
-			{Name: "settings.txt", Data: settings},
-			{Name: "env.txt", Data: envText(environ)},
-			{Name: "rules/pod-rules.txt", Data: rulesText(f, false)},
-			{Name: "rules/host-rules.txt", Data: rulesText(f, true)},
-		},
-		AdminSocket: f.node.AdminSocket,
-		CNIConfDir:  f.install.confDir, CNIBinDir: f.install.binDir, PluginName: cniapi.PluginType,
-		MetricsAddr: f.node.MetricsAddr,
-		NodeName:    node,
-	}
+	src := agentSources(f, settings, environ, now)
 	if restCfg, err := kubeConfig(f.kubeconfig); err != nil {
 		a.Note("API: %v", err)
 	} else {
@@ -139,6 +129,26 @@ func runBundle(ctx context.Context, args []string, getenv func(string) string, e
 	return 0
 }
 
+// agentSources is what the bundle collects of the agent with settings f:
+// the files made here (version, settings, variables, rules) and where the
+// rest is found.
+func agentSources(f runFlags, settings []byte, environ []string, now time.Time) bundle.Sources {
+	node := f.node.Agent.NodeName
+	return bundle.Sources{
+		Files: []bundle.File{
+			{Name: "version.txt", Data: versionText(now, node)},
+			{Name: "settings.txt", Data: settings},
+			{Name: "env.txt", Data: envText(environ)},
+			{Name: "rules/pod-rules.txt", Data: rulesText(f, false)},
+			{Name: "rules/host-rules.txt", Data: rulesText(f, true)},
+		},
+		AdminSocket: f.node.AdminSocket,
+		CNIConfDir:  f.install.confDir, CNIBinDir: f.install.binDir, PluginName: cniapi.PluginType,
+		MetricsAddr: f.node.MetricsAddr,
+		NodeName:    node,
+	}
+}
+
 func bundleSafe(s string) string {
 	return strings.Map(func(r rune) rune {
 		if r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
@@ -148,14 +158,11 @@ func bundleSafe(s string) string {
 	}, s)
 }
 
-// allEnvOf is every variable of the agent's settings, by flag.
-func allEnvOf() flagEnv {
-	all := flagEnv{}
-	for _, m := range []flagEnv{envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf} {
-		for k, v := range m {
-			all[k] = v
-		}
-	}
+// runVars is every variable of the agent's settings, by flag.
+func runVars() map[string]string {
+	var f runFlags
+	all := map[string]string{}
+	f.flagSet().VisitAll(func(fl *flag.Flag) { all[fl.Name] = settings.Var(fl.Name) })
 	return all
 }
 
@@ -169,12 +176,12 @@ var notCredentials = map[string]bool{"cni-plugin-token-ttl": true}
 // settings are also validated as `ambientd run` validates them.
 func agentSettings(args []string, getenv func(string) string, stderr io.Writer) (runFlags, []byte, error) {
 	var f runFlags
-	fs, _, _ := f.flagSet()
+	fs := f.flagSet()
 	fs.SetOutput(stderr)
-	if err := parseFlags(fs, args, getenv, envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf); isParseError(err) || errors.Is(err, flag.ErrHelp) {
+	if err := settings.Parse(fs, args, getenv, settings.Var); settings.IsUsageError(err) || errors.Is(err, flag.ErrHelp) {
 		return f, nil, err
 	}
-	// parseFlags sets flags from variables too: what the command line
+	// settings.Parse sets flags from variables too: what the command line
 	// gave is read from args.
 	given := map[string]bool{}
 	for _, a := range args {
@@ -183,7 +190,7 @@ func agentSettings(args []string, getenv func(string) string, stderr io.Writer) 
 			given[name] = true
 		}
 	}
-	env := allEnvOf()
+	env := runVars()
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# the agent's settings as `ambientd run` parses them here (flags after --, then variables, then defaults)\n")
 	fs.VisitAll(func(fl *flag.Flag) {
@@ -212,7 +219,7 @@ func agentSettings(args []string, getenv func(string) string, stderr io.Writer) 
 // redacted) and the names only of every other variable.
 func envText(environ []string) []byte {
 	ours := map[string]bool{}
-	for _, v := range allEnvOf() {
+	for _, v := range runVars() {
 		ours[v] = true
 	}
 	var mine, others []string

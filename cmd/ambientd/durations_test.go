@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ambientd/ambientd/settings"
 )
 
 // TestEveryDurationHasAFloorAndACeiling: every duration setting of
@@ -14,13 +16,7 @@ import (
 // duration flag without bounds fails here.
 func TestEveryDurationHasAFloorAndACeiling(t *testing.T) {
 	var f runFlags
-	fs, _, _ := f.flagSet()
-	envName := map[string]string{}
-	for _, table := range []flagEnv{envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf} {
-		for flagName, env := range table {
-			envName[flagName] = env
-		}
-	}
+	fs := f.flagSet()
 	var durations []string
 	fs.VisitAll(func(fl *flag.Flag) {
 		if g, ok := fl.Value.(flag.Getter); ok {
@@ -40,10 +36,7 @@ func TestEveryDurationHasAFloorAndACeiling(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), "--"+name) {
 					t.Errorf("--%s=%s: err = %v, want a refusal naming the flag", name, value, err)
 				}
-				env := envName[name]
-				if env == "" {
-					t.Fatalf("--%s has no environment variable", name)
-				}
+				env := settings.Var(name)
 				_, err = parseRunFlags(base, func(k string) string {
 					if k == env {
 						return value

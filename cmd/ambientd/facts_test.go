@@ -31,10 +31,8 @@ var configMapOverrides = map[string]string{
 func TestConfigMapIsTheDefaults(t *testing.T) {
 	data := kubetest.ShippedConfig(t, "../../deploy/configmap.yaml")
 	known := map[string]bool{}
-	for _, env := range []flagEnv{envOf, installEnvOf, nodeReadyEnvOf, sidecarEnvOf} {
-		for _, v := range env {
-			known[v] = true
-		}
+	for _, v := range runVars() {
+		known[v] = true
 	}
 	vars := map[string]string{"NODE_NAME": "n1"}
 	for k, v := range data {

@@ -29,31 +29,6 @@ type installFlags struct {
 	pluginTokenTTL                                  time.Duration
 }
 
-// installEnvOf maps the install flags to their environment variables.
-var installEnvOf = flagEnv{
-	"cni-bin-source":             "AMBIENTD_CNI_BIN_SOURCE",
-	"cni-bin-dir":                "AMBIENTD_CNI_BIN_DIR",
-	"cni-conf-dir":               "AMBIENTD_CNI_CONF_DIR",
-	"cni-conf-name":              "AMBIENTD_CNI_CONF_NAME",
-	"cni-host-conf-dir":          "AMBIENTD_CNI_HOST_CONF_DIR",
-	"cni-install-lease-ttl":      "AMBIENTD_CNI_INSTALL_LEASE_TTL",
-	"cni-owned-config":           "AMBIENTD_CNI_OWNED_CONFIG",
-	"cni-owned-config-name":      "AMBIENTD_CNI_OWNED_CONFIG_NAME",
-	"cni-plugin-log-level":       "AMBIENTD_CNI_PLUGIN_LOG_LEVEL",
-	"cni-plugin-service-account": "AMBIENTD_CNI_PLUGIN_SERVICE_ACCOUNT",
-	"cni-plugin-token-ttl":       "AMBIENTD_CNI_PLUGIN_TOKEN_TTL",
-	"cni-plugin-log-file":        "AMBIENTD_CNI_PLUGIN_LOG_FILE",
-	"cni-plugin-timeout":         "AMBIENTD_CNI_PLUGIN_TIMEOUT",
-	"cni-poll-interval":          "AMBIENTD_CNI_POLL_INTERVAL",
-	"cni-resync-interval":        "AMBIENTD_CNI_RESYNC_INTERVAL",
-	"cni-repair-limit":           "AMBIENTD_CNI_REPAIR_LIMIT",
-	"cni-repair-window":          "AMBIENTD_CNI_REPAIR_WINDOW",
-	"cni-withdraw-grace":         "AMBIENTD_CNI_WITHDRAW_GRACE",
-	"daemonset-name":             "AMBIENTD_DAEMONSET_NAME",
-	"daemonset-namespace":        "POD_NAMESPACE",
-}
-
-// register adds the install flags to fs (their variables: installEnvOf).
 // namedValue is a flag's value with the flag's name, for checks that range
 // over several flags in a fixed order.
 type namedValue[T any] struct {
@@ -61,6 +36,7 @@ type namedValue[T any] struct {
 	value T
 }
 
+// register adds the install flags to fs.
 func (f *installFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.binSource, "cni-bin-source", "", "the plugin binary to install (default: ambientd-cni beside this executable)")
 	fs.StringVar(&f.binDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")

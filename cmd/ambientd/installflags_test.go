@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ambientd/ambientd/cniinstall"
+	"github.com/ambientd/ambientd/settings"
 )
 
 func TestInstallFlags(t *testing.T) {
@@ -75,7 +76,7 @@ func TestInstallFlags(t *testing.T) {
 			fs.SetOutput(io.Discard)
 			var f installFlags
 			f.register(fs)
-			err := parseFlags(fs, tc.args, func(k string) string { return tc.env[k] }, installEnvOf)
+			err := settings.Parse(fs, tc.args, func(k string) string { return tc.env[k] }, settings.Var)
 			if err == nil {
 				var c cniinstall.Config
 				c, err = f.config("/var/run/ambientd/cni.sock", []string{"kube-system"})

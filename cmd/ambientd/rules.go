@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/podopts"
 	"github.com/ambientd/ambientd/podmeta"
+	"github.com/ambientd/ambientd/settings"
 )
 
 // rulesCmd prints the exact iptables-restore text ambientd would apply for
@@ -74,7 +76,11 @@ func runRules(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "usage: ambientd rules [flags]\n\nPrints the exact iptables-restore text for the given options, touching nothing.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args, nil); err != nil { // no variables: it prints what is asked
+	// No variables: it prints what is asked.
+	if err := settings.Parse(fs, args, nil, nil); err != nil {
+		if !settings.IsUsageError(err) && !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "ambientd rules: %v\n", err) // fs printed the others
+		}
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -25,8 +25,8 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "defaults", args: []string{"--node-name=n1"}, env: env(), check: func(t *testing.T, f runFlags) {
 			if f.node.ZtunnelSocket != "/var/run/ztunnel/ztunnel.sock" || f.node.CNISocket != "/var/run/ambientd/cni.sock" ||
 				f.node.HealthAddr != ":8000" || f.node.MetricsAddr != ":15014" || f.node.Agent.HostProc != "/proc" || string(f.rules.Mode) != "auto" ||
-				f.excludeNamespaces != "kube-system" || f.installCNI || !f.node.Agent.DNSCapture || !f.node.Agent.IPv6 || f.node.Agent.PodLookupTimeout != 10*time.Second ||
-				f.node.Agent.VerifyInterval != time.Minute || f.node.Agent.RunDir != "/var/run/ambientd" || f.ztunnelSocketMode != "0600" || f.ztunnelAllowedUIDs != "0" {
+				strings.Join(f.node.Agent.Policy.ExcludeNamespaces, ",") != "kube-system" || f.installCNI || !f.node.Agent.DNSCapture || !f.node.Agent.IPv6 || f.node.Agent.PodLookupTimeout != 10*time.Second ||
+				f.node.Agent.VerifyInterval != time.Minute || f.node.Agent.RunDir != "/var/run/ambientd" || f.node.ZtunnelSocketMode != 0o600 || len(f.node.ZtunnelAllowedUIDs) != 1 || f.node.ZtunnelAllowedUIDs[0] != 0 {
 				t.Errorf("defaults: %+v", f)
 			}
 		}},
@@ -43,8 +43,8 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "bad env value names variable", env: env("NODE_NAME", "n", "AMBIENTD_IPV6", "maybe"), wantErr: "AMBIENTD_IPV6"},
 		{name: "bad iptables", args: []string{"--node-name=n", "--iptables=xt"}, env: env(), wantErr: "--iptables"},
 		{name: "ztunnel uids from env", env: env("NODE_NAME", "n", "AMBIENTD_ZTUNNEL_ALLOWED_UIDS", "0, 1337"), check: func(t *testing.T, f runFlags) {
-			if u, err := f.allowedUIDs(); err != nil || len(u) != 2 || u[0] != 0 || u[1] != 1337 {
-				t.Errorf("allowed uids %v (%v), want [0 1337]", u, err)
+			if u := f.node.ZtunnelAllowedUIDs; len(u) != 2 || u[0] != 0 || u[1] != 1337 {
+				t.Errorf("allowed uids %v, want [0 1337]", u)
 			}
 		}},
 		{name: "bad ztunnel uid", args: []string{"--node-name=n", "--ztunnel-allowed-uids=root"}, env: env(), wantErr: "--ztunnel-allowed-uids"},
@@ -152,15 +152,15 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "ztunnel grace negative", args: []string{"--node-name=n", "--ztunnel-grace=-1s"}, env: env(), wantErr: "--ztunnel-grace"},
 		{name: "relative run dir", args: []string{"--node-name=n", "--run-dir=run"}, env: env(), wantErr: "--run-dir"},
 		{name: "socket mode from env", env: env("NODE_NAME", "n", "AMBIENTD_ZTUNNEL_SOCKET_MODE", "0660"), check: func(t *testing.T, f runFlags) {
-			if m, err := f.socketMode(); err != nil || m != 0o660 {
-				t.Errorf("socket mode %v, %v; want 0660", m, err)
+			if m := f.node.ZtunnelSocketMode; m != 0o660 {
+				t.Errorf("socket mode %v, want 0660", m)
 			}
 		}},
 		{name: "socket mode without owner rw", args: []string{"--node-name=n", "--ztunnel-socket-mode=0066"}, env: env(), wantErr: "--ztunnel-socket-mode"},
 		{name: "socket mode not octal", args: []string{"--node-name=n", "--ztunnel-socket-mode=rw"}, env: env(), wantErr: "--ztunnel-socket-mode"},
 		{name: "kubelet uid not numeric", args: []string{"--node-name=n", "--kubelet-uid=kubelet"}, env: env(), wantErr: "--kubelet-uid"},
 		{name: "kubelet uid from env", env: env("NODE_NAME", "n", "AMBIENTD_KUBELET_UID", "0"), check: func(t *testing.T, f runFlags) {
-			if u := f.kubeletUIDValue(); u == nil || *u != 0 {
+			if u := f.rules.KubeletUID; u == nil || *u != 0 {
 				t.Errorf("kubelet uid %v, want 0", u)
 			}
 		}},
@@ -178,7 +178,7 @@ func TestParseRunFlags(t *testing.T) {
 		{name: "no runtime handler", args: []string{"--node-name=n", "--capturable-runtime-handlers=,"}, env: env(), wantErr: "--capturable-runtime-handlers"},
 		{name: "stray argument", args: []string{"--node-name=n", "extra"}, env: env(), wantErr: "unexpected"},
 		{name: "exclude list", args: []string{"--node-name=n", "--exclude-namespaces= a, b ,,"}, env: env(), check: func(t *testing.T, f runFlags) {
-			if got := strings.Join(f.excluded(), ","); got != "a,b" {
+			if got := strings.Join(f.node.Agent.Policy.ExcludeNamespaces, ","); got != "a,b" {
 				t.Errorf("excluded %q", got)
 			}
 		}},
@@ -250,6 +250,36 @@ func TestBadValueKeepsTheRestOfTheEnv(t *testing.T) {
 		}
 		if !f.installCNI || f.install.binDir != "/opt/x/bin" {
 			t.Fatalf("the install settings after the bad value were not applied: install-cni %v, bin dir %q", f.installCNI, f.install.binDir)
+		}
+	}
+}
+
+// TestEveryBadValueIsNamed: two flags and two variables that fail to
+// parse, and a value a package refuses, are all named in one error — not
+// the first of them — in the same order each time: the command line's in
+// its order, the variables' by flag name, then the packages' refusals.
+func TestEveryBadValueIsNamed(t *testing.T) {
+	args := []string{"--node-name=n1", "--kube-qps=fast", "--ztunnel-grace=soon", "--workers=0"}
+	vars := map[string]string{"AMBIENTD_DNS_CAPTURE": "yes", "AMBIENTD_ZTUNNEL_ALLOWED_UIDS": "root"}
+	want := []string{`--kube-qps "fast"`, `--ztunnel-grace "soon"`, `AMBIENTD_DNS_CAPTURE="yes"`, `AMBIENTD_ZTUNNEL_ALLOWED_UIDS="root"`, "--workers 0"}
+	var first string
+	for range 10 {
+		_, err := parseRunFlags(args, func(k string) string { return vars[k] })
+		if err == nil {
+			t.Fatal("bad values accepted")
+		}
+		rest := err.Error()
+		for _, w := range want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Fatalf("error %q does not name %s after the ones before it", err, w)
+			}
+			rest = rest[i+len(w):]
+		}
+		if first == "" {
+			first = err.Error()
+		} else if err.Error() != first {
+			t.Fatalf("the error changed between runs: %q, then %q", first, err)
 		}
 	}
 }

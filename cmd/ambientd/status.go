@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ambientd/ambientd/nodeagent/admin"
+	"github.com/ambientd/ambientd/settings"
 )
 
 // statusCmd asks the running agent over its admin socket and prints this
@@ -21,8 +22,17 @@ func statusCmd(args []string) int {
 	return runStatus(context.Background(), args, os.Getenv, os.Stdout, os.Stderr)
 }
 
-// statusEnvOf maps the status flags to their environment variables.
-var statusEnvOf = flagEnv{"admin-socket": "AMBIENTD_ADMIN_SOCKET", "timeout": "AMBIENTD_STATUS_TIMEOUT"}
+// statusVar names the status flags' variables: the agent's socket's, and
+// its own bound's.
+func statusVar(name string) string {
+	switch name {
+	case "admin-socket":
+		return settings.Var(name)
+	case "timeout":
+		return settings.CommandVar("status", name)
+	}
+	return ""
+}
 
 func runStatus(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ambientd status", flag.ContinueOnError)
@@ -35,10 +45,10 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprintf(stderr, "usage: ambientd status [flags]\n\nAsks the running agent on this node (as root) about its pods.\n\n")
 		fs.PrintDefaults()
 	}
-	switch err := parseFlags(fs, args, getenv, statusEnvOf); {
+	switch err := settings.Parse(fs, args, getenv, statusVar); {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case isParseError(err):
+	case settings.IsUsageError(err):
 		return 2
 	case err != nil:
 		fmt.Fprintf(stderr, "ambientd status: %v\n", err)

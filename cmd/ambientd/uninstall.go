@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/ambientd/ambientd/cniapi"
 	"io"
 	"log/slog"
 	"os"
@@ -13,9 +12,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/iptables"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
+	"github.com/ambientd/ambientd/settings"
 )
 
 // uninstallCmd removes ambientd from this node: the plugin's config entry
@@ -28,12 +29,13 @@ func uninstallCmd(args []string) int {
 	return runUninstall(ctx, args, os.Getenv, os.Stderr)
 }
 
-// uninstallEnvOf are the uninstall's own flags' variables (shared with run).
-var uninstallEnvOf = flagEnv{
-	"iptables":  "AMBIENTD_IPTABLES",
-	"ipv6":      "AMBIENTD_IPV6",
-	"log-level": "AMBIENTD_LOG_LEVEL",
-	"timeout":   "AMBIENTD_UNINSTALL_TIMEOUT",
+// uninstallVar names the uninstall's variables: the agent's for the
+// settings it shares with run, its own for its bound.
+func uninstallVar(name string) string {
+	if name == "timeout" {
+		return settings.CommandVar("uninstall", name)
+	}
+	return settings.Var(name)
 }
 
 func runUninstall(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
@@ -45,11 +47,11 @@ func runUninstall(ctx context.Context, args []string, getenv func(string) string
 	ipv6 := fs.Bool("ipv6", iptables.DefaultIPv6, "also remove the IPv6 host rules and probe set (the agent's default; a node without ip6tables has none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	timeout := fs.Duration("timeout", time.Minute, "bound on the whole uninstall")
-	err := parseFlags(fs, args, getenv, installEnvOf, uninstallEnvOf)
+	err := settings.Parse(fs, args, getenv, uninstallVar)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case isParseError(err):
+	case settings.IsUsageError(err):
 		return 2
 	}
 	if err == nil && fs.NArg() > 0 {

@@ -158,11 +158,21 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 		return nil, fmt.Errorf("register Istio's metric names: %w", err)
 	}
 	n := &Process{absent: absent, cfg: cfg, log: log, informers: informers, events: events, agent: a, zt: zs, cni: cs, sidecar: sc, pluginInstalled: cfg.PluginInstalled, istio: im}
-	nrCfg := cfg.NodeReady
-	if nrCfg.NodeName == "" {
-		nrCfg.NodeName = cfg.Agent.NodeName
+	if err := n.buildReadiness(client, informers, events, zs, cs); err != nil {
+		return nil, err
 	}
-	if cfg.Agent.ZtunnelGrace > 0 {
+	return n, nil
+}
+
+// buildReadiness builds the node readiness controller over the inputs of
+// readiness (one definition, nodeready.Compute, for the node condition,
+// /readyz and `ambientd status`) and adds its view to `ambientd status`.
+func (n *Process) buildReadiness(client kube.Interface, informers *kube.Informers, events *kube.Events, zs *ztunnel.Server, cs *cniserver.Server) error {
+	nrCfg := n.cfg.NodeReady
+	if nrCfg.NodeName == "" {
+		nrCfg.NodeName = n.cfg.Agent.NodeName
+	}
+	if n.cfg.Agent.ZtunnelGrace > 0 {
 		// The agent announces a ztunnel outage on the node itself, with
 		// the pods it took out (agent.EventZtunnelUnavailable).
 		nrCfg.AnnouncedElsewhere = append(nrCfg.AnnouncedElsewhere, nodeready.ZtunnelReasons()...)
@@ -171,27 +181,28 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	// node condition, /readyz and `ambientd status`.
 	n.inputs = nodeready.Inputs{
 		PluginInstalled: n.pluginInstalled,
-		AgentStarted:    a.Started,
+		AgentStarted:    n.agent.Started,
 		Ztunnel: func() nodeready.ZtunnelState {
 			st := zs.Status()
 			return nodeready.ZtunnelState{Connected: st.Connections > 0, SnapshotAcked: st.SnapshotAcked, Unresponsive: st.Unresponsive}
 		},
 		CNIServing:   cs.Serving,
-		InstallLease: cfg.InstallLease,
+		InstallLease: n.cfg.InstallLease,
 	}
+	var err error
 	n.ready, err = nodeready.New(nrCfg, nodeready.Deps{
 		Client:   client,
 		Node:     informers.Node,
 		Recorder: events.Recorder(),
-		Log:      log,
+		Log:      n.log,
 		Inputs:   n.inputs,
-		Started:  processStart(log),
+		Started:  processStart(n.log),
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := a.Metrics().Register(n.ready.Metrics()); err != nil {
-		return nil, fmt.Errorf("register node readiness metrics: %w", err)
+	if err := n.agent.Metrics().Register(n.ready.Metrics()); err != nil {
+		return fmt.Errorf("register node readiness metrics: %w", err)
 	}
 	// `ambientd status` shows the node condition and the taint as the
 	// readiness controller last saw them.
@@ -210,7 +221,7 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 			st.Taint = "tainted (" + taintKey + ")"
 		}
 	})
-	return n, nil
+	return nil
 }
 
 // Istio is the counter set of Istio's metric names (nil when

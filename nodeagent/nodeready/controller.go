@@ -6,131 +6,20 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/listers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/ambientd/ambientd/nodeagent/kube"
 )
-
-// Config says what the controller maintains. NodeName is required; the
-// rest defaults as documented on each field.
-type Config struct {
-	// NodeName is the only Node the controller reads or writes.
-	NodeName string
-	// ConditionType is the node condition maintained (DefaultConditionType).
-	ConditionType string
-	// Untaint removes the taint TaintKey (any effect) while the condition
-	// is True.
-	Untaint bool
-	// TaintKey is the startup taint (DefaultTaintKey), under one of
-	// MeshTaintPrefixes.
-	TaintKey string
-	// TaintWhenUnready adds TaintKey:NoSchedule back once the condition has
-	// been False for TaintGracePeriod, and removes it when True again.
-	TaintWhenUnready bool
-	// TaintGracePeriod (DefaultGracePeriod; 0 means the default).
-	TaintGracePeriod time.Duration
-	// ResyncPeriod is how often the inputs are re-evaluated without a
-	// Notify (DefaultResyncPeriod).
-	ResyncPeriod time.Duration
-	// HeartbeatPeriod is how often the condition's lastHeartbeatTime is
-	// refreshed when nothing changed (DefaultHeartbeatPeriod), so a
-	// condition left by an agent that died reads stale.
-	HeartbeatPeriod time.Duration
-	// Settle is how long a False condition (or a new reason while False)
-	// must hold before it is written; True is written at once. An agent's
-	// start walks through several False reasons in a second (caches,
-	// ztunnel, snapshot) before True: each would be a Node write fanned
-	// out to every Node watcher, and an Event. 0 writes at once (the flag
-	// defaults to DefaultSettle).
-	Settle time.Duration
-	// AnnouncedElsewhere are condition reasons whose outages another
-	// component announces with Events of its own (the agent's
-	// ZtunnelUnavailable / ZtunnelAvailable, which count the pods): a
-	// turn to False for one of them, and the turn back to True, record no
-	// AmbientNotReady / AmbientReady, so an outage is one Event on the
-	// node each way, not two (docs/scale.md).
-	AnnouncedElsewhere []string
-}
-
-func (c Config) withDefaults() Config {
-	if c.ConditionType == "" {
-		c.ConditionType = DefaultConditionType
-	}
-	if c.TaintKey == "" {
-		c.TaintKey = DefaultTaintKey
-	}
-	if c.TaintGracePeriod == 0 {
-		c.TaintGracePeriod = DefaultGracePeriod
-	}
-	if c.ResyncPeriod == 0 {
-		c.ResyncPeriod = DefaultResyncPeriod
-	}
-	if c.HeartbeatPeriod == 0 {
-		c.HeartbeatPeriod = DefaultHeartbeatPeriod
-	}
-	return c
-}
-
-// SettingError is a Config validation error; Field names the Config field
-// (so a caller can name its own flag for it).
-type SettingError struct {
-	Field string
-	Err   error
-}
-
-func (e *SettingError) Error() string { return e.Field + ": " + e.Err.Error() }
-func (e *SettingError) Unwrap() error { return e.Err }
-
-// Validate checks c (after defaults); errors are *SettingError.
-func (c Config) Validate() error {
-	c = c.withDefaults()
-	bad := func(field, format string, args ...any) error {
-		return &SettingError{Field: field, Err: fmt.Errorf(format, args...)}
-	}
-	if c.NodeName == "" {
-		return bad("NodeName", "node name is required")
-	}
-	if errs := validation.IsDNS1123Subdomain(c.NodeName); len(errs) > 0 {
-		return bad("NodeName", "node name %q: %v", c.NodeName, errs)
-	}
-	if errs := validation.IsQualifiedName(c.ConditionType); len(errs) > 0 {
-		return bad("ConditionType", "condition type %q: %v", c.ConditionType, errs)
-	}
-	if errs := validation.IsQualifiedName(c.TaintKey); len(errs) > 0 {
-		return bad("TaintKey", "taint key %q: %v", c.TaintKey, errs)
-	}
-	if !slices.ContainsFunc(MeshTaintPrefixes, func(p string) bool { return strings.HasPrefix(c.TaintKey, p) }) {
-		return bad("TaintKey", "taint key %q: want one of the mesh's own prefixes %v (the agent removes this taint: a key such as dedicated would let it attract workloads that were kept away)", c.TaintKey, MeshTaintPrefixes)
-	}
-	// Shorter than a second, a ztunnel restart would taint the node.
-	if c.TaintGracePeriod < time.Second || c.TaintGracePeriod > time.Hour {
-		return bad("TaintGracePeriod", "taint grace period %v: want 1s to 1h", c.TaintGracePeriod)
-	}
-	if c.ResyncPeriod < 100*time.Millisecond || c.ResyncPeriod > time.Hour {
-		return bad("ResyncPeriod", "resync period %v: want between 100ms and 1h", c.ResyncPeriod)
-	}
-	if c.Settle < 0 || (c.Settle > 0 && c.Settle < 100*time.Millisecond) || c.Settle > time.Minute {
-		return bad("Settle", "settle %v: want 0 (at once) or 100ms to 1m", c.Settle)
-	}
-	if c.HeartbeatPeriod < time.Second || c.HeartbeatPeriod > time.Hour {
-		return bad("HeartbeatPeriod", "heartbeat period %v: want between 1s and 1h", c.HeartbeatPeriod)
-	}
-	return nil
-}
 
 // Deps are the controller's collaborators.
 type Deps struct {
@@ -498,93 +387,4 @@ func (c *Controller) event(n *corev1.Node, r Readiness) {
 // recorder needs no lookup and the Event names the node's UID.
 func nodeRef(n *corev1.Node) *corev1.ObjectReference {
 	return &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}
-}
-
-// taintAction is what the taint needs on a node: none, remove or add.
-type taintAction int
-
-const (
-	taintKeep taintAction = iota
-	taintRemove
-	taintAdd
-)
-
-// decideTaint returns the taint action for node n given the current
-// condition, and (for a pending re-taint) when to look again.
-func (c *Controller) decideTaint(n *corev1.Node, ready bool, now time.Time) (taintAction, time.Duration) {
-	cond := findCondition(n, corev1.NodeConditionType(c.cfg.ConditionType))
-	present := hasTaint(n.Spec.Taints, c.cfg.TaintKey)
-	manage := c.cfg.Untaint || c.cfg.TaintWhenUnready
-	switch {
-	case cond == nil:
-		return taintKeep, 0
-	case cond.Status == corev1.ConditionTrue && ready && present && manage:
-		// Both: the written condition (what others see) and this
-		// process's own verdict — a True left by an earlier agent
-		// while a False settles (Config.Settle) removes nothing.
-		return taintRemove, 0
-	case cond.Status == corev1.ConditionFalse && !present && c.cfg.TaintWhenUnready:
-		due, wait := retaintDue(cond, falseSince(cond, c.wroteTransition), c.cfg.TaintGracePeriod, now)
-		if due {
-			return taintAdd, 0
-		}
-		return taintKeep, wait
-	}
-	return taintKeep, 0
-}
-
-// reconcileTaint applies decideTaint with a conditional patch, re-reading
-// the node and deciding again whenever the taints changed under us.
-func (c *Controller) reconcileTaint(ctx context.Context, n *corev1.Node, ready bool) (time.Duration, error) {
-	var after time.Duration
-	var done taintAction
-	err := retry.OnError(retry.DefaultRetry, isPatchConflict, func() error {
-		act, wait := c.decideTaint(n, ready, c.now())
-		after, done = wait, act
-		if act == taintKeep {
-			return nil
-		}
-		want := withoutTaint(n.Spec.Taints, c.cfg.TaintKey)
-		if act == taintAdd {
-			want = withTaint(n.Spec.Taints, c.cfg.TaintKey)
-		}
-		p, err := taintPatch(n.Spec.Taints, want)
-		if err != nil {
-			return err
-		}
-		got, err := c.client.CoreV1().Nodes().Patch(ctx, c.cfg.NodeName, types.JSONPatchType, p, metav1.PatchOptions{})
-		if err != nil {
-			if isPatchConflict(err) {
-				// Someone edited the taints: re-read and decide again.
-				if fresh, gerr := c.client.CoreV1().Nodes().Get(ctx, c.cfg.NodeName, metav1.GetOptions{}); gerr == nil {
-					n = fresh
-				}
-			}
-			return err
-		}
-		n = got
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("patch node %s taint %s: %w", c.cfg.NodeName, c.cfg.TaintKey, err)
-	}
-	c.ours = n
-	switch done {
-	case taintRemove:
-		c.log.Info("startup taint removed", "taint", c.cfg.TaintKey)
-		c.rec.Eventf(nodeRef(n), corev1.EventTypeNormal, EventTaintRemoved, "Removed taint %s: %s is True", c.cfg.TaintKey, c.cfg.ConditionType)
-	case taintAdd:
-		c.log.Warn("taint added back", "taint", c.cfg.TaintKey, "grace", c.cfg.TaintGracePeriod)
-		c.rec.Eventf(nodeRef(n), corev1.EventTypeWarning, EventTaintAdded, "Added taint %s:NoSchedule: %s False for over %s", c.cfg.TaintKey, c.cfg.ConditionType, c.cfg.TaintGracePeriod)
-	}
-	c.mu.Lock()
-	c.status.TaintPresent = hasTaint(n.Spec.Taints, c.cfg.TaintKey)
-	c.mu.Unlock()
-	return after, nil
-}
-
-// isPatchConflict: a failed `test` op is answered 422 (Invalid) by the
-// apiserver, a resourceVersion race 409 (Conflict).
-func isPatchConflict(err error) bool {
-	return apierrors.IsConflict(err) || apierrors.IsInvalid(err)
 }

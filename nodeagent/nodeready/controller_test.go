@@ -292,12 +292,12 @@ func TestNewValidates(t *testing.T) {
 		deps Deps
 		want string
 	}{
-		{"no node", Config{}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "node name is required"},
-		{"bad node", Config{NodeName: "Bad_Node"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "node name"},
-		{"bad condition type", Config{NodeName: "n", ConditionType: "a/b/c"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "condition type"},
-		{"bad taint key", Config{NodeName: "n", TaintKey: "-x"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "taint key"},
-		{"negative grace", Config{NodeName: "n", TaintGracePeriod: -time.Second}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "grace"},
-		{"tiny resync", Config{NodeName: "n", ResyncPeriod: time.Millisecond}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "resync"},
+		{"no node", Config{}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "--node-name is required"},
+		{"bad node", Config{NodeName: "Bad_Node"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "--node-name"},
+		{"bad condition type", Config{NodeName: "n", ConditionType: "a/b/c"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "--node-condition-type"},
+		{"bad taint key", Config{NodeName: "n", TaintKey: "-x"}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "--taint-key"},
+		{"negative grace", Config{NodeName: "n", TaintGracePeriod: -time.Second}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "--taint-grace-period"},
+		{"tiny resync", Config{NodeName: "n", ResyncPeriod: time.Millisecond}, Deps{Client: client, Inputs: in, Node: node, Recorder: rec}, "--node-condition-resync"},
 		{"no client", Config{NodeName: "n"}, Deps{Inputs: in, Node: node, Recorder: rec}, "client"},
 		{"no node informer", Config{NodeName: "n"}, Deps{Client: client, Inputs: in, Recorder: rec}, "informer"},
 		{"no recorder", Config{NodeName: "n"}, Deps{Client: client, Inputs: in, Node: node}, "recorder"},

@@ -189,85 +189,13 @@ func Parse(pod *corev1.Pod, ips []netip.Addr) (Parsed, error) {
 	if proxy.GID != nil && *proxy.GID > 0 {
 		o.ProxyGID = uint32(*proxy.GID)
 	}
-
-	include, _, err := annIncludeIPs.value(ann)
+	a, err := readCapture(ann)
 	if err != nil {
 		return p, err
 	}
-	exclude, _, err := annExcludeIPs.value(ann)
-	if err != nil {
+	if err := a.apply(o, ann); err != nil {
 		return p, err
 	}
-	excludeIn, _, err := annExcludeIn.value(ann)
-	if err != nil {
-		return p, err
-	}
-	includeIn, _, err := annIncludeIn.value(ann)
-	if err != nil {
-		return p, err
-	}
-	excludeOut, _, err := annExcludeOut.value(ann)
-	if err != nil {
-		return p, err
-	}
-	includeOut, _, err := annIncludeOut.value(ann)
-	if err != nil {
-		return p, err
-	}
-	excludeIfs, _, err := annExcludeIfs.value(ann)
-	if err != nil {
-		return p, err
-	}
-	reroute, found, err := annReroute.value(ann)
-	if err != nil {
-		return p, err
-	}
-	if !found {
-		if reroute, _, err = annKubevirtIfs.value(ann); err != nil {
-			return p, err
-		}
-	}
-
-	if include == "*" {
-		o.IncludeAllOutbound = true
-	} else if o.IncludeOutboundCIDRs, err = cidrs(include); err != nil {
-		return p, err
-	}
-	if o.ExcludeOutboundCIDRs, err = cidrs(exclude); err != nil {
-		return p, err
-	}
-	if includeIn == "*" {
-		o.IncludeAllInbound = true
-	} else if o.IncludeInboundPorts, err = ports(includeIn); err != nil {
-		return p, err
-	}
-	// Istio always excludes its status, health and metrics ports, after
-	// the pod's own, each once (a repeat spelled differently stays).
-	excludeIn = strings.TrimSpace(excludeIn)
-	if excludeIn != "" && !strings.HasSuffix(excludeIn, ",") {
-		excludeIn += ","
-	}
-	excludeIn += "15020,15021,15090"
-	var seen []string
-	for _, s := range strings.Split(excludeIn, ",") {
-		if !slices.Contains(seen, s) {
-			seen = append(seen, s)
-		}
-	}
-	if o.ExcludeInboundPorts, err = ports(strings.Join(seen, ",")); err != nil {
-		return p, fmt.Errorf("%w %s=%q: %v", ErrInvalidAnnotation, annExcludeIn.key, ann[annExcludeIn.key], err)
-	}
-	for _, l := range []struct {
-		v   string
-		a   annotation
-		dst *[]uint16
-	}{{includeOut, annIncludeOut, &o.IncludeOutboundPorts}, {excludeOut, annExcludeOut, &o.ExcludeOutboundPorts}} {
-		if *l.dst, err = ports(l.v); err != nil {
-			// "*" passes Istio's check and then fails at the rule tools.
-			return p, fmt.Errorf("%w %s=%q: %v", ErrInvalidAnnotation, l.a.key, l.v, err)
-		}
-	}
-	o.ExcludeInterfaces, o.RerouteInterfaces = splitList(excludeIfs), splitList(reroute)
 
 	flag := func(name string) bool {
 		v, ok := proxy.Env[name]
@@ -290,6 +218,95 @@ func Parse(pod *corev1.Pod, ips []netip.Addr) (Parsed, error) {
 	}
 	o.IPv6 = v6
 	return p, o.Validate()
+}
+
+// capture is the text of a pod's capture annotations, defaults applied.
+type capture struct {
+	include, exclude       string // outbound CIDRs
+	includeIn, excludeIn   string // inbound ports
+	includeOut, excludeOut string // outbound ports
+	excludeIfs, reroute    string // interfaces
+}
+
+// readCapture reads the capture annotations in Istio's order, so the same
+// invalid one is reported first.
+func readCapture(ann map[string]string) (capture, error) {
+	var c capture
+	for _, v := range []struct {
+		a   annotation
+		dst *string
+	}{
+		{annIncludeIPs, &c.include}, {annExcludeIPs, &c.exclude}, {annExcludeIn, &c.excludeIn}, {annIncludeIn, &c.includeIn},
+		{annExcludeOut, &c.excludeOut}, {annIncludeOut, &c.includeOut}, {annExcludeIfs, &c.excludeIfs},
+	} {
+		var err error
+		if *v.dst, _, err = v.a.value(ann); err != nil {
+			return c, err
+		}
+	}
+	reroute, found, err := annReroute.value(ann)
+	if err != nil {
+		return c, err
+	}
+	if !found {
+		if reroute, _, err = annKubevirtIfs.value(ann); err != nil {
+			return c, err
+		}
+	}
+	c.reroute = reroute
+	return c, nil
+}
+
+// apply parses c's lists into o; ann is the pod's annotations, quoted in
+// errors.
+func (c capture) apply(o *iptables.SidecarOptions, ann map[string]string) error {
+	var err error
+	if c.include == "*" {
+		o.IncludeAllOutbound = true
+	} else if o.IncludeOutboundCIDRs, err = cidrs(c.include); err != nil {
+		return err
+	}
+	if o.ExcludeOutboundCIDRs, err = cidrs(c.exclude); err != nil {
+		return err
+	}
+	if c.includeIn == "*" {
+		o.IncludeAllInbound = true
+	} else if o.IncludeInboundPorts, err = ports(c.includeIn); err != nil {
+		return err
+	}
+	if o.ExcludeInboundPorts, err = ports(withIstioPorts(c.excludeIn)); err != nil {
+		return fmt.Errorf("%w %s=%q: %v", ErrInvalidAnnotation, annExcludeIn.key, ann[annExcludeIn.key], err)
+	}
+	for _, l := range []struct {
+		v   string
+		a   annotation
+		dst *[]uint16
+	}{{c.includeOut, annIncludeOut, &o.IncludeOutboundPorts}, {c.excludeOut, annExcludeOut, &o.ExcludeOutboundPorts}} {
+		if *l.dst, err = ports(l.v); err != nil {
+			// "*" passes Istio's check and then fails at the rule tools.
+			return fmt.Errorf("%w %s=%q: %v", ErrInvalidAnnotation, l.a.key, l.v, err)
+		}
+	}
+	o.ExcludeInterfaces, o.RerouteInterfaces = splitList(c.excludeIfs), splitList(c.reroute)
+	return nil
+}
+
+// withIstioPorts is the excluded inbound ports plus Istio's status, health
+// and metrics ports, which Istio always excludes, after the pod's own,
+// each once (a repeat spelled differently stays).
+func withIstioPorts(excludeIn string) string {
+	excludeIn = strings.TrimSpace(excludeIn)
+	if excludeIn != "" && !strings.HasSuffix(excludeIn, ",") {
+		excludeIn += ","
+	}
+	excludeIn += "15020,15021,15090"
+	var seen []string
+	for _, s := range strings.Split(excludeIn, ",") {
+		if !slices.Contains(seen, s) {
+			seen = append(seen, s)
+		}
+	}
+	return strings.Join(seen, ",")
 }
 
 func cidrs(v string) ([]netip.Prefix, error) {

@@ -1,4 +1,4 @@
-package main
+package nodeready
 
 import (
 	"flag"
@@ -8,33 +8,35 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ambientd/ambientd/nodeagent/nodeready"
+	"github.com/ambientd/ambientd/settings"
 )
 
-func TestNodeReadyFlags(t *testing.T) {
+// TestRegisterFlags: the node readiness settings as `ambientd run` reads
+// them (flags, their variables), validated, each error naming the flag.
+func TestRegisterFlags(t *testing.T) {
 	tests := []struct {
 		name    string
 		args    []string
 		env     map[string]string
-		want    nodeready.Config
+		want    Config
 		wantErr string
 	}{
-		{name: "defaults", want: nodeready.Config{NodeName: "n1", ConditionType: nodeready.DefaultConditionType,
-			TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: 30 * time.Second, ResyncPeriod: 10 * time.Second, HeartbeatPeriod: 5 * time.Minute, Settle: 5 * time.Second}},
+		{name: "defaults", want: Config{NodeName: "n1", ConditionType: DefaultConditionType,
+			TaintKey: DefaultTaintKey, TaintGracePeriod: 30 * time.Second, ResyncPeriod: 10 * time.Second, HeartbeatPeriod: 5 * time.Minute, Settle: 5 * time.Second}},
 		{name: "flags",
 			args: []string{"--untaint", "--taint-key=ambientd.io/mesh-not-ready", "--taint-when-unready", "--taint-grace-period=2s",
 				"--node-condition-type=example.com/Meshed", "--node-condition-resync=1s", "--node-condition-heartbeat=30s", "--node-condition-settle=0"},
-			want: nodeready.Config{NodeName: "n1", ConditionType: "example.com/Meshed", Untaint: true, TaintKey: "ambientd.io/mesh-not-ready",
+			want: Config{NodeName: "n1", ConditionType: "example.com/Meshed", Untaint: true, TaintKey: "ambientd.io/mesh-not-ready",
 				TaintWhenUnready: true, TaintGracePeriod: 2 * time.Second, ResyncPeriod: time.Second, HeartbeatPeriod: 30 * time.Second}},
 		{name: "env",
 			env: map[string]string{"AMBIENTD_UNTAINT": "true", "AMBIENTD_TAINT_KEY": "ambientd.io/mesh-not-ready", "AMBIENTD_TAINT_WHEN_UNREADY": "true",
 				"AMBIENTD_TAINT_GRACE_PERIOD": "5s", "AMBIENTD_NODE_CONDITION_TYPE": "example.com/Meshed", "AMBIENTD_NODE_CONDITION_RESYNC": "3s",
 				"AMBIENTD_NODE_CONDITION_HEARTBEAT": "2m", "AMBIENTD_NODE_CONDITION_SETTLE": "1s"},
-			want: nodeready.Config{NodeName: "n1", ConditionType: "example.com/Meshed", Untaint: true, TaintKey: "ambientd.io/mesh-not-ready",
+			want: Config{NodeName: "n1", ConditionType: "example.com/Meshed", Untaint: true, TaintKey: "ambientd.io/mesh-not-ready",
 				TaintWhenUnready: true, TaintGracePeriod: 5 * time.Second, ResyncPeriod: 3 * time.Second, HeartbeatPeriod: 2 * time.Minute, Settle: time.Second}},
 		{name: "flag wins over env", args: []string{"--untaint=false", "--taint-grace-period=1m"},
 			env:  map[string]string{"AMBIENTD_UNTAINT": "true", "AMBIENTD_TAINT_GRACE_PERIOD": "5s"},
-			want: nodeready.Config{NodeName: "n1", ConditionType: nodeready.DefaultConditionType, TaintKey: nodeready.DefaultTaintKey, TaintGracePeriod: time.Minute, ResyncPeriod: 10 * time.Second, HeartbeatPeriod: 5 * time.Minute, Settle: 5 * time.Second}},
+			want: Config{NodeName: "n1", ConditionType: DefaultConditionType, TaintKey: DefaultTaintKey, TaintGracePeriod: time.Minute, ResyncPeriod: 10 * time.Second, HeartbeatPeriod: 5 * time.Minute, Settle: 5 * time.Second}},
 		{name: "bad env", env: map[string]string{"AMBIENTD_UNTAINT": "yes please"}, wantErr: "AMBIENTD_UNTAINT"},
 		{name: "bad taint key", args: []string{"--taint-key=not a key"}, wantErr: "--taint-key"},
 		// The attack: a key outside the mesh's would let the agent (a
@@ -50,14 +52,15 @@ func TestNodeReadyFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			fs := flag.NewFlagSet("test", flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
-			get := nodeReadyFlags(fs)
-			var got nodeready.Config
-			err := parseFlags(fs, tt.args, func(k string) string { return tt.env[k] }, nodeReadyEnvOf)
-			if isParseError(err) {
+			var got Config
+			got.RegisterFlags(fs)
+			err := settings.Parse(fs, tt.args, func(k string) string { return tt.env[k] }, settings.Var)
+			if settings.IsUsageError(err) {
 				t.Fatal(err)
 			}
+			got.NodeName = "n1"
 			if err == nil {
-				got, err = get("n1")
+				err = got.Validate()
 			}
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -74,15 +77,16 @@ func TestNodeReadyFlags(t *testing.T) {
 		})
 	}
 	for _, node := range []string{"", "N_1"} {
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		get := nodeReadyFlags(fs)
-		if _, err := get(node); err == nil || !strings.Contains(err.Error(), "--node-name") {
+		var c Config
+		c.RegisterFlags(flag.NewFlagSet("test", flag.ContinueOnError))
+		c.NodeName = node
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--node-name") {
 			t.Errorf("node name %q: error %v, want one naming --node-name", node, err)
 		}
 	}
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
-	nodeReadyFlags(fs)
-	if err := parseFlags(fs, nil, func(string) string { return "" }, nodeReadyEnvOf); err != nil {
+	new(Config).RegisterFlags(fs)
+	if err := settings.Parse(fs, nil, func(string) string { return "" }, settings.Var); err != nil {
 		t.Fatal(err)
 	}
 	if u := fs.Lookup("untaint").Usage; !strings.Contains(u, "(env AMBIENTD_UNTAINT)") {
