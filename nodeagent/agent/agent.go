@@ -224,11 +224,11 @@ type Agent struct {
 	queue       workqueue.TypedRateLimitingInterface[string]  // pod uids
 	podSeen     broadcast                                     // fires on every pod event
 
+	// decide applies the enrollment policy to a pod: decidePolicy (a
+	// test counts the decisions through it).
+	decide func(ctx context.Context, pod *corev1.Pod) (policy.Decision, error)
+
 	locks keyedMutex
-	// sidecar, when set, captures sidecar pods at CNI ADD (sidecar.go);
-	// sidecarInvalid is its invalid-pod error.
-	sidecar        SidecarCapture
-	sidecarInvalid error
 	// adds holds a token per CNI ADD enrolling (Config.MaxParallelAdds).
 	adds chan struct{}
 
@@ -307,6 +307,7 @@ func New(cfg Config, d Deps) (*Agent, error) {
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBaseDelay, cfg.RetryMaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
 	}
+	a.decide = a.decidePolicy
 	if a.finder == nil {
 		a.finder = podnetns.New(cfg.HostProc)
 	}

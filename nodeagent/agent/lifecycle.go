@@ -110,8 +110,8 @@ func (a *Agent) recapture(ctx context.Context, log *slog.Logger, s *podSync, pod
 	return a.activate(ctx, log, e)
 }
 
-// enrollNew is the CNI ADD part of sync for a pod in the mesh: it opens the
-// runtime's netns and enrolls the pod there. With FailPending, a pod ztunnel
+// enrollNew is the CNI ADD part of sync for a pod in the mesh: it enrolls
+// the pod in the runtime's netns, taking the handle the ADD opened. With FailPending, a pod ztunnel
 // did not take is released again through the same path as a removal.
 func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, in *cniInput, opts iptables.PodOptions, refused error, reason policy.Reason) (Outcome, error) {
 	uid := string(pod.UID)
@@ -124,17 +124,12 @@ func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, s *podSync, pod
 		a.metrics.failure("deadline")
 		return OutcomeUnknown, fmt.Errorf("pod %s/%s: CNI ADD abandoned by its caller: %w", pod.Namespace, pod.Name, err)
 	}
-	start := time.Now()
-	h, err := a.openNetns(in.netnsPath)
-	a.metrics.step(ctx, "netns", start)
-	if err != nil {
-		return OutcomeUnknown, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
+	h := in.takeNetns()
 	ips := in.ips
 	if len(ips) == 0 {
 		ips = podmeta.IPs(pod)
 	}
-	log.Info("enrolling new pod", "reason", reason, "netns", in.netnsPath, "ips", ips)
+	log.Info("enrolling new pod", "reason", reason, "netns", h.Path(), "ips", ips)
 	out, err := a.enroll(ctx, log, pod, h, ips, opts)
 	switch {
 	case err == nil || !errors.Is(err, ErrPending):

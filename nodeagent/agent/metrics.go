@@ -124,7 +124,7 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 		}, []string{"step"}),
 		addSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ambientd_cni_add_step_duration_seconds",
-			Help:    "Each CNI ADD's steps from the plugin's start to the agent's answer, by step (plugin_init, plugin_config as the plugin reports them; dial; the agent's check, lookup, queue, netns, rules, ztunnel_ack, probe_ips; agent = the agent's whole answer).",
+			Help:    "Each CNI ADD's steps from the plugin's start to the agent's answer, by step (plugin_init, plugin_config as the plugin reports them; dial; the agent's check, netns, lookup, queue, rules, ztunnel_ack, probe_ips; agent = the agent's whole answer).",
 			Buckets: addStepBuckets,
 		}, []string{"step"}),
 	}

@@ -18,11 +18,33 @@ import (
 )
 
 // cniInput is what only a CNI ADD knows about a pod: the pod as looked up
-// (maybe not in the informer cache yet), its netns path and its IPs.
+// (maybe not in the informer cache yet), its netns, its IPs and the
+// policy's decision, each had once by the CNI edge.
 type cniInput struct {
-	pod       *corev1.Pod
-	netnsPath string
-	ips       []netip.Addr
+	pod *corev1.Pod
+	// netns is the namespace the ADD named, opened by the edge: the
+	// enrollment takes it (takeNetns); the edge closes it otherwise.
+	netns *podnetns.Handle
+	ips   []netip.Addr
+	// decision is the policy's about pod; decideErr says it could not
+	// decide (an API error).
+	decision  policy.Decision
+	decideErr error
+}
+
+// takeNetns hands the ADD's netns over to its taker.
+func (in *cniInput) takeNetns() *podnetns.Handle {
+	h := in.netns
+	in.netns = nil
+	return h
+}
+
+// closeNetns closes the ADD's netns unless it was taken.
+func (in *cniInput) closeNetns() {
+	if in.netns != nil {
+		in.netns.Close()
+		in.netns = nil
+	}
 }
 
 // podSync is what one sync learned, for publishing the pod's status.
@@ -113,7 +135,13 @@ func (a *Agent) syncLocked(ctx context.Context, uid string, in *cniInput, s *pod
 		return NotInMesh, nil
 	}
 
-	d, err := a.decide(ctx, pod)
+	var d policy.Decision
+	var err error
+	if in != nil {
+		d, err = in.decision, in.decideErr // the CNI edge decided
+	} else {
+		d, err = a.decide(ctx, pod)
+	}
 	if err != nil {
 		s.undecided = true
 		a.metrics.failure("api")
