@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -129,19 +130,21 @@ func TestCNIAddDecidesOnceOpensOnce(t *testing.T) {
 			if n := opener.opens.Load(); n != 1 {
 				t.Errorf("the ADD opened the pod's netns %d times, want once", n)
 			}
-			srules.mu.Lock()
-			applied := srules.applied
-			srules.mu.Unlock()
-			if want := 0; tc.want == SidecarCaptured {
+			// Sidecar mode programmed the pod in the namespace the ADD
+			// opened, and no other pod.
+			var want []podnetns.ID
+			if tc.want == SidecarCaptured {
 				id, err := podnetns.IDOf(ev.NetnsPath)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(applied) != 1 || applied[0] != id {
-					t.Errorf("sidecar rules programmed in netns %v, want once in the ADD's (%v)", applied, id)
-				}
-			} else if len(applied) != want {
-				t.Errorf("sidecar rules programmed for a pod in mode %v: %v", tc.want, applied)
+				want = []podnetns.ID{id}
+			}
+			srules.mu.Lock()
+			applied := srules.applied
+			srules.mu.Unlock()
+			if !slices.Equal(applied, want) {
+				t.Errorf("sidecar rules programmed in netns %v, want %v", applied, want)
 			}
 			if tc.want == Enrolled && h.state(string(tc.pod.UID)) != "enabled" {
 				t.Errorf("ambient pod is %s, want enabled", h.state(string(tc.pod.UID)))

@@ -111,8 +111,9 @@ func (a *Agent) recapture(ctx context.Context, log *slog.Logger, s *podSync, pod
 }
 
 // enrollNew is the CNI ADD part of sync for a pod in the mesh: it enrolls
-// the pod in the runtime's netns, taking the handle the ADD opened. With FailPending, a pod ztunnel
-// did not take is released again through the same path as a removal.
+// the pod in the runtime's netns, taking the handle the ADD opened. With
+// FailPending, a pod ztunnel did not take is released again through the
+// same path as a removal.
 func (a *Agent) enrollNew(ctx context.Context, log *slog.Logger, s *podSync, pod *corev1.Pod, in *cniInput, opts iptables.PodOptions, refused error, reason policy.Reason) (Outcome, error) {
 	uid := string(pod.UID)
 	if refused != nil {
