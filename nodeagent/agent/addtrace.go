@@ -10,8 +10,8 @@ import (
 // them), the call reaching the agent, then the agent's steps up to its
 // answer. docs/metrics.md ("CNI ADD breakdown") says what each covers.
 var addSteps = [...]string{
-	"plugin_init", "plugin_config", "dial", "check", "lookup", "queue",
-	"netns", "rules", "ztunnel_ack", "probe_ips", "agent",
+	"plugin_init", "plugin_config", "dial", "check", "netns", "lookup",
+	"queue", "rules", "ztunnel_ack", "probe_ips", "agent",
 }
 
 // maxReported bounds a step the plugin reports: a longer one (or a

@@ -10,7 +10,8 @@ import (
 // start to the agent's answer once in ambientd_cni_add_step_duration_seconds
 // (the plugin's reported steps as sent, the dial from its clock to the
 // server's), the agent's steps adding up to no more than its whole answer;
-// an ADD of a pod not in the mesh adds no rule or ztunnel step; reported
+// an ADD of a pod not in the mesh adds no rule or ztunnel step (its netns
+// is opened all the same: every ADD opens it once, before the lookup); reported
 // steps that are no measurement (negative, clocks apart) are dropped.
 func TestCNIAddBreakdown(t *testing.T) {
 	in := pod("app", "a", "uid-a", nil)
@@ -22,7 +23,7 @@ func TestCNIAddBreakdown(t *testing.T) {
 	ev := h.event(in)
 	ev.Plugin = PluginTimings{Init: 3 * time.Millisecond, Config: time.Millisecond, CallStart: received.Add(-2 * time.Millisecond)}
 	ev.Received = received
-	if o, err := h.agent.HandleAdd(t.Context(), ev); err != nil || o != Enrolled {
+	if o, err := h.cni.HandleAdd(t.Context(), ev); err != nil || o != Enrolled {
 		t.Fatalf("HandleAdd = %v, %v; want Enrolled", o, err)
 	}
 	got := h.addSteps()
@@ -37,7 +38,7 @@ func TestCNIAddBreakdown(t *testing.T) {
 		}
 	}
 	var parts float64
-	for _, s := range []string{"check", "lookup", "queue", "netns", "rules", "ztunnel_ack", "probe_ips"} {
+	for _, s := range []string{"check", "netns", "lookup", "queue", "rules", "ztunnel_ack", "probe_ips"} {
 		parts += got[s].sum
 	}
 	if parts > got["agent"].sum {
@@ -47,11 +48,11 @@ func TestCNIAddBreakdown(t *testing.T) {
 	ev = h.event(out)
 	ev.Plugin = PluginTimings{Init: -time.Second, Config: 10 * time.Minute, CallStart: time.Now().Add(time.Hour)}
 	ev.Received = time.Now()
-	if o, err := h.agent.HandleAdd(t.Context(), ev); err != nil || o != NotInMesh {
+	if o, err := h.cni.HandleAdd(t.Context(), ev); err != nil || o != NotInMesh {
 		t.Fatalf("HandleAdd = %v, %v; want NotInMesh", o, err)
 	}
 	got = h.addSteps()
-	for s, want := range map[string]int{"agent": 2, "check": 2, "lookup": 2, "rules": 1, "ztunnel_ack": 1, "probe_ips": 1, "netns": 1, "plugin_init": 1, "plugin_config": 1, "dial": 1} {
+	for s, want := range map[string]int{"agent": 2, "check": 2, "lookup": 2, "rules": 1, "ztunnel_ack": 1, "probe_ips": 1, "netns": 2, "plugin_init": 1, "plugin_config": 1, "dial": 1} {
 		if got[s].count != want {
 			t.Errorf("after an ADD not in the mesh with unusable plugin timings: step %s observed %d times, want %d", s, got[s].count, want)
 		}

@@ -34,7 +34,7 @@ func TestCNIAddEnrolls(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
-	out, err := h.agent.HandleAdd(t.Context(), h.event(p))
+	out, err := h.cni.HandleAdd(t.Context(), h.event(p))
 	if err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd = %v, %v; want Enrolled", out, err)
 	}
@@ -60,7 +60,7 @@ func TestCNIAddNotInMesh(t *testing.T) {
 	h := newHarness(t, withObjects(namespace("plain", false), namespace("kube-system", true), plain, sys))
 	h.zt.connect()
 	for _, p := range []*corev1.Pod{plain, sys} {
-		out, err := h.agent.HandleAdd(t.Context(), h.event(p))
+		out, err := h.cni.HandleAdd(t.Context(), h.event(p))
 		if err != nil || out != NotInMesh {
 			t.Errorf("%s: HandleAdd = %v, %v; want NotInMesh", p.Name, out, err)
 		}
@@ -75,7 +75,7 @@ func TestPendingBecomesEnabledOnSnapshotAck(t *testing.T) {
 	// A backoff far longer than the test: only the snapshot ack can retry.
 	slow := func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }
 	h := newHarness(t, withConfig(slow), withObjects(namespace("app", true), p))
-	out, err := h.agent.HandleAdd(t.Context(), h.event(p))
+	out, err := h.cni.HandleAdd(t.Context(), h.event(p))
 	if err != nil || out != Pending {
 		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
 	}
@@ -94,7 +94,7 @@ func TestFailPendingRollsBack(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.agent.cfg.FailPending = true
-	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); err == nil {
+	if _, err := h.cni.HandleAdd(t.Context(), h.event(p)); err == nil {
 		t.Fatal("HandleAdd with no ztunnel and FailPending: no error")
 	}
 	if _, deleted, _ := h.rules.counts(); deleted != 1 || h.reg.Len() != 0 {
@@ -107,10 +107,10 @@ func TestNackLeavesOnlyThatPodPending(t *testing.T) {
 	h := newHarness(t, withObjects(namespace("app", true), a, b))
 	h.zt.connect()
 	h.zt.setNack("uid-a", "netns broken")
-	if out, err := h.agent.HandleAdd(t.Context(), h.event(a)); err != nil || out != Pending {
+	if out, err := h.cni.HandleAdd(t.Context(), h.event(a)); err != nil || out != Pending {
 		t.Fatalf("a: HandleAdd = %v, %v; want Pending", out, err)
 	}
-	if out, err := h.agent.HandleAdd(t.Context(), h.event(b)); err != nil || out != Enrolled {
+	if out, err := h.cni.HandleAdd(t.Context(), h.event(b)); err != nil || out != Enrolled {
 		t.Fatalf("b: HandleAdd = %v, %v; want Enrolled", out, err)
 	}
 	// The backoff retries a while it is nacked: a second Add of a, and a
@@ -146,7 +146,7 @@ func TestCNIAddBadInput(t *testing.T) {
 	unknown := h.event(pod("app", "ghost", "uid-ghost", nil))
 	h.agent.cfg.PodLookupTimeout = 500 * time.Millisecond
 	start := time.Now()
-	if _, err := h.agent.HandleAdd(t.Context(), unknown); !errors.Is(err, ErrPodUnknown) {
+	if _, err := h.cni.HandleAdd(t.Context(), unknown); !errors.Is(err, ErrPodUnknown) {
 		t.Errorf("unknown pod: %v, want ErrPodUnknown", err)
 	} else {
 		t.Logf("unknown pod after %v: %v", time.Since(start), err)
@@ -170,7 +170,7 @@ func TestCNIAddBadInput(t *testing.T) {
 	} {
 		start := time.Now()
 		done := make(chan error, 1)
-		go func() { _, err := h.agent.HandleAdd(t.Context(), c.ev); done <- err }()
+		go func() { _, err := h.cni.HandleAdd(t.Context(), c.ev); done <- err }()
 		select {
 		case err := <-done:
 			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.says) {
@@ -183,14 +183,14 @@ func TestCNIAddBadInput(t *testing.T) {
 			t.Fatalf("%s: HandleAdd blocked (opened the path before checking it?)", c.name)
 		}
 	}
-	if _, err := h.agent.HandleAdd(t.Context(), h.event(badTap)); !errors.Is(err, ErrInvalidPod) || !strings.Contains(err.Error(), `"tap 1" is not an interface name`) {
+	if _, err := h.cni.HandleAdd(t.Context(), h.event(badTap)); !errors.Is(err, ErrInvalidPod) || !strings.Contains(err.Error(), `"tap 1" is not an interface name`) {
 		t.Errorf("invalid reroute-virtual-interfaces: %v, want ErrInvalidPod naming the interface", err)
 	}
 	h.waitFor("InvalidAnnotation Event", func() bool { return h.hasEvent("app", EventInvalidAnnotation, "not enrolled") })
 	h.rules.mu.Lock()
 	h.rules.applyErr = errors.New("iptables-restore: boom")
 	h.rules.mu.Unlock()
-	if _, err := h.agent.HandleAdd(t.Context(), h.event(ok)); err == nil {
+	if _, err := h.cni.HandleAdd(t.Context(), h.event(ok)); err == nil {
 		t.Error("rule failure: no error")
 	}
 	if applied, deleted, probes := h.rules.counts(); applied != 0 || deleted != 1 || probes != 0 || h.reg.Len() != 0 {
@@ -222,7 +222,7 @@ func TestAnnotationsParsedLikeIstio(t *testing.T) {
 	h := newHarness(t, withConfig(func(c *Config) { c.DNSCapture = true }), withObjects(namespace("app", true), capital, maybe))
 	h.zt.connect()
 	for _, p := range []*corev1.Pod{capital, maybe} {
-		if out, err := h.agent.HandleAdd(t.Context(), h.event(p)); err != nil || out != Enrolled {
+		if out, err := h.cni.HandleAdd(t.Context(), h.event(p)); err != nil || out != Enrolled {
 			t.Fatalf("%s: HandleAdd = %v, %v; want Enrolled", p.Name, out, err)
 		}
 	}
@@ -256,7 +256,7 @@ func TestDeletedPodIsForgotten(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
-	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); err != nil {
+	if _, err := h.cni.HandleAdd(t.Context(), h.event(p)); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.client.CoreV1().Pods("app").Delete(t.Context(), "a", metav1.DeleteOptions{}); err != nil {
@@ -275,7 +275,7 @@ func TestTerminalPodIsRemoved(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
-	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); err != nil {
+	if _, err := h.cni.HandleAdd(t.Context(), h.event(p)); err != nil {
 		t.Fatal(err)
 	}
 	cur, err := h.client.CoreV1().Pods("app").Get(t.Context(), "a", metav1.GetOptions{})
@@ -444,7 +444,7 @@ func BenchmarkHandleAdd(b *testing.B) {
 	ctx := b.Context()
 	b.ResetTimer()
 	for b.Loop() {
-		if out, err := h.agent.HandleAdd(ctx, ev); err != nil || out != Enrolled {
+		if out, err := h.cni.HandleAdd(ctx, ev); err != nil || out != Enrolled {
 			b.Fatalf("HandleAdd = %v, %v", out, err)
 		}
 	}
@@ -481,7 +481,7 @@ func TestFailPendingRollbackTellsZtunnel(t *testing.T) {
 	h.agent.cfg.FailPending = true
 	h.zt.connect()
 	h.zt.setNack("uid-a", "ack lost")
-	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); err == nil {
+	if _, err := h.cni.HandleAdd(t.Context(), h.event(p)); err == nil {
 		t.Fatal("HandleAdd with a nack and FailPending: no error")
 	}
 	if !h.zt.deleted("uid-a") {
@@ -529,7 +529,7 @@ func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
 		}
 		h.put(registry.Entry{UID: uid, Name: "web-0", Namespace: "app", Netns: f, Phase: registry.Enabled})
 	}
-	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: other.NS.Path()}); err != nil {
+	if err := h.cni.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: other.NS.Path()}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-new") != "absent" || h.state("uid-old") != "enabled" {
@@ -537,7 +537,7 @@ func TestCNIDelWithoutUIDMatchesByNetns(t *testing.T) {
 	}
 	// Several candidates and a netns that is gone: nobody is dropped.
 	h.put(registry.Entry{UID: "uid-new2", Name: "web-0", Namespace: "app", Phase: registry.Enabled})
-	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: "/nonexistent"}); err != nil {
+	if err := h.cni.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web-0", NetnsPath: "/nonexistent"}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-old") != "enabled" || h.state("uid-new2") != "enabled" {
@@ -586,7 +586,7 @@ func TestCNIDelWithUIDOnlyForTheEnrolledSandbox(t *testing.T) {
 				}
 			}
 			h.put(registry.Entry{UID: "uid-a", Name: "web", Namespace: "app", Netns: f, Phase: registry.Enabled})
-			if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web", UID: "uid-a", NetnsPath: c.delNetns}); err != nil {
+			if err := h.cni.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "web", UID: "uid-a", NetnsPath: c.delNetns}); err != nil {
 				t.Fatal(err)
 			}
 			if got := h.state("uid-a"); got != c.wantState {
@@ -664,7 +664,7 @@ func TestLookupIsGentle(t *testing.T) {
 		late := pod("app", "late", "uid-late", nil)
 		done := make(chan error, 1)
 		go func() {
-			_, err := h.agent.HandleAdd(t.Context(), h.event(late))
+			_, err := h.cni.HandleAdd(t.Context(), h.event(late))
 			done <- err
 		}()
 		if _, err := h.client.CoreV1().Pods("app").Create(t.Context(), late, metav1.CreateOptions{}); err != nil {
@@ -681,7 +681,7 @@ func TestLookupIsGentle(t *testing.T) {
 		// after twice the previous wait (from lookupBackoffBase, capped at
 		// lookupBackoffMax), none after PodLookupTimeout.
 		start := time.Now()
-		_, err := h.agent.HandleAdd(t.Context(), h.event(pod("app", "ghost", "uid-ghost", nil)))
+		_, err := h.cni.HandleAdd(t.Context(), h.event(pod("app", "ghost", "uid-ghost", nil)))
 		if !errors.Is(err, ErrPodUnknown) {
 			t.Fatalf("HandleAdd of an unknown pod = %v, want ErrPodUnknown", err)
 		}
@@ -712,7 +712,7 @@ func TestCNIAddAbandonedIsNotFinished(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { _, err := h.agent.HandleAdd(ctx, h.event(p)); done <- err }()
+	go func() { _, err := h.cni.HandleAdd(ctx, h.event(p)); done <- err }()
 	var err error
 	select {
 	case err = <-done:
@@ -746,7 +746,7 @@ func TestCNIAddsRunInParallel(t *testing.T) {
 	defer unlock()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	if out, err := h.agent.HandleAdd(ctx, h.event(b)); err != nil || out != Enrolled {
+	if out, err := h.cni.HandleAdd(ctx, h.event(b)); err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd(b) while a is locked = %v, %v; want Enrolled", out, err)
 	}
 }

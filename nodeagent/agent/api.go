@@ -9,7 +9,8 @@ import (
 )
 
 // PodEvent is one pod sandbox event as the runtime described it to the CNI
-// plugin; the CNI server hands it to HandleAdd/HandleDel.
+// plugin; the CNI server hands it to the CNI edge (CNI.HandleAdd,
+// CNI.HandleDel).
 type PodEvent struct {
 	Name, Namespace string
 	// UID may be empty: old runtimes do not pass K8S_POD_UID.
@@ -40,7 +41,7 @@ type PluginTimings struct {
 	CallStart time.Time
 }
 
-// Outcome is what HandleAdd did with a pod it did not fail.
+// Outcome is what CNI.HandleAdd did with a pod it did not fail.
 type Outcome int
 
 const (

@@ -42,7 +42,7 @@ func TestGatedPodNotEnrolledGetsNotInMesh(t *testing.T) {
 	if _, err := h.client.CoreV1().Pods("plain").Create(t.Context(), late, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := h.agent.HandleAdd(t.Context(), h.event(late)); err != nil || out != NotInMesh {
+	if out, err := h.cni.HandleAdd(t.Context(), h.event(late)); err != nil || out != NotInMesh {
 		t.Fatalf("HandleAdd = %v, %v; want NotInMesh", out, err)
 	}
 	h.waitFor("late: True/NotInMesh", func() bool {

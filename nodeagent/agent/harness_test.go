@@ -62,7 +62,10 @@ type harness struct {
 	zt       *fakeZtunnel
 	rules    *fakeRules
 	agent    *Agent
-	reg      *registry.Registry
+	// cni is the agent's CNI edge (HandleAdd, HandleDel), sidecar mode off
+	// unless a beforeRun turns it on.
+	cni *CNI
+	reg *registry.Registry
 	// istio are Istio's names the agent counts (registered with its
 	// metrics).
 	istio *istiometrics.Metrics
@@ -82,6 +85,10 @@ type harnessSetup struct {
 	// realNetns: the agent reaches namespaces through podnetns (real
 	// ones, root), not fakeNetns.
 	realNetns bool
+	// netns wraps what the agent reaches namespaces through.
+	netns func(Netns) Netns
+	// beforeRun changes the agent after New, before it runs.
+	beforeRun []func(*harness)
 }
 
 type reactor struct {
@@ -107,6 +114,18 @@ func withConfig(mut func(*Config)) harnessOption {
 // HostProc or RunDir (a /proc or state file naming real namespaces) gets it
 // too.
 func withRealNetns() harnessOption { return func(s *harnessSetup) { s.realNetns = true } }
+
+// withNetnsWrapper puts wrap around what the agent reaches namespaces
+// through (fakeNetns, or with withRealNetns the real Finder).
+func withNetnsWrapper(wrap func(Netns) Netns) harnessOption {
+	return func(s *harnessSetup) { s.netns = wrap }
+}
+
+// beforeRun changes the agent and its CNI edge after New, before they (and
+// the informers) run: seams, sidecar mode, handlers on its informers.
+func beforeRun(fn func(*harness)) harnessOption {
+	return func(s *harnessSetup) { s.beforeRun = append(s.beforeRun, fn) }
+}
 
 // withRules hands the agent these fake rules (set up before its restart
 // rebuild runs) instead of fresh ones.
@@ -170,12 +189,21 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 		h.podNetns = fakePodNetns
 		deps.Netns = &fakeNetns{Finder: podnetns.New(emptyProc)}
 	}
+	if setup.netns != nil {
+		if deps.Netns == nil {
+			deps.Netns = podnetns.New(cfg.HostProc)
+		}
+		deps.Netns = setup.netns(deps.Netns)
+	}
 	deps.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	a, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.agent = a
+	h.agent, h.cni = a, NewCNI(a)
+	for _, fn := range setup.beforeRun {
+		fn(h)
+	}
 	if err := h.istio.Register(a.Metrics(), istiometrics.Sources{}); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +242,7 @@ func (h *harness) setNamespace(name string, ambient bool) {
 func (h *harness) enrollConnected(p *corev1.Pod) {
 	h.t.Helper()
 	h.zt.connect()
-	if out, err := h.agent.HandleAdd(h.t.Context(), h.event(p)); err != nil || out != Enrolled {
+	if out, err := h.cni.HandleAdd(h.t.Context(), h.event(p)); err != nil || out != Enrolled {
 		h.t.Fatalf("HandleAdd = %v, %v", out, err)
 	}
 	h.waitFor("annotation enabled", func() bool { v, _ := h.annotation(p.Namespace, p.Name); return v == "enabled" })

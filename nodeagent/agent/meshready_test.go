@@ -114,7 +114,7 @@ func TestPodMeshReadyObserved(t *testing.T) {
 		}
 		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 	}
-	if out, err := h.agent.HandleAdd(h.t.Context(), h.event(p)); err != nil || out != Pending {
+	if out, err := h.cni.HandleAdd(h.t.Context(), h.event(p)); err != nil || out != Pending {
 		t.Fatalf("HandleAdd with no ztunnel = %v, %v; want pending", out, err)
 	}
 	h.waitFor("condition False/ZtunnelUnavailable", func() bool {

@@ -86,63 +86,82 @@ var durationBuckets = prometheus.ExponentialBuckets(0.0005, 2.5, 12)
 var addStepBuckets = prometheus.ExponentialBuckets(0.00005, 2, 19)
 
 func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
-	m := &metrics{
-		reg: prometheus.NewRegistry(),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ambientd_failures_total",
-			Help: "Failures while enrolling or removing pods, by reason.",
-		}, []string{"reason"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ambientd_retries_total",
-			Help: "Pod syncs queued again, by reason.",
-		}, []string{"reason"}),
-		enrollments: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ambientd_enrollments_total",
-			Help: "Pods moved to enabled (ztunnel acked them and their probe IPs are in place).",
-		}),
-		cniAdds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ambientd_cni_add_total",
-			Help: "CNI ADD events handled, by outcome.",
-		}, []string{"outcome"}),
-		cniAddTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "ambientd_cni_add_duration_seconds",
-			Help:    "Time the agent took to handle a CNI ADD, by outcome.",
-			Buckets: durationBuckets,
-		}, []string{"outcome"}),
-		removals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ambientd_removals_total",
-			Help: "Pods taken out of the mesh, by reason.",
-		}, []string{"reason"}),
-		annotations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ambientd_annotation_writes_total",
-			Help: "Attempts to write the redirection annotation, by result (ok, retry, dropped).",
-		}, []string{"result"}),
-		steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "ambientd_enrollment_step_duration_seconds",
-			Help:    "Duration of enrollment steps, by step.",
-			Buckets: durationBuckets,
-		}, []string{"step"}),
-		addSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "ambientd_cni_add_step_duration_seconds",
-			Help:    "Each CNI ADD's steps from the plugin's start to the agent's answer, by step (plugin_init, plugin_config as the plugin reports them; dial; the agent's check, lookup, queue, netns, rules, ztunnel_ack, probe_ips; agent = the agent's whole answer).",
-			Buckets: addStepBuckets,
-		}, []string{"step"}),
-	}
-	m.ackToEnabled = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "ambientd_snapshot_ack_to_enabled_seconds",
-		Help:    "From a ztunnel's snapshot ack to a pending pod being enabled.",
-		Buckets: durationBuckets,
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.newCounters()
+	m.newHistograms()
+	m.presetLabels()
+	m.reg.MustRegister(m.failures, m.retries, m.enrollments, m.cniAdds, m.cniAddTime, m.removals,
+		m.annotations, m.steps, m.addSteps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass, m.podMeshReady,
+		&podsCollector{reg: reg,
+			desc:     prometheus.NewDesc("ambientd_pods", "Registered pods by lifecycle phase.", []string{"phase"}, nil),
+			notReady: prometheus.NewDesc("ambientd_pods_not_ready", "Registered pods whose pod condition is False, by its reason.", []string{"reason"}, nil)},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ambientd_workqueue_depth",
+			Help: "Pod syncs waiting in the agent's workqueue.",
+		}, func() float64 { return float64(queueDepth()) }),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// newCounters makes the agent's counters.
+func (m *metrics) newCounters() {
+	m.failures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ambientd_failures_total",
+		Help: "Failures while enrolling or removing pods, by reason.",
+	}, []string{"reason"})
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ambientd_retries_total",
+		Help: "Pod syncs queued again, by reason.",
+	}, []string{"reason"})
+	m.enrollments = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ambientd_enrollments_total",
+		Help: "Pods moved to enabled (ztunnel acked them and their probe IPs are in place).",
 	})
+	m.cniAdds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ambientd_cni_add_total",
+		Help: "CNI ADD events handled, by outcome.",
+	}, []string{"outcome"})
+	m.removals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ambientd_removals_total",
+		Help: "Pods taken out of the mesh, by reason.",
+	}, []string{"reason"})
+	m.annotations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ambientd_annotation_writes_total",
+		Help: "Attempts to write the redirection annotation, by result (ok, retry, dropped).",
+	}, []string{"result"})
 	m.repairs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ambientd_repairs_total",
 		Help: "Drift found and repaired (restart verification, the periodic drift pass, syncs), by what: pod_rules, host_rules, probe_set, sandbox (a pod found in another sandbox than the one it was enrolled in).",
 	}, []string{"what"})
-	for _, k := range repairKinds {
-		m.repairs.WithLabelValues(k)
-	}
 	m.ruleWrites = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ambientd_pod_rule_writes_total",
 		Help: "Pod rule writes (enrollments and repairs); verifying intact rules writes nothing.",
+	})
+}
+
+// newHistograms makes the agent's histograms.
+func (m *metrics) newHistograms() {
+	m.cniAddTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ambientd_cni_add_duration_seconds",
+		Help:    "Time the agent took to handle a CNI ADD, by outcome.",
+		Buckets: durationBuckets,
+	}, []string{"outcome"})
+	m.steps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ambientd_enrollment_step_duration_seconds",
+		Help:    "Duration of enrollment steps, by step.",
+		Buckets: durationBuckets,
+	}, []string{"step"})
+	m.addSteps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ambientd_cni_add_step_duration_seconds",
+		Help:    "Each CNI ADD's steps from the plugin's start to the agent's answer, by step (plugin_init, plugin_config as the plugin reports them; dial; the agent's check, netns, lookup, queue, rules, ztunnel_ack, probe_ips; agent = the agent's whole answer).",
+		Buckets: addStepBuckets,
+	}, []string{"step"})
+	m.ackToEnabled = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ambientd_snapshot_ack_to_enabled_seconds",
+		Help:    "From a ztunnel's snapshot ack to a pending pod being enabled.",
+		Buckets: durationBuckets,
 	})
 	m.verifyPass = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ambientd_verify_pass_duration_seconds",
@@ -154,8 +173,11 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 		Help:    "From a pod's creation (metadata.creationTimestamp, the API server's clock, whole seconds) to its pod condition first written True/Enrolled.",
 		Buckets: meshReadyBuckets,
 	})
-	// Every fixed label value exists from the start, so a rate() or an
-	// alert sees 0, not an absent series.
+}
+
+// presetLabels makes every fixed label value exist from the start, so a
+// rate() or an alert sees 0, not an absent series.
+func (m *metrics) presetLabels() {
 	for _, r := range failureReasons {
 		m.failures.WithLabelValues(r)
 	}
@@ -178,19 +200,9 @@ func newMetrics(reg *registry.Registry, queueDepth func() int) *metrics {
 	for _, r := range []string{"ok", "retry", "dropped"} {
 		m.annotations.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.failures, m.retries, m.enrollments, m.cniAdds, m.cniAddTime, m.removals,
-		m.annotations, m.steps, m.addSteps, m.ackToEnabled, m.repairs, m.ruleWrites, m.verifyPass, m.podMeshReady,
-		&podsCollector{reg: reg,
-			desc:     prometheus.NewDesc("ambientd_pods", "Registered pods by lifecycle phase.", []string{"phase"}, nil),
-			notReady: prometheus.NewDesc("ambientd_pods_not_ready", "Registered pods whose pod condition is False, by its reason.", []string{"reason"}, nil)},
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "ambientd_workqueue_depth",
-			Help: "Pod syncs waiting in the agent's workqueue.",
-		}, func() float64 { return float64(queueDepth()) }),
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
-	return m
+	for _, k := range repairKinds {
+		m.repairs.WithLabelValues(k)
+	}
 }
 
 // podsCollector counts registered pods per phase, and those whose condition

@@ -53,8 +53,8 @@ func (a *Agent) namespaceLabels(ctx context.Context, name string) (map[string]st
 	return n.Labels, nil
 }
 
-// decide applies the enrollment policy to pod.
-func (a *Agent) decide(ctx context.Context, pod *corev1.Pod) (policy.Decision, error) {
+// decidePolicy applies the enrollment policy to pod (Agent.decide).
+func (a *Agent) decidePolicy(ctx context.Context, pod *corev1.Pod) (policy.Decision, error) {
 	labels, err := a.namespaceLabels(ctx, pod.Namespace)
 	if err != nil && !apierrors.IsNotFound(errors.Unwrap(err)) {
 		return policy.Decision{}, err

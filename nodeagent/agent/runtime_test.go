@@ -42,7 +42,7 @@ func TestRuntimeClassDecidesCapture(t *testing.T) {
 		return p
 	}
 
-	if out, err := h.agent.HandleAdd(t.Context(), h.event(under("runc", "standard"))); err != nil || out != Enrolled {
+	if out, err := h.cni.HandleAdd(t.Context(), h.event(under("runc", "standard"))); err != nil || out != Enrolled {
 		t.Fatalf("runc pod: %v, %v; want enrolled", out, err)
 	}
 	for _, c := range []struct {
@@ -56,7 +56,7 @@ func TestRuntimeClassDecidesCapture(t *testing.T) {
 		{"flaky", "flaky", ErrAPIUnavailable, "request timed out", false},
 	} {
 		p := under(c.pod, c.class)
-		_, err := h.agent.HandleAdd(t.Context(), h.event(p))
+		_, err := h.cni.HandleAdd(t.Context(), h.event(p))
 		var ue *policy.UncapturableRuntimeError
 		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.says) || (c.want == ErrInvalidPod) != errors.As(err, &ue) {
 			t.Errorf("%s: %v, want %v saying %q", c.pod, err, c.want, c.says)

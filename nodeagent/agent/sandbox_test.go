@@ -63,7 +63,7 @@ func TestCNIDelOfLivePodWaitsForReenrollment(t *testing.T) {
 	h := newHarness(t, withRealNetns(), withConfig(func(c *Config) { c.RetryBaseDelay, c.RetryMaxDelay = time.Hour, time.Hour }), withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
 	h.waitFor("pod in the cache", func() bool { return h.agent.podByUID("uid-a") != nil })
-	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNetns}); err != nil {
+	if err := h.cni.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNetns}); err != nil {
 		t.Fatal(err)
 	}
 	if st := h.state("uid-a"); st != "uncaptured" {
@@ -90,7 +90,7 @@ func TestCNIDelOfLivePodWaitsForReenrollment(t *testing.T) {
 	// The next sandbox's ADD.
 	ev := h.event(p)
 	ev.NetnsPath = next.NS.Path()
-	if out, err := h.agent.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
+	if out, err := h.cni.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
 		t.Fatalf("ADD of the next sandbox: %v, %v", out, err)
 	}
 	if e, _ := h.reg.Get("uid-a"); e.Phase != registry.Enabled || e.Netns.Inode() != next.Inode {
@@ -222,7 +222,7 @@ func TestHostNetworkPodNeverAPod(t *testing.T) {
 		}
 	}
 	h.waitFor("the hostNetwork pod's annotation removed", func() bool { _, ok := h.annotation("app", "host"); return !ok })
-	if out, err := h.agent.HandleAdd(t.Context(), h.event(hp)); err != nil || out != NotInMesh {
+	if out, err := h.cni.HandleAdd(t.Context(), h.event(hp)); err != nil || out != NotInMesh {
 		t.Errorf("CNI ADD of a hostNetwork pod: %v, %v; want NotInMesh", out, err)
 	}
 	// Registered anyhow (a bug elsewhere): released, no rule call.
@@ -271,7 +271,7 @@ func TestDriftPassFindsStaticIPSandboxChange(t *testing.T) {
 	h.zt.connect()
 	ev := h.event(p)
 	ev.NetnsPath = oldNS.NS.Path()
-	if out, err := h.agent.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
+	if out, err := h.cni.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd = %v, %v", out, err)
 	}
 	adds := h.zt.added("uid-a")
@@ -370,14 +370,14 @@ func TestAddOfNewSandboxBeforeTheAPIShowsIt(t *testing.T) {
 	h.zt.connect()
 	ev := h.event(p)
 	ev.NetnsPath = oldNS.NS.Path()
-	if out, err := h.agent.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
+	if out, err := h.cni.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
 		t.Fatalf("ADD of the first sandbox: %v, %v", out, err)
 	}
 	h.waitFor("pod in the cache", func() bool { return h.agent.podByUID("uid-a") != nil })
 
 	// The new sandbox's ADD; the API still shows 10.1.0.5.
 	ev.NetnsPath, ev.IPs = newNS.NS.Path(), []netip.Prefix{netip.MustParsePrefix("10.1.0.6/24")}
-	if out, err := h.agent.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
+	if out, err := h.cni.HandleAdd(t.Context(), ev); err != nil || out != Enrolled {
 		t.Fatalf("ADD of the new sandbox: %v, %v", out, err)
 	}
 	inNew := func(when string) {

@@ -64,7 +64,7 @@ func TestStaticPodOutOfMeshStartsAtOnce(t *testing.T) {
 			h := newHarness(t, withConfig(func(c *Config) { c.PodLookupTimeout = lookup }), withObjects(objs...))
 			h.zt.connect()
 			start := time.Now()
-			out, err := h.agent.HandleAdd(t.Context(), h.staticEvent(p))
+			out, err := h.cni.HandleAdd(t.Context(), h.staticEvent(p))
 			took := time.Since(start)
 			if err != nil || out != NotInMesh {
 				t.Fatalf("HandleAdd of a static pod out of the mesh = %v, %v (after %v), want NotInMesh", out, err, took)
@@ -88,7 +88,7 @@ func TestStaticPodInMesh(t *testing.T) {
 	p := runningPod(mirrorPod("app", "agent-"+node), "127.0.0.1")
 	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.zt.connect()
-	out, err := h.agent.HandleAdd(t.Context(), h.staticEvent(p))
+	out, err := h.cni.HandleAdd(t.Context(), h.staticEvent(p))
 	if err != nil || out != Enrolled {
 		t.Fatalf("HandleAdd of a static pod in the mesh = %v, %v, want Enrolled", out, err)
 	}
@@ -105,7 +105,7 @@ func TestStaticPodInMesh(t *testing.T) {
 	if err := h.client.CoreV1().Pods("app").Delete(t.Context(), p.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.agent.HandleDel(t.Context(), h.staticEvent(p)); err != nil {
+	if err := h.cni.HandleDel(t.Context(), h.staticEvent(p)); err != nil {
 		t.Fatalf("HandleDel: %v", err)
 	}
 	h.waitFor("static pod released", func() bool { return h.state(mirrorUID) == "absent" && h.zt.deleted(mirrorUID) })
@@ -122,7 +122,7 @@ func TestStaticPodDelKeepsMirror(t *testing.T) {
 	p := runningPod(mirrorPod("app", "agent-"+node), "127.0.0.1")
 	h := newHarness(t, withObjects(namespace("app", true), p))
 	h.enrollConnected(p)
-	if err := h.agent.HandleDel(t.Context(), h.staticEvent(p)); err != nil {
+	if err := h.cni.HandleDel(t.Context(), h.staticEvent(p)); err != nil {
 		t.Fatalf("HandleDel: %v", err)
 	}
 	if s := h.state(mirrorUID); s != "uncaptured" || !h.zt.deleted(mirrorUID) {
@@ -191,7 +191,7 @@ func TestMirrorClaimRefused(t *testing.T) {
 		for _, p := range []*corev1.Pod{notOwned, otherNode} {
 			ev := h.event(p)
 			ev.UID = p.Annotations[podmeta.AnnotationConfigMirror]
-			if out, err := h.agent.HandleAdd(t.Context(), ev); !errors.Is(err, ErrPodUnknown) {
+			if out, err := h.cni.HandleAdd(t.Context(), ev); !errors.Is(err, ErrPodUnknown) {
 				t.Errorf("%s: ADD with the uid it claims = %v, %v; want ErrPodUnknown", p.Name, out, err)
 			}
 			if h.zt.added(string(p.UID)) != 0 {

@@ -59,7 +59,7 @@ func TestStatusFor(t *testing.T) {
 func TestPodConditionFollowsPhase(t *testing.T) {
 	p := pod("app", "a", "uid-a", nil)
 	h := newHarness(t, withObjects(namespace("app", true), p))
-	if out, err := h.agent.HandleAdd(t.Context(), h.event(p)); err != nil || out != Pending {
+	if out, err := h.cni.HandleAdd(t.Context(), h.event(p)); err != nil || out != Pending {
 		t.Fatalf("HandleAdd = %v, %v; want Pending", out, err)
 	}
 	h.waitFor("condition False/ZtunnelUnavailable with annotation pending", func() bool {
@@ -96,7 +96,7 @@ func TestEnrollmentFailedEvent(t *testing.T) {
 	h.rules.mu.Lock()
 	h.rules.applyErr = errors.New("iptables-restore: broken")
 	h.rules.mu.Unlock()
-	if _, err := h.agent.HandleAdd(t.Context(), h.event(p)); !errors.Is(err, ErrNotCaptured) {
+	if _, err := h.cni.HandleAdd(t.Context(), h.event(p)); !errors.Is(err, ErrNotCaptured) {
 		t.Fatalf("HandleAdd error %v, want ErrNotCaptured", err)
 	}
 	h.waitFor("EnrollmentFailed Event", func() bool { return h.hasEvent("app", EventEnrollmentFailed, "iptables-restore: broken") })

@@ -83,7 +83,7 @@ func TestDecideErrorNeverPublishesNotInMesh(t *testing.T) {
 	// The informer's sync of the pod fails and is retried with backoff.
 	h.waitFor("the namespace lookup failed three times", func() bool { return lookups.Load() >= 3 })
 	// A CNI ADD of it (a new sandbox) fails the same way.
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(p)); err == nil {
+	if _, err := h.cni.HandleAdd(context.Background(), h.event(p)); err == nil {
 		t.Error("CNI ADD of a pod whose namespace cannot be read succeeded")
 	}
 
@@ -211,7 +211,7 @@ func handOverWithHeldPod(t *testing.T, to *fakeSuccessor, enrolled ...*corev1.Po
 		h.enrollConnected(p)
 	}
 	h.zt.setNack("uid-held", "not now")
-	if _, err := h.agent.HandleAdd(context.Background(), h.event(held)); err != nil {
+	if _, err := h.cni.HandleAdd(context.Background(), h.event(held)); err != nil {
 		t.Fatalf("HandleAdd: %v", err)
 	}
 	h.waitFor("held pod False/ZtunnelRejected", func() bool {

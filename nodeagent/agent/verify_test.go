@@ -99,7 +99,7 @@ func TestIPv6OffRefusesIPv6Pod(t *testing.T) {
 	h.zt.connect()
 	ev := h.event(p)
 	ev.IPs = []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24"), netip.MustParsePrefix("fd00::5/64")}
-	_, err := h.agent.HandleAdd(t.Context(), ev)
+	_, err := h.cni.HandleAdd(t.Context(), ev)
 	if !errors.Is(err, ErrNotCaptured) || !strings.Contains(err.Error(), "--ipv6=false") {
 		t.Fatalf("HandleAdd = %v, want ErrNotCaptured naming --ipv6=false", err)
 	}
@@ -125,7 +125,7 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 		{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: other.NS.Path()},
 		{Namespace: "app", Name: "a", NetnsPath: other.NS.Path()},
 	} {
-		if err := h.agent.HandleDel(t.Context(), ev); err != nil {
+		if err := h.cni.HandleDel(t.Context(), ev); err != nil {
 			t.Fatal(err)
 		}
 		if h.state("uid-a") != "enabled" {
@@ -134,14 +134,14 @@ func TestCNIDelOfOtherSandboxIgnored(t *testing.T) {
 	}
 	// A DEL naming a netns that is gone while the pod's own is still at
 	// its path (a late DEL of an old sandbox) leaves it too.
-	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: "/nonexistent"}); err != nil {
+	if err := h.cni.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: "/nonexistent"}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-a") != "enabled" {
 		t.Errorf("DEL with another, vanished netns: state %s, want enabled", h.state("uid-a"))
 	}
 	// The pod's own netns does drop it (no pod object here: forgotten).
-	if err := h.agent.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNetns}); err != nil {
+	if err := h.cni.HandleDel(t.Context(), PodEvent{Namespace: "app", Name: "a", UID: "uid-a", NetnsPath: h.podNetns}); err != nil {
 		t.Fatal(err)
 	}
 	if h.state("uid-a") != "absent" {

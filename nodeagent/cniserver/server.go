@@ -1,7 +1,8 @@
 // Package cniserver is the agent's end of the CNI event API: a gRPC server on
 // a root-only Unix socket that turns the plugin's AddPod/DelPod calls into
-// PodEvents for a Handler (the agent core decides and enrolls) and turns the
-// Handler's answer back into an Outcome or a gRPC status the plugin reports.
+// PodEvents for a Handler (the agent's CNI edge decides and enrolls) and
+// turns the Handler's answer back into an Outcome or a gRPC status the
+// plugin reports.
 package cniserver
 
 import (
@@ -41,7 +42,8 @@ func outcomeProto(o agent.Outcome) cniapi.Outcome {
 	}
 }
 
-// Handler decides about and enrolls pods; the agent core implements it.
+// Handler decides about and enrolls pods; the agent's CNI edge
+// (*agent.CNI) implements it.
 // Calls are concurrent (one per plugin exec) and ctx carries the plugin's
 // deadline.
 type Handler interface {

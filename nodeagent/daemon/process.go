@@ -139,7 +139,8 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 			st.APIRequestsLastMinute = &n
 		})
 	}
-	sc, err := sidecarParts(cfg, client, rules, a, informers, events, log)
+	edge := agent.NewCNI(a)
+	sc, err := sidecarParts(cfg, client, rules, a, edge, informers, events, log)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +148,7 @@ func New(cfg Config, client kube.Interface, rules agent.Rules, log *slog.Logger)
 	if err != nil {
 		return nil, err
 	}
-	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket, Istio: im}, a, log)
+	cs := cniserver.New(cniserver.Config{SocketPath: cfg.CNISocket, Istio: im}, edge, log)
 	// istio_cni_installs_total only with --install-cni (InstallLease is
 	// set then): nothing else installs.
 	if err := im.Register(a.Metrics(), istiometrics.Sources{

@@ -20,11 +20,11 @@ type SidecarConfig struct {
 	Repair repair.Config
 }
 
-// sidecarParts wires sidecar mode into the agent and returns its
+// sidecarParts wires sidecar mode into the agent's CNI edge and returns its
 // components: the tracker (restart verification, drift pass) and the
 // repair controller, on the process's shared pod informer and Event
 // broadcaster.
-func sidecarParts(cfg Config, client kube.Interface, rules agent.Rules, a *agent.Agent, informers *kube.Informers, events *kube.Events, log *slog.Logger) ([]Component, error) {
+func sidecarParts(cfg Config, client kube.Interface, rules agent.Rules, a *agent.Agent, edge *agent.CNI, informers *kube.Informers, events *kube.Events, log *slog.Logger) ([]Component, error) {
 	if cfg.Sidecar.Disabled {
 		return nil, nil
 	}
@@ -39,7 +39,7 @@ func sidecarParts(cfg Config, client kube.Interface, rules agent.Rules, a *agent
 	if err != nil {
 		return nil, err
 	}
-	a.SetSidecar(tr, sidecar.ErrInvalidAnnotation)
+	edge.SetSidecar(tr, sidecar.ErrInvalidAnnotation)
 	rc := cfg.Sidecar.Repair
 	rc.NodeName = node
 	ctl, err := repair.New(rc, client, informers.Pods, tr, events.RecorderAs(repair.EventComponent), a.Metrics(), log)

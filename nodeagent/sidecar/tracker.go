@@ -148,13 +148,14 @@ func (t *Tracker) event(namespace, name, uid, reason, msg string) {
 
 // Capture is the CNI ADD of a sidecar pod (the policy decided it): its
 // capture options are read from the pod, its rules programmed in the
-// runtime's namespace and the pod tracked. An invalid annotation or a rule
+// runtime's namespace (netns, opened by the ADD, which keeps and closes it)
+// and the pod tracked. An invalid annotation or a rule
 // failure is an error (the ADD fails, as with Istio, and the runtime
 // retries the sandbox): the app must never start with its traffic
 // unredirected. ips are the pod's addresses from the chain's prevResult.
-func (t *Tracker) Capture(ctx context.Context, pod *corev1.Pod, netnsPath string, ips []netip.Addr) error {
+func (t *Tracker) Capture(ctx context.Context, pod *corev1.Pod, netns *podnetns.Handle, ips []netip.Addr) error {
 	start := time.Now()
-	err := t.capture(ctx, pod, netnsPath, ips)
+	err := t.capture(ctx, pod, netns, ips)
 	t.metrics.adds.WithLabelValues(resultLabel(err)).Inc()
 	t.metrics.addTime.Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -173,7 +174,7 @@ func resultLabel(err error) string {
 	return "error"
 }
 
-func (t *Tracker) capture(ctx context.Context, pod *corev1.Pod, netnsPath string, ips []netip.Addr) error {
+func (t *Tracker) capture(ctx context.Context, pod *corev1.Pod, h *podnetns.Handle, ips []netip.Addr) error {
 	if len(ips) == 0 {
 		ips = podmeta.IPs(pod)
 	}
@@ -185,11 +186,6 @@ func (t *Tracker) capture(ctx context.Context, pod *corev1.Pod, netnsPath string
 	for _, w := range p.Warnings {
 		log.Warn("pod setting ignored", "reason", w)
 	}
-	h, err := podnetns.Open(netnsPath)
-	if err != nil {
-		return fmt.Errorf("sidecar pod %s/%s: netns %q: %w", pod.Namespace, pod.Name, netnsPath, err)
-	}
-	defer h.Close()
 	var old *iptables.SidecarOptions
 	if o, ok := t.Tracked(string(pod.UID)); ok {
 		old = &o
@@ -200,7 +196,7 @@ func (t *Tracker) capture(ctx context.Context, pod *corev1.Pod, netnsPath string
 	t.mu.Lock()
 	t.tracked[string(pod.UID)] = entry{namespace: pod.Namespace, name: pod.Name, netnsPath: h.Path(), inode: h.Inode(), opts: p.Options}
 	t.mu.Unlock()
-	log.Info("sidecar pod captured", "netns", netnsPath, "mode", p.Options.Mode, "ipv6", p.Options.IPv6, "dns", p.Options.DNS)
+	log.Info("sidecar pod captured", "netns", h.Path(), "mode", p.Options.Mode, "ipv6", p.Options.IPv6, "dns", p.Options.DNS)
 	return nil
 }
 
@@ -363,7 +359,7 @@ func (t *Tracker) Repair(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("pod %s/%s: finding its network namespace: %w", pod.Namespace, pod.Name, err)
 	}
 	defer h.Close()
-	return t.capture(ctx, pod, h.Path(), ips)
+	return t.capture(ctx, pod, h, ips)
 }
 
 // Skip is the error Repair returns for a pod not to program (the repair

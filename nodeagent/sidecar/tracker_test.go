@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/ambientd/ambientd/iptables"
+	"github.com/ambientd/ambientd/nodeagent/podnetns"
 	"github.com/ambientd/ambientd/nodeagent/sidecar"
 	"github.com/ambientd/ambientd/policy"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
@@ -68,6 +70,18 @@ func fakeProc(t *testing.T, pods map[string]ns.NetNS) string {
 		}
 	}
 	return dir
+}
+
+// captureAt is sidecar mode's part of a CNI ADD as the agent's CNI edge
+// runs it: the netns at path opened, the pod captured there, the handle
+// closed (the tracker keeps no descriptor).
+func captureAt(ctx context.Context, tr *sidecar.Tracker, pod *corev1.Pod, path string, ips []netip.Addr) error {
+	h, err := podnetns.Open(path)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return tr.Capture(ctx, pod, h, ips)
 }
 
 type trackerEnv struct {
@@ -162,7 +176,7 @@ func TestTrackerCaptureDriftRestart(t *testing.T) {
 			pod, c := sidecarPod(t, "dns-capture", "uid-"+string(mode))
 			n := podWithAddrs(t, c)
 			env := newTracker(t, m, fakeProc(t, map[string]ns.NetNS{string(pod.UID): n}), pod)
-			if err := env.tr.Capture(ctx, pod, n.Path(), c.IPs()); err != nil {
+			if err := captureAt(ctx, env.tr, pod, n.Path(), c.IPs()); err != nil {
 				t.Fatal(err)
 			}
 			opts, ok := env.tr.Tracked(string(pod.UID))
@@ -226,7 +240,7 @@ func TestTrackerForgetsGoneSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := newTracker(t, m, t.TempDir(), pod)
-	if err := env.tr.Capture(ctx, pod, n.Path(), c.IPs()); err != nil {
+	if err := captureAt(ctx, env.tr, pod, n.Path(), c.IPs()); err != nil {
 		t.Fatal(err)
 	}
 	n.Close()
@@ -248,7 +262,7 @@ func TestTrackerInvalidAnnotation(t *testing.T) {
 	pod, c := sidecarPod(t, "error-port-out-of-range", "uid-bad")
 	n := tu.NewNetNS(t).NS
 	env := newTracker(t, m, t.TempDir(), pod)
-	err := env.tr.Capture(ctx, pod, n.Path(), c.IPs())
+	err := captureAt(ctx, env.tr, pod, n.Path(), c.IPs())
 	if !errors.Is(err, sidecar.ErrInvalidAnnotation) || !strings.Contains(err.Error(), c.Error) {
 		t.Fatalf("capture error %v, want ErrInvalidAnnotation with %q", err, c.Error)
 	}

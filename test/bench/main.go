@@ -174,7 +174,7 @@ func pluginLog(logFile, namespace string) map[string][]time.Duration {
 var pluginKeys = []string{"init", "config", "took", "agent", "reply", "total"}
 
 // addStepNames are the steps of ambientd_cni_add_step_duration_seconds.
-var addStepNames = []string{"plugin_init", "plugin_config", "dial", "check", "lookup", "queue", "netns", "rules", "ztunnel_ack", "probe_ips", "agent"}
+var addStepNames = []string{"plugin_init", "plugin_config", "dial", "check", "netns", "lookup", "queue", "rules", "ztunnel_ack", "probe_ips", "agent"}
 
 // histogram is one series of a Prometheus histogram: cumulative bucket
 // counts by upper bound, count and sum.

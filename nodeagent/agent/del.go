@@ -3,110 +3,25 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
-	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/ambientd/ambientd/nodeagent/registry"
 	"github.com/ambientd/ambientd/podmeta"
 )
 
-// checkEvent refuses at once what can never be a pod's CNI event: a name or
-// namespace no pod can have (the pod lookup would only wait its timeout for
-// it), a uid that is not one, and — for an ADD — a netns path that is not a
-// network namespace (checked without opening it for reading) or is the
-// node's own.
-func (a *Agent) checkEvent(ev PodEvent, add bool) error {
-	var errs []string
-	if msgs := validation.IsDNS1123Subdomain(ev.Name); len(msgs) > 0 {
-		errs = append(errs, fmt.Sprintf("pod name %q: %s", ev.Name, strings.Join(msgs, "; ")))
-	}
-	if msgs := validation.IsDNS1123Label(ev.Namespace); len(msgs) > 0 {
-		errs = append(errs, fmt.Sprintf("namespace %q: %s", ev.Namespace, strings.Join(msgs, "; ")))
-	}
-	if ev.UID != "" && (len(ev.UID) > 128 || strings.ContainsAny(ev.UID, "/ \t\n\x00")) {
-		errs = append(errs, fmt.Sprintf("pod uid %q is not a uid", ev.UID))
-	}
-	if len(errs) > 0 {
-		a.metrics.failure("invalid_pod")
-		return fmt.Errorf("%w: CNI event names no possible pod: %s", ErrInvalidPod, strings.Join(errs, ", "))
-	}
-	if !add {
-		return nil
-	}
-	h, err := a.openNetns(ev.NetnsPath)
-	if err != nil {
-		return fmt.Errorf("pod %s/%s: %w", ev.Namespace, ev.Name, err)
-	}
-	h.Close()
-	return nil
-}
-
-// HandleAdd is the CNI ADD: it looks the pod up and runs the pod's sync with
-// what only the runtime knows, so a new pod is captured before its
-// containers start. A pod whose rules cannot be programmed gets an error, so
-// the runtime retries the sandbox and the pod never runs uncaptured.
-func (a *Agent) HandleAdd(ctx context.Context, ev PodEvent) (out Outcome, err error) {
-	start := time.Now()
-	ctx, trace := withAddTrace(ctx)
-	trace.plugin(ev)
-	defer func() {
-		l := outcomeLabel(out, err)
-		took := time.Since(start)
-		a.metrics.cniAdds.WithLabelValues(l).Inc()
-		a.metrics.cniAddTime.WithLabelValues(l).Observe(took.Seconds())
-		trace.add("agent", took)
-		a.metrics.observe(trace)
-	}()
-	if err := a.checkEvent(ev, true); err != nil {
-		return OutcomeUnknown, err
-	}
-	trace.add("check", time.Since(start))
-	lookup := time.Now()
-	pod, err := a.lookupPod(ctx, ev)
-	a.metrics.step(ctx, "lookup", lookup)
-	if err != nil {
-		a.metrics.failure("pod_unknown")
-		return OutcomeUnknown, err
-	}
-	if pod == nil {
-		return NotInMesh, nil // a static pod out of the mesh whose mirror pod the API does not show
-	}
-	// The bounded pool: wait for a slot within the caller's deadline.
-	wait := time.Now()
-	select {
-	case a.adds <- struct{}{}:
-		trace.add("queue", time.Since(wait))
-		defer func() { <-a.adds }()
-	case <-ctx.Done():
-		a.metrics.failure("deadline")
-		return OutcomeUnknown, fmt.Errorf("pod %s/%s: waiting for one of %d enrollment slots: %w", pod.Namespace, pod.Name, cap(a.adds), ctx.Err())
-	}
-	ips := make([]netip.Addr, 0, len(ev.IPs))
-	for _, p := range ev.IPs {
-		ips = append(ips, p.Addr().Unmap())
-	}
-	if out, err, ok := a.addSidecar(ctx, pod, ev.NetnsPath, ips); ok {
-		return out, err
-	}
-	return a.sync(ctx, string(pod.UID), &cniInput{pod: pod, netnsPath: ev.NetnsPath, ips: ips})
-}
-
-// HandleDel is the CNI DEL: the pod's sandbox is being torn down. ztunnel
-// is told to drop the pod. A pod whose object is gone (or going) is
-// forgotten; a pod that still exists keeps its registration as Uncaptured —
-// pending, condition False ("sandbox gone, waiting for re-enrollment") —
-// until its next sandbox is enrolled (its ADD, or found by a retry when the
-// ADD misses us). Rules die with the namespace. A DEL about another sandbox
+// del is the CNI DEL (the edge's HandleDel): the pod's sandbox is being
+// torn down. ztunnel is told to drop the pod. A pod whose object is gone (or
+// going) is forgotten; a pod that still exists keeps its registration as
+// Uncaptured — pending, condition False ("sandbox gone, waiting for
+// re-enrollment") — until its next sandbox is enrolled (its ADD, or found by
+// a retry when the ADD misses us). Rules die with the namespace. A DEL about another sandbox
 // than the one the pod is enrolled in (a late DEL of a recreated pod's old
 // sandbox) changes nothing. A pod we do not know is success.
-func (a *Agent) HandleDel(ctx context.Context, ev PodEvent) error {
-	if err := a.checkEvent(ev, false); err != nil {
+func (a *Agent) del(ctx context.Context, ev PodEvent) error {
+	if err := a.checkEvent(ev); err != nil {
 		a.log.Warn("CNI DEL for no possible pod; nothing to do", "error", err)
 		return nil
 	}
