@@ -99,6 +99,7 @@ demo:
 
 # The soak under faults (docs/soak.md): pod churn and random faults on the
 # e2e environment, judged by an invariant sampler; fails on any violation.
+# Its timeline is drawn by test/soakplot (a test-only module: gonum/plot).
 # SOAK_DURATION=30m SOAK_PODS=24 SOAK_SEED=1 make soak
 soak:
 	hack/soak.sh
@@ -179,6 +180,7 @@ verify:
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
 	$(GO) vet -tags ambientd_trust_restored ./nodeagent/agent/
 	cd test/helm && $(GO) vet ./...
+	cd test/soakplot && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)
 	$(GO) run ./hack/sloglint -test=false $(SHIPPED)
 
