@@ -11,7 +11,7 @@ ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 # privilege or tool fails them).
 export AMBIENTD_PRIVILEGED := 1
 
-.PHONY: all build deps unit test test-root verify deploy-manifests e2e e2e-node e2e-switch bench bench-e2e bench-cluster bench-cluster-check soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
+.PHONY: all build deps unit test test-root verify deploy-manifests e2e e2e-node e2e-switch bench bench-e2e bench-cluster bench-cluster-check soak soak-check demo generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
 
 all: build
 
@@ -108,11 +108,6 @@ soak:
 # proof that its sampler catches a bypass (drift pass off, rules wiped).
 soak-check:
 	hack/soak-check.sh
-
-# The lighter demo: control plane + the CNI chain driven by libcni, no kubelet
-# (needs only kube-apiserver and etcd: ~12 minutes cold instead of ~20).
-demo-lite:
-	@hack/demo-lite.sh
 
 # Each target above run alone in a fresh copy of the tree with an empty
 # .cache/ builds everything its program needs (hack/fresh-check.sh). It proves
