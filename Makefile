@@ -164,7 +164,8 @@ SHIPPED   := ./admission/... ./cmd/... ./cniapi/... ./cniinstall/... ./cniplugin
 # checker with the log schema built in: hack/sloglint) and the docs check
 # (docs/links_test.go: every relative link in README.md and docs/ leads to a
 # file and heading that exist, and every repository path the docs name
-# exists). About a minute warm.
+# exists; docs/testsize_test.go: no _test.go file over 600 lines). About a
+# minute warm.
 verify:
 	@$(ENSURE) verify
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
