@@ -11,7 +11,7 @@ ENSURE    = $(GO) run ./hack/ensure -name 'make $@'
 # privilege or tool fails them).
 export AMBIENTD_PRIVILEGED := 1
 
-.PHONY: all build deps unit test test-root verify deploy-manifests e2e e2e-node e2e-switch bench bench-e2e bench-cluster bench-cluster-check soak soak-check demo demo-lite generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
+.PHONY: all build deps unit test test-root verify deploy-manifests e2e e2e-node e2e-switch bench bench-e2e bench-cluster bench-cluster-check soak soak-check demo generate lint check clean image image-test fresh-check istio-oracle istio-oracle-check istio-agent-image
 
 all: build
 
@@ -99,6 +99,7 @@ demo:
 
 # The soak under faults (docs/soak.md): pod churn and random faults on the
 # e2e environment, judged by an invariant sampler; fails on any violation.
+# Its timeline is drawn by test/soakplot (a test-only module: gonum/plot).
 # SOAK_DURATION=30m SOAK_PODS=24 SOAK_SEED=1 make soak
 soak:
 	hack/soak.sh
@@ -107,11 +108,6 @@ soak:
 # proof that its sampler catches a bypass (drift pass off, rules wiped).
 soak-check:
 	hack/soak-check.sh
-
-# The lighter demo: control plane + the CNI chain driven by libcni, no kubelet
-# (needs only kube-apiserver and etcd: ~12 minutes cold instead of ~20).
-demo-lite:
-	@hack/demo-lite.sh
 
 # Each target above run alone in a fresh copy of the tree with an empty
 # .cache/ builds everything its program needs (hack/fresh-check.sh). It proves
@@ -168,7 +164,8 @@ SHIPPED   := ./admission/... ./cmd/... ./cniapi/... ./cniinstall/... ./cniplugin
 # checker with the log schema built in: hack/sloglint) and the docs check
 # (docs/links_test.go: every relative link in README.md and docs/ leads to a
 # file and heading that exist, and every repository path the docs name
-# exists). About a minute warm.
+# exists; docs/testsize_test.go: no _test.go file over 600 lines). About a
+# minute warm.
 verify:
 	@$(ENSURE) verify
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -179,6 +176,7 @@ verify:
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
 	$(GO) vet -tags ambientd_trust_restored ./nodeagent/agent/
 	cd test/helm && $(GO) vet ./...
+	cd test/soakplot && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)
 	$(GO) run ./hack/sloglint -test=false $(SHIPPED)
 

@@ -1,7 +1,8 @@
-// Package docs holds the check that keeps the documentation true to the
-// tree: every relative link in README.md and docs/ leads to a file (and
-// heading) that exists, and every repository path the docs name in code
-// spans exists. `make lint` runs it.
+// Package docs holds the checks that keep the tree as its documentation
+// says: every relative link in README.md and docs/ leads to a file (and
+// heading) that exists, every repository path the docs name in code spans
+// exists (this file), and no test file is over 600 lines (testsize_test.go;
+// docs/tests.md). `make verify` runs them.
 package docs
 
 import (

@@ -32,12 +32,11 @@ check() {
   (cd "$dir" && AMBIENTD_CHECK_ONLY=1 "$@") || { echo "fresh-check: FAIL: make $name alone on a fresh clone would not find what it needs" >&2; exit 1; }
 }
 
-# The control plane set: e2e, demo-lite, bench-e2e, bench-cluster,
+# The control plane set: e2e, bench-e2e, bench-cluster,
 # bench-cluster-check, soak, soak-check.
 fresh e2e
 d="$scratch_root/e2e"
 check e2e "$d" go test -tags e2e -count=1 -run '^$' ./test/e2e/
-check demo-lite "$d" go run ./test/demolite
 check bench-e2e "$d" go run ./test/bench
 check bench-cluster "$d" go run ./test/benchcluster
 check bench-cluster-check "$d" go run ./test/benchcluster -check -agents 10

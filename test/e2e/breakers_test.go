@@ -208,7 +208,11 @@ func TestClusterBreakers(t *testing.T) {
 // ciliumExclusive acts as Cilium's agent with cni-exclusive=true does
 // (daemon/cmd/cni/config.go): it writes 05-cilium.conflist and renames
 // every other .conf, .conflist and .json of dir to NAME.cilium_bak, again
-// whenever one appears, until ctx ends.
+// whenever one appears, until ctx ends. Follows cilium/cilium's
+// cleanupOtherCNI as read at commit 01990e1cc062. Does not emulate: the
+// cilium-cni plugin (its conflist names a type no pod runs here), chaining
+// modes, the rename of the legacy 05-cilium.conf, and its fsnotify watch
+// (it polls every 20 ms instead).
 func ciliumExclusive(ctx context.Context, dir string) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {

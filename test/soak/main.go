@@ -9,7 +9,8 @@
 // connections, judges every pod several times a second: bypass, black hole
 // while a ztunnel serves, a restored pod left unverified, a sidecar pod in
 // ambient, lost pod, and leaks at the end.
-// It prints a summary, draws a timeline plot and ends with one line:
+// It prints a summary, writes the timeline's data (timeline.go; test/soakplot
+// draws it) and ends with one line:
 //
 //	soak: <pods> pods, <faults> faults, <samples> samples, <violations> violations
 //
@@ -33,7 +34,7 @@ type config struct {
 	duration time.Duration
 	pods     int
 	seed     int64
-	out      string // directory for summary.txt and timeline.png/svg
+	out      string // directory for summary.txt and timeline.json
 	// agentArgs are extra flags for `ambientd run` (after the soak's own).
 	agentArgs []string
 	// agentBin, when set, is the agent binary run instead of bin/ambientd
@@ -78,7 +79,7 @@ func parseConfig(args []string) (config, error) {
 	fs.DurationVar(&c.duration, "duration", e2eenv.EnvDuration("SOAK_DURATION", 2*time.Minute), "how long pods churn and faults are injected (env SOAK_DURATION)")
 	fs.IntVar(&c.pods, "pods", e2eenv.EnvInt("SOAK_PODS", 24), "pods alive at once, about (env SOAK_PODS)")
 	fs.Int64Var(&c.seed, "seed", int64(e2eenv.EnvInt("SOAK_SEED", 1)), "random seed: the same seed makes the same plan of churn and faults (env SOAK_SEED)")
-	fs.StringVar(&c.out, "out", e2eenv.EnvString("SOAK_OUT", ".cache/soak"), "directory for summary.txt and timeline.png/.svg (env SOAK_OUT)")
+	fs.StringVar(&c.out, "out", e2eenv.EnvString("SOAK_OUT", ".cache/soak"), "directory for summary.txt and timeline.json, the data make soak draws as timeline.png/.svg (env SOAK_OUT)")
 	fs.StringVar(&c.agentBin, "agent-bin", os.Getenv("SOAK_AGENT_BIN"), "the agent binary to run instead of bin/ambientd (env SOAK_AGENT_BIN)")
 	agentArgs := fs.String("agent-args", os.Getenv("SOAK_AGENT_ARGS"), "extra flags for `ambientd run`, space separated (env SOAK_AGENT_ARGS)")
 	faults := fs.String("faults", e2eenv.EnvString("SOAK_FAULTS", strings.Join(allFaultKinds(), ",")), "fault kinds to inject, comma separated, or none (env SOAK_FAULTS)")

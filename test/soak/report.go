@@ -5,20 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
-
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 )
 
-// result is everything the summary and the plot show.
+// result is everything the summary and the timeline show.
 type result struct {
 	cfg          config
 	machineStart string
@@ -215,118 +209,4 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(k)
 	return k
-}
-
-// write puts summary.txt and the timeline (PNG and SVG) in dir.
-func (r *result) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(r.summary()+r.lastLine()+"\n"), 0o644); err != nil {
-		return err
-	}
-	p, err := r.plot()
-	if err != nil {
-		return err
-	}
-	for _, ext := range []string{"png", "svg"} {
-		path := filepath.Join(dir, "timeline."+ext)
-		if err := p.Save(14*vg.Inch, 7*vg.Inch, path); err != nil {
-			return fmt.Errorf("plot %s: %w", path, err)
-		}
-		fmt.Fprintf(os.Stderr, "soak: timeline in %s\n", path)
-	}
-	return nil
-}
-
-// plot draws pods by sampled state over time (and those bypassing while
-// claimed enrolled), with each fault as a bar in its kind's row below zero
-// and each violation as a cross.
-func (r *result) plot() (*plot.Plot, error) {
-	rec := r.rec
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("soak, seed %d: pods by sampled state; faults below", r.cfg.seed)
-	p.X.Label.Text = "seconds since the start"
-	p.Y.Label.Text = "pods"
-	p.Legend.Top = true
-	series := []struct {
-		name string
-		get  func(round) int
-	}{
-		{stMeshed.String(), func(x round) int { return x.Counts[stMeshed] }},
-		{stPlain.String(), func(x round) int { return x.Counts[stPlain] }},
-		{stBlackHole.String(), func(x round) int { return x.Counts[stBlackHole] }},
-		{stPartial.String() + " / foreign", func(x round) int { return x.Counts[stPartial] + x.Counts[stForeign] }},
-		{"sidecar (own proxy)", func(x round) int { return x.Counts[stSidecar] }},
-		{"claimed enrolled, traffic direct", func(x round) int { return x.Bypassing }},
-	}
-	for i, s := range series {
-		xy := make(plotter.XYs, len(rec.rounds))
-		for k, x := range rec.rounds {
-			xy[k].X, xy[k].Y = x.At.Seconds(), float64(s.get(x))
-		}
-		l, err := plotter.NewLine(xy)
-		if err != nil {
-			return nil, err
-		}
-		l.Color = plotutil.Color(i)
-		l.Width = vg.Points(1.2)
-		p.Add(l)
-		p.Legend.Add(s.name, l)
-	}
-	kinds := allFaultKinds()
-	row := func(kind string) float64 { return -2 * float64(slices.Index(kinds, kind)+1) }
-	legend := map[string]bool{}
-	for _, f := range rec.faults {
-		end := f.End
-		if !f.done {
-			end = time.Now()
-		}
-		y := row(f.Kind)
-		l, err := plotter.NewLine(plotter.XYs{{X: f.Start.Sub(rec.start).Seconds(), Y: y}, {X: end.Sub(rec.start).Seconds(), Y: y}})
-		if err != nil {
-			return nil, err
-		}
-		l.Color = plotutil.Color(5 + slices.Index(kinds, f.Kind))
-		l.Width = vg.Points(6)
-		p.Add(l)
-		legend[f.Kind] = true
-	}
-	if len(r.violations) > 0 {
-		var xy plotter.XYs
-		for _, v := range r.violations {
-			xy = append(xy, plotter.XY{X: v.At.Sub(rec.start).Seconds(), Y: 0})
-		}
-		sc, err := plotter.NewScatter(xy)
-		if err != nil {
-			return nil, err
-		}
-		sc.GlyphStyle.Shape = plotutil.Shape(3)
-		sc.GlyphStyle.Radius = vg.Points(5)
-		p.Add(sc)
-		p.Legend.Add("violation", sc)
-	}
-	p.Y.Tick.Marker = faultRowTicks{kinds: kinds}
-	p.Y.Min = -2*float64(len(kinds)) - 1
-	p.Add(plotter.NewGrid())
-	return p, nil
-}
-
-// faultRowTicks labels the rows below zero with the fault kinds and the
-// range above with pod counts.
-type faultRowTicks struct{ kinds []string }
-
-func (t faultRowTicks) Ticks(lo, hi float64) []plot.Tick {
-	var out []plot.Tick
-	for i, k := range t.kinds {
-		out = append(out, plot.Tick{Value: -2 * float64(i+1), Label: k})
-	}
-	for _, tk := range (plot.DefaultTicks{}).Ticks(0, hi) {
-		if tk.Value >= 0 {
-			out = append(out, tk)
-		}
-	}
-	return out
 }

@@ -19,7 +19,8 @@ func TestMain(m *testing.M) {
 }
 
 // soakFor runs the soak with c on the package's environment and logs its
-// summary; the summary and plot go to SOAK_OUT/<test> when set.
+// summary; the summary and the timeline data go to SOAK_OUT/<test> when
+// set (make soak-check draws them).
 func soakFor(t *testing.T, c config) *result {
 	t.Helper()
 	ctx := testutil.Context(t, c.duration+5*time.Minute)

@@ -2,7 +2,8 @@
 // demo: it connects to the agent's ZDS socket, speaks the protocol as real
 // ztunnel 1.24+ does and, with --netns-mode, listens on 15001/15006/15008
 // inside every pod netns it receives. GET /state on --status-addr shows
-// everything it saw.
+// everything it saw. It is test/infra/ztunnelemu as a program: that
+// package says which ztunnel it follows and what it does not emulate.
 package main
 
 import (

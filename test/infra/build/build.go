@@ -1,5 +1,5 @@
 // Package build is the one place that decides what each entry point needs —
-// every make target that runs something (demo, demo-lite, e2e, e2e-node,
+// every make target that runs something (demo, e2e, e2e-node,
 // bench-e2e, image, test) and the test programs behind them — and builds
 // what is missing, once: the Debian packages (hack/deps.sh), etcd and the
 // Kubernetes binaries from the Go module proxy (the wrapper module in
@@ -62,7 +62,7 @@ const (
 // The sets the entry points need.
 var (
 	// ControlPlane: a real kube-apiserver + etcd and the CNI chain driven by
-	// libcni, with our agent and the emulator (make e2e, demo-lite, bench-e2e).
+	// libcni, with our agent and the emulator (make e2e, bench-e2e, soak).
 	ControlPlane = []Part{Packages, Etcd, KubeAPIServer, CNIPlugins, Ours}
 	// Node: ControlPlane plus a real node (kubelet, containerd + runc,
 	// controller-manager, scheduler, kubectl) running the agent's image
@@ -76,7 +76,6 @@ var (
 var Targets = map[string][]Part{
 	"demo":       Node,
 	"e2e-node":   append(slices.Clone(Node), Helm),
-	"demo-lite":  ControlPlane,
 	"e2e":        ControlPlane,
 	"bench-e2e":  ControlPlane,
 	"soak":       ControlPlane,

@@ -6,6 +6,20 @@
 // run the agent and the ztunnel emulator as subprocesses and dial from inside
 // a pod's network namespace.
 //
+// The scheduler's, kubelet's and container runtime's part (CreatePod,
+// RecreateSandbox, DeletePod) is a double. Follows: kubelet 1.37 with
+// containerd 1.6's CRI calling CNI, as seen on the real node
+// (test/infra/nodeenv; docs/realnode.md): the Pod bound to the node, a
+// netns and a pause process in the pod's cgroup per sandbox, CNI ADD with
+// K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_INFRA_CONTAINER_ID and
+// K8S_POD_UID in CNI_ARGS, then pods/status Running and Ready with the
+// assigned IPs; on delete CNI DEL, then the sandbox, netns and Pod object
+// removed. Does not emulate: containers (no images, no app process, no
+// probes, no restarts: Ready is written, not earned), the CRI itself, and
+// the runtime's own retries (a failed ADD retried, a DEL repeated with an
+// empty CNI_NETNS) but where a test does them; the real-node suite
+// (make e2e-node) has those from the real kubelet and containerd.
+//
 // Everything runs inside one throwaway "node" network namespace: Main (and
 // RunIsolated) re-executes the current program under `ip netns exec` in a
 // fresh namespace with only lo, so etcd, the apiserver, the agent, the bridge

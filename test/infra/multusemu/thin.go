@@ -24,6 +24,19 @@
 //     the last one it generated from;
 //   - on exit it removes 00-multus.conf and 00-multus.conflist
 //     (cleanupMultusConf).
+//
+// The plugin half (plugin.go, the program test/multus) follows the same
+// commit's cmd/multus and pkg/multus.
+//
+// Does not emulate: thick mode (multus-daemon, clusterNetwork /
+// defaultNetworks); the entrypoint's other modes (a given
+// --multus-conf-file, no auto-config); copying the multus binary into the
+// bin dir; writing the kubeconfig file with its service-account token
+// (only the path goes into the config);
+// NetworkAttachmentDefinitions and the pod's network-selection annotations
+// (pods here have none: only the cluster network runs); the network-status
+// annotation and Events; the readiness indicator file; gateway and MAC/IP
+// requests; the interface-name check in the netns.
 package multusemu
 
 import (

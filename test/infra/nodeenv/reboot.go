@@ -89,6 +89,13 @@ func (n *Node) PowerOn(ctx context.Context) error {
 // of the primary's config follows this write. It returns what it wrote.
 // Called between PowerOff and PowerOn it runs before anything kubelet
 // starts, the agent included.
+//
+// A double of no one release: it follows what flannel's install-cni init
+// container does (`cp -f /etc/kube-flannel/cni-conf.json
+// /etc/cni/net.d/10-flannel.conflist`, kube-flannel.yml), the in-place
+// rewrite that Calico's install-cni and Cilium's agent make too. Does not
+// emulate: the primary's plugin itself (the node's chain stays the
+// reference bridge), its daemon, or a rewrite after boot.
 func (n *Node) PrimaryCNIBoot(boot string) ([]byte, error) {
 	conf, err := primaryConflist(n.Bridge, n.PodSubnet.String(), n.IPAMDir, boot)
 	if err != nil {

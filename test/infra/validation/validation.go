@@ -14,6 +14,16 @@
 // destination (SO_ORIGINAL_DST) shows port 15002: success, exit 0. Nothing
 // within the timeout (5 s): exit 126, the code the repair controller looks
 // for. No usable address in the pod: exit 1.
+//
+// Follows: Istio 1.31 (the revision test/istio-oracle pins), pilot-agent's
+// `istio-iptables --run-validation` (istio/istio
+// tools/istio-iptables/pkg/validation: validator.go, vld_unix.go).
+//
+// Does not emulate: anything but the validation run — without
+// --run-validation it refuses (istio-iptables' rule programming, the
+// istio-init container's job, is not here); of the flags it reads only the
+// ports and the probe timeout (the others are accepted and ignored); no
+// Windows.
 package validation
 
 import (

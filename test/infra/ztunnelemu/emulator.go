@@ -5,6 +5,20 @@
 // order, and treats the violations real ztunnel exits on as protocol errors.
 // In netns mode it also enters every workload's network namespace and listens
 // on ztunnel's ports there, recording each connection it accepts.
+//
+// Follows: ztunnel 1.24+, the node-agent client of istio/ztunnel's
+// src/inpod/ (workloadmanager.rs: connect with backoff, hello;
+// statemanager.rs: the snapshot and SnapshotSent; protocol.rs: one ack per
+// request), over ztunnelproto's zds.proto, which is ztunnel's field for field
+// (docs/ztunnel.md).
+//
+// Does not emulate: carrying traffic — an accepted connection on 15001,
+// 15006 or 15008 is answered with one line and closed (no HBONE, no mTLS,
+// no forwarding, no authorization policy, no DNS proxy on 15053); xDS, the
+// CA and anything else ztunnel learns from the control plane (it knows a
+// workload only by what ZDS carries); ztunnel's admin, metrics and readiness
+// ports (15000, 15020, 15021); ztunnel's own pod (it is a process the tests
+// start and stop, or a goroutine in unit tests).
 package ztunnelemu
 
 import (

@@ -8,6 +8,14 @@
 //
 // Run as `istio-iptables ...` (an istio-init container, which a pod injected
 // without CNI has) it exits 0 at once: it programs nothing.
+//
+// Follows: the ports and health path of Istio 1.31's injected istio-proxy
+// (the revision test/istio-oracle pins; its injector's sidecar template).
+//
+// Does not emulate: Envoy — no xDS, no mTLS, no forwarding to the
+// destination (a connection gets one line and is closed), no admin port
+// (15000), no stats (15090), no pilot-agent (no SDS, no DNS capture), no
+// iptables from istio-init.
 package main
 
 import (
