@@ -8,7 +8,6 @@ import (
 
 	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/nodeagent/admin"
-	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/repair"
 	"github.com/ambientd/ambientd/nodeagent/ztunnel"
 	"github.com/ambientd/ambientd/settings"
@@ -17,7 +16,7 @@ import (
 
 // RegisterFlags binds c's fields to their flags on fs, with the node
 // agent's defaults as values: the process's own (sockets, listeners), the
-// agent core's (registerAgentFlags), node readiness's and sidecar mode's.
+// agent core's (agent.Config.RegisterFlags), node readiness's and sidecar mode's.
 // CNIConfDir is the installer's --cni-conf-dir (the caller copies it).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ZtunnelSocket, "ztunnel-socket", ztunnelproto.DefaultSocketPath, "Unix socket ztunnel connects to")
@@ -32,52 +31,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.ZtunnelAllowedUIDs = []uint32{0}
 	fs.Var(settings.UIDs{P: &c.ZtunnelAllowedUIDs}, "ztunnel-allowed-uids", "comma-separated `uids` ztunnel may connect as; any other process that reaches the ztunnel socket (it would receive every pod's network namespace) is refused, logged and counted (SO_PEERCRED)")
 	fs.DurationVar(&c.ZtunnelProbeInterval, "ztunnel-probe-interval", ztunnel.DefaultProbeInterval, "how long a ztunnel connection may be idle before the agent probes it (a Del of a uid no pod has, which ztunnel acks and which changes nothing): a ztunnel that does not answer within 5s is hung, its connection dropped and its pods not ready after --ztunnel-grace (reason ZtunnelNotResponding); 1s to 5m")
-	registerAgentFlags(&c.Agent, fs)
+	c.Agent.RegisterFlags(fs)
 	c.NodeReady.RegisterFlags(fs)
 	c.Sidecar.RegisterFlags(fs)
-}
-
-// agentFlags names the flag of each agent.Config field its Validate may
-// report (agent.SettingError.Field), registered by registerAgentFlags.
-var agentFlags = map[string]string{
-	"NodeName":                         "node-name",
-	"HostProc":                         "host-proc",
-	"RunDir":                           "run-dir",
-	"PodConditionType":                 "pod-condition-type",
-	"Policy.ExcludeNamespaces":         "exclude-namespaces",
-	"Policy.SystemNamespace":           "system-namespace",
-	"Policy.CapturableRuntimeHandlers": "capturable-runtime-handlers",
-	"PodLookupTimeout":                 "pod-lookup-timeout",
-	"RetryBaseDelay":                   "retry-base-delay",
-	"RetryMaxDelay":                    "retry-max-delay",
-	"ZtunnelGrace":                     "ztunnel-grace",
-	"VerifyInterval":                   "verify-interval",
-	"Workers":                          "workers",
-	"MaxParallelAdds":                  "max-parallel-adds",
-}
-
-// registerAgentFlags binds the agent core's settings, with
-// agent.DefaultConfig's values. (They belong beside agent.Config; they are
-// here while nodeagent/agent is split on another branch.)
-func registerAgentFlags(a *agent.Config, fs *flag.FlagSet) {
-	*a = agent.DefaultConfig()
-	fs.StringVar(&a.NodeName, "node-name", "", "this node's name (required)")
-	fs.StringVar(&a.HostProc, "host-proc", a.HostProc, "host /proc, scanned for running pods' network namespaces")
-	fs.Var(settings.List{P: &a.Policy.ExcludeNamespaces}, "exclude-namespaces", "comma-separated `namespaces` never enrolled")
-	fs.Var(settings.List{P: &a.Policy.CapturableRuntimeHandlers}, "capturable-runtime-handlers", "comma-separated runtime `handlers` (a RuntimeClass's handler; \"default\" for pods without a RuntimeClass) whose pods' traffic the in-pod rules capture; a mesh pod under any other (gVisor's runsc, Kata's kata-*) has its CNI ADD refused and is never reported in the mesh (docs/agent.md)")
-	fs.StringVar(&a.Policy.SystemNamespace, "system-namespace", a.Policy.SystemNamespace, "namespace of the mesh's own pods: only there are app=ztunnel and app=ambientd pods kept out of the mesh")
-	fs.BoolVar(&a.DNSCapture, "dns-capture", a.DNSCapture, "capture DNS to ztunnel by default, as Istio does since 1.25 (pod annotation ambient.istio.io/dns-capture overrides)")
-	fs.BoolVar(&a.IPv6, "ipv6", a.IPv6, "also capture IPv6 (harmless in IPv4-only pods); with --ipv6=false a pod with an IPv6 address fails its CNI ADD rather than run with IPv6 uncaptured")
-	fs.DurationVar(&a.VerifyInterval, "verify-interval", a.VerifyInterval, "period of the drift pass that reads back enrolled pods' rules and the host rules and repairs drift (jittered ±10%; 0 = off)")
-	fs.StringVar(&a.RunDir, "run-dir", a.RunDir, "the agent's run directory (tmpfs): holds the pod state file (netns path and inode per pod), tried before the /proc scan on restart")
-	fs.BoolVar(&a.FailPending, "fail-pending", false, "fail the CNI ADD of a pod ztunnel has not acked (default: the pod starts with rules in place, held until ztunnel takes it)")
-	fs.DurationVar(&a.PodLookupTimeout, "pod-lookup-timeout", a.PodLookupTimeout, "how long a CNI ADD waits for an unknown pod to appear in the API (the informer first, then direct GETs with capped exponential backoff)")
-	fs.DurationVar(&a.RetryBaseDelay, "retry-base-delay", a.RetryBaseDelay, "first backoff of a pod whose reconcile failed (pending pods are also retried on every ztunnel snapshot ack)")
-	fs.DurationVar(&a.RetryMaxDelay, "retry-max-delay", a.RetryMaxDelay, "cap of the per-pod exponential backoff")
-	fs.IntVar(&a.Workers, "workers", a.Workers, "pod syncs run at once from the workqueue (informer events, retries)")
-	fs.IntVar(&a.MaxParallelAdds, "max-parallel-adds", a.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
-	fs.StringVar(&a.PodConditionType, "pod-condition-type", a.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
-	fs.DurationVar(&a.ZtunnelGrace, "ztunnel-grace", a.ZtunnelGrace, "how long the node may be without a ztunnel that acked its snapshot before every enabled pod's condition turns False (reason ZtunnelUnavailable) so its Services stop sending it traffic nothing proxies; 0 = never (docs/readiness.md)")
 }
 
 // RegisterFlags binds sidecar mode's settings (docs/sidecar.md), with

@@ -1,13 +1,11 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
 	"time"
 
-	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/nodeagent/repair"
 )
 
@@ -46,10 +44,6 @@ func (c Config) Validate() error {
 		return bad("ztunnel-probe-interval", "%v: want 1s to 5m", d)
 	}
 	if err := c.Agent.Validate(); err != nil {
-		var se *agent.SettingError
-		if errors.As(err, &se) && agentFlags[se.Field] != "" {
-			return bad(agentFlags[se.Field], "%w", se.Err)
-		}
 		return err
 	}
 	nr := c.NodeReady
