@@ -287,11 +287,26 @@ func (r *fakeRules) counts() (applied, deleted, probes int) {
 	return r.applied, r.deleted, len(r.probes)
 }
 
-// fakeSuccessor records the pods whose rules were moved to it.
+// fakeSuccessor records the pods whose rules were moved to it. fails
+// fails every write; drift makes every write "succeed" while a rule is
+// missing when read back.
 type fakeSuccessor struct {
 	mu    sync.Mutex
 	opts  []iptables.PodOptions
 	fails bool
+	drift bool
+}
+
+func (s *fakeSuccessor) VerifyPod(_ context.Context, n ns.NetNS, _ iptables.PodOptions) (iptables.Drift, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n == nil || n.Fd() == 0 {
+		return iptables.Drift{}, errors.New("bad netns")
+	}
+	if s.drift {
+		return iptables.Drift{Missing: []string{"-A ISTIO_PRERT -p tcp -j REDIRECT --to-ports 15006"}}, nil
+	}
+	return iptables.Drift{}, nil
 }
 
 func (s *fakeSuccessor) ApplyPod(_ context.Context, n ns.NetNS, opts iptables.PodOptions) error {

@@ -19,9 +19,11 @@ import (
 // over (*iptables.Manager built for that backend implements it; which agent
 // that is, is an iptables.Successor). ApplyPod writes the pod's rules there
 // and then removes ours from every other backend, so the pod is never
-// without capture and ends with one set of rules.
+// without capture and ends with one set of rules; VerifyPod reads them back
+// from the kernel.
 type SuccessorRules interface {
 	ApplyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) error
+	VerifyPod(ctx context.Context, podNS ns.NetNS, opts iptables.PodOptions) (iptables.Drift, error)
 }
 
 // DefaultHandOverTimeout bounds a handover (within the DaemonSet's 30 s
@@ -109,13 +111,15 @@ func (a *Agent) handOver() {
 // (Istio's istio-cni) never writes it, so what is left is what a gated pod
 // shows for ever:
 //
-//   - rules moved into the successor's backend (moved): True/HandedOver —
+//   - rules moved into the successor's backend and read back there
+//     (moved): True/HandedOver —
 //     captured, and the successor adds it to ztunnel (the no-deadlock rule,
 //     gate.go); the annotation stays, for the successor to read;
 //   - unserved (no ztunnel served the node for the grace): left
 //     False/ZtunnelUnavailable — black-holed, and it says so;
-//   - rules not moved (the move failed, or its network namespace was never
-//     found): False/NotHandedOver — its capture is not known.
+//   - rules not moved (the move failed, they did not read back as
+//     written, or its network namespace was never found):
+//     False/NotHandedOver — its capture is not known.
 //
 // True pods and pods the agent does not hold are left as they are.
 func (a *Agent) releaseConditions(ctx context.Context, moved map[string]bool) {
@@ -203,6 +207,19 @@ func (a *Agent) handOverPod(ctx context.Context, to SuccessorRules, e registry.E
 		log.Error("handover: moving the pod's rules to the successor's backend failed; it keeps ours", "error", err)
 		return handOverFailed
 	}
-	log.Debug("handover: pod's rules moved")
+	// Read back, as the drift pass does: only rules the kernel shows in
+	// place let the pod be called handed over (True) — a write that
+	// reported success but left a rule out would be a Ready pod whose
+	// traffic is not captured.
+	drift, err := to.VerifyPod(ctx, e.Netns, e.Options)
+	switch {
+	case err != nil:
+		log.Error("handover: the pod's rules in the successor's backend could not be read back", "error", err)
+		return handOverFailed
+	case !drift.Empty():
+		log.Error("handover: the pod's rules in the successor's backend differ from what was written", "drift", drift.String())
+		return handOverFailed
+	}
+	log.Debug("handover: pod's rules moved and read back")
 	return handOverMoved
 }

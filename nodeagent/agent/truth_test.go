@@ -231,6 +231,17 @@ func TestHandOverNeverTrueOnAFailedMove(t *testing.T) {
 	}
 }
 
+// TestHandOverNeverTrueWhenRulesDoNotReadBack: a move the successor's
+// backend reported done, but whose rules do not read back as written
+// (a rule missing), is not a handover: the pod gets False/NotHandedOver,
+// never a True that would make it Ready with its traffic not captured.
+func TestHandOverNeverTrueWhenRulesDoNotReadBack(t *testing.T) {
+	h := handOverWithHeldPod(t, &fakeSuccessor{drift: true})
+	if !h.conditionIs("app", "held", corev1.ConditionFalse, ReasonNotHandedOver) {
+		t.Errorf("pod whose rules did not read back: condition %+v after the handover, want False/%s", h.condition("app", "held"), ReasonNotHandedOver)
+	}
+}
+
 // patchCondition reads the condition's status and reason from a pods/status
 // patch body (podstatus's strategic merge patch).
 func patchCondition(body []byte) (status, reason string, ok bool) {
