@@ -131,6 +131,7 @@ func run(ctx context.Context, f runFlags, log *slog.Logger) error {
 		ci = daemon.NewInstallCNI(inst, shutdownrule.New(client, f.install.namespace, f.install.daemonSet, f.node.Agent.NodeName), rules, successor, ilog)
 		defer ci.Finish()
 		cfg.Agent.HandOver = ci.HandOver
+		cfg.Agent.Uninstalling = ci.UninstallingAlone
 		cfg.PluginInstalled = ci.Check
 		cfg.InstallLease = ci.LeaseErr
 		cfg.Components = append(cfg.Components, ci.Component())

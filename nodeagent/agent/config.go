@@ -56,8 +56,14 @@ type Config struct {
 	// enrolled pod's rules are moved there (handover.go). nil: nothing moves
 	// (an upgrade or a restart).
 	HandOver func(ctx context.Context) (SuccessorRules, error)
-	// HandOverTimeout bounds the handover (DefaultHandOverTimeout when 0).
+	// HandOverTimeout bounds the handover (DefaultHandOverTimeout when 0),
+	// and the release at an uninstall without one.
 	HandOverTimeout time.Duration
+	// Uninstalling, when set, is asked as Run stops when HandOver gave no
+	// successor: true means ambientd is being uninstalled from the node
+	// with no node agent after it, and the pods whose condition is False
+	// are released (uninstall.go).
+	Uninstalling func(ctx context.Context) bool
 	// ZtunnelGrace is how long the node may be without a ztunnel that
 	// serves it (connected, snapshot acked) before every enabled pod is
 	// Unserved: condition False/ZtunnelUnavailable, so its Services stop

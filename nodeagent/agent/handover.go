@@ -42,7 +42,7 @@ const DefaultHandOverTimeout = 15 * time.Second
 // them), and ztunnel is not told anything: it keeps serving the pods until
 // the incoming agent's snapshot.
 func (a *Agent) handOver() {
-	if a.cfg.HandOver == nil {
+	if a.cfg.HandOver == nil && a.cfg.Uninstalling == nil {
 		return
 	}
 	timeout := a.cfg.HandOverTimeout
@@ -51,12 +51,18 @@ func (a *Agent) handOver() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	to, err := a.cfg.HandOver(ctx)
-	if err != nil {
-		a.log.Error("handover: cannot tell the successor's rule backend; pods keep their rules in ours", "error", err)
-		return
+	var to SuccessorRules
+	if a.cfg.HandOver != nil {
+		var err error
+		if to, err = a.cfg.HandOver(ctx); err != nil {
+			a.log.Error("handover: cannot tell the successor's rule backend; pods keep their rules in ours", "error", err)
+			return
+		}
 	}
 	if to == nil {
+		if a.cfg.Uninstalling != nil && a.cfg.Uninstalling(ctx) {
+			a.releaseAtUninstall(ctx)
+		}
 		return
 	}
 	start := time.Now()

@@ -24,6 +24,13 @@ const (
 	// False: the node was handed over, but the pod's rules could not be
 	// moved to the successor's backend: its capture is not known.
 	ReasonNotHandedOver = "NotHandedOver"
+	// True: ambientd was uninstalled from the node with no successor
+	// (--handover none): the pod, False then, had its rules removed and
+	// runs outside the mesh; nothing will write the condition again.
+	ReasonUninstalled = "Uninstalled"
+	// False: as Uninstalled, but the pod's rules could not be removed (or
+	// its network namespace was never found): its capture is not known.
+	ReasonNotReleased = "NotReleased"
 	// False: rules in place, ztunnel has not acked the pod yet (an ack
 	// timeout, a restart that has not verified the pod yet).
 	ReasonPending = "Pending"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -198,14 +199,20 @@ func TestHandOverReleasesGatedPodsFalse(t *testing.T) {
 // run when it returns.
 func handOverWithHeldPod(t *testing.T, to *fakeSuccessor, enrolled ...*corev1.Pod) *harness {
 	t.Helper()
+	return stopWithHeldPod(t, func(c *Config) { c.HandOver = func(context.Context) (SuccessorRules, error) { return to, nil } }, nil, enrolled...)
+}
+
+// stopWithHeldPod is handOverWithHeldPod with the stop's settings in cfg;
+// beforeStop, when set, runs just before the agent is stopped.
+func stopWithHeldPod(t *testing.T, cfg func(*Config), beforeStop func(*harness), enrolled ...*corev1.Pod) *harness {
+	t.Helper()
 	held := pod("app", "held", "uid-held", nil)
 	held.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podmeta.ConditionEnrolled}}
 	objs := []runtime.Object{namespace("app", true), held}
 	for _, p := range enrolled {
 		objs = append(objs, p)
 	}
-	h := newHarness(t, withConfig(func(c *Config) { c.HandOver = func(context.Context) (SuccessorRules, error) { return to, nil } }),
-		withObjects(objs...))
+	h := newHarness(t, withConfig(cfg), withObjects(objs...))
 	h.zt.connect()
 	for _, p := range enrolled {
 		h.enrollConnected(p)
@@ -217,6 +224,9 @@ func handOverWithHeldPod(t *testing.T, to *fakeSuccessor, enrolled ...*corev1.Po
 	h.waitFor("held pod False/ZtunnelRejected", func() bool {
 		return h.conditionIs("app", "held", corev1.ConditionFalse, ReasonZtunnelRejected)
 	})
+	if beforeStop != nil {
+		beforeStop(h)
+	}
 	h.stop()
 	return h
 }
@@ -239,6 +249,55 @@ func TestHandOverNeverTrueWhenRulesDoNotReadBack(t *testing.T) {
 	h := handOverWithHeldPod(t, &fakeSuccessor{drift: true})
 	if !h.conditionIs("app", "held", corev1.ConditionFalse, ReasonNotHandedOver) {
 		t.Errorf("pod whose rules did not read back: condition %+v after the handover, want False/%s", h.condition("app", "held"), ReasonNotHandedOver)
+	}
+}
+
+// TestUninstallWithoutSuccessorReleasesGatedPods: ambientd uninstalled
+// with no node agent after it (--handover none) would leave a gated pod
+// whose condition is False NotReady for ever, its rules sending its
+// traffic to a ztunnel that does not carry it. It is released: rules
+// removed, True/Uninstalled, annotation removed. An enrolled pod (True)
+// keeps its rules and condition; an upgrade (not an uninstall) releases
+// nothing.
+func TestUninstallWithoutSuccessorReleasesGatedPods(t *testing.T) {
+	for _, uninstall := range []bool{true, false} {
+		t.Run(fmt.Sprintf("uninstall=%v", uninstall), func(t *testing.T) {
+			on := pod("app", "on", "uid-on", nil)
+			on.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podmeta.ConditionEnrolled}}
+			h := stopWithHeldPod(t, func(c *Config) { c.Uninstalling = func(context.Context) bool { return uninstall } }, nil, on)
+			_, deleted, _ := h.rules.counts()
+			if !uninstall {
+				if !h.conditionIs("app", "held", corev1.ConditionFalse, ReasonZtunnelRejected) || deleted != 0 {
+					t.Errorf("an upgrade changed the held pod: condition %+v, %d rule sets deleted", h.condition("app", "held"), deleted)
+				}
+				return
+			}
+			if !h.conditionIs("app", "held", corev1.ConditionTrue, ReasonUninstalled) {
+				t.Errorf("gated pod False at the uninstall: condition %+v afterwards, want True/%s", h.condition("app", "held"), ReasonUninstalled)
+			}
+			if v, ok := h.annotation("app", "held"); ok {
+				t.Errorf("annotation %q left on a released pod, want it removed", v)
+			}
+			if deleted != 1 {
+				t.Errorf("%d pods' rules removed, want the held pod's only", deleted)
+			}
+			if !h.conditionIs("app", "on", corev1.ConditionTrue, ReasonEnrolled) {
+				t.Errorf("enrolled pod's condition %+v after the uninstall, want True/Enrolled kept", h.condition("app", "on"))
+			}
+		})
+	}
+}
+
+// TestUninstallNeverTrueWhenRulesStay: a False pod whose rules cannot be
+// removed at the uninstall is not released: False/NotReleased.
+func TestUninstallNeverTrueWhenRulesStay(t *testing.T) {
+	h := stopWithHeldPod(t, func(c *Config) { c.Uninstalling = func(context.Context) bool { return true } }, func(h *harness) {
+		h.rules.mu.Lock()
+		h.rules.deleteFails = 1
+		h.rules.mu.Unlock()
+	})
+	if !h.conditionIs("app", "held", corev1.ConditionFalse, ReasonNotReleased) {
+		t.Errorf("pod whose rules stayed: condition %+v after the uninstall, want False/%s", h.condition("app", "held"), ReasonNotReleased)
 	}
 }
 

@@ -96,6 +96,19 @@ func (c *InstallCNI) HandOver(ctx context.Context) (agent.SuccessorRules, error)
 	return to, nil
 }
 
+// UninstallingAlone is the agent's Config.Uninstalling: whether this stop
+// is an uninstall with no successor (--handover none), so the pods whose
+// condition is False are released. Asked only when HandOver gave no
+// successor; an upgrade, a restart or a shutdown rule that cannot decide
+// releases nothing.
+func (c *InstallCNI) UninstallingAlone(ctx context.Context) bool {
+	if c.successor != iptables.SuccessorNone {
+		return false // HandOver decided, and failed: the pods keep their rules
+	}
+	uninstall, _, err := c.decide(ctx)
+	return err == nil && uninstall
+}
+
 // Component is the installer as a daemon component: started first, stopped
 // last; it retries failures itself and never stops early.
 func (c *InstallCNI) Component() Component {
