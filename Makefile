@@ -178,6 +178,7 @@ verify:
 	$(GO) vet -tags e2enode ./test/...
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
 	$(GO) vet -tags ambientd_trust_restored ./nodeagent/agent/
+	$(GO) vet -tags ambientd_absent_admit ./cniplugin/
 	cd test/helm && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)
 	$(GO) run ./hack/sloglint -test=false $(SHIPPED)
