@@ -10,6 +10,8 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
@@ -79,11 +82,11 @@ type podRec struct {
 	// sandbox; the sampler sets it then). Otherwise it may be plain.
 	sidecarRules bool
 	// downWipedAt: an agent-restart fault wiped the pod's rules while the
-	// agent was down; downWipeReadyAt: the restarted agent was ready (zero
-	// until then). A restarted agent verifies the pods it restores before it
-	// is ready, so from then on the pod must not be claimed enrolled with
-	// its traffic direct (restartBypassBound).
-	downWipedAt, downWipeReadyAt time.Time
+	// agent was down; downWipeStartAt: the soak started the agent again
+	// (zero until then). A restarted agent verifies the pods it restores
+	// before it reports ready, so from its start the pod may be claimed
+	// enrolled with its traffic direct for restoredBound at most.
+	downWipedAt, downWipeStartAt time.Time
 
 	// wiping is set while a pod-rules-wiped fault works on the pod: the
 	// agent is judged on the bypass only from the end of the wipe (on a
@@ -170,14 +173,31 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	if s.sidecarGolden, err = istiogolden.LoadCase(sidecarGoldenCase); err != nil {
 		return nil, fmt.Errorf("the sidecar-mode pods' injected spec: %w", err)
 	}
+	if c.pluginBin != "" {
+		// The chain finds its plugin by name: the known-bad build is
+		// bin/ambientd-cni for this run (docs/soak.md).
+		dir, err := os.MkdirTemp("", "soak-plugin-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		if err := os.Symlink(c.pluginBin, filepath.Join(dir, cniapi.PluginType)); err != nil {
+			return nil, err
+		}
+		defer env.Chain.PreferBinDir(dir)()
+	}
 	if s.node, err = startNode(ctx, env, c, log); err != nil {
 		return nil, err
 	}
 	res.baseline = s.node.measure(ctx)
 	if err := s.setup(ctx); err != nil {
+		// The next run on this environment must not meet this one's agent
+		// and ztunnel.
+		s.node.stop()
 		return nil, err
 	}
 	s.logf("setup done: agent ready, prober at %s; churning %d pods for %v (seed %d), faults: %s", s.proberIP, c.pods, c.duration, c.seed, strings.Join(c.faults, ","))
+	s.logf("agent --iptables=%s; bounds: bypass %v, restored unverified %v from the restart action, ready while unserved %v from the ztunnels' kill", c.rulesOr(), bypassBound(c), restoredBound, unservedBound(c))
 
 	runCtx, stopRun := context.WithTimeout(ctx, c.duration)
 	defer stopRun()
@@ -449,11 +469,16 @@ func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, ki
 		name = fmt.Sprintf("sc%05d", id)
 		spec = s.sidecarSpec(ns.name, name)
 	}
+	s.mu.Lock()
+	mesh := wantMesh(&podRec{ns: ns, podMode: mode, sidecar: kind.sidecar})
+	policySince := ns.stableSince
+	s.mu.Unlock()
 	began := time.Now()
 	p, err := s.env.CreatePod(ctx, spec)
 	if err != nil {
 		return err
 	}
+	s.judgeAbsentAdd(ns.name+"/"+name, p.UID, mesh, policySince, began, time.Now())
 	s.created.Add(1)
 	if kind.sidecar {
 		s.sidecars.Add(1)
@@ -574,6 +599,9 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 		return nil
 	}
 	r.closeListeners()
+	s.mu.Lock()
+	mesh, policySince := wantMesh(r) && !withoutPlugin, stable(r)
+	s.mu.Unlock()
 	began := time.Now()
 	_, err := s.env.RecreateSandbox(ctx, r.p, e2eenv.SandboxOptions{Chain: chain})
 	if err != nil {
@@ -588,11 +616,27 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 		_ = s.env.DeletePod(ctx, r.p) // its sandbox is gone already: only the object matters
 		return err
 	}
+	s.judgeAbsentAdd(r.ns.name+"/"+r.name, r.uid, mesh, policySince, began, time.Now())
 	s.mu.Lock()
 	r.stableSince = time.Now()
 	r.sidecarRules = r.sidecar && !withoutPlugin && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
 	s.mu.Unlock()
 	return r.listen()
+}
+
+// judgeAbsentAdd judges a sandbox made through the chain with our plugin
+// that succeeded (from began to ended): a pod in the mesh by the soak's
+// own labels (mesh, unchanged since policySince), made while no agent
+// process ran at any moment of it (the soak's own record of stopping and
+// starting it) and with our plugin surely in the conflist, started
+// uncaptured with nobody to enroll it — the plugin must refuse it until an
+// agent answers.
+func (s *soak) judgeAbsentAdd(pod, uid string, mesh bool, policySince, began, ended time.Time) {
+	if !mesh || !policySince.Before(began) || s.rec.overlaps("conflist-rewritten", began, ended) || !s.rec.agentGoneThrough(began, ended) {
+		return
+	}
+	s.rec.violation(violation{At: began, Kind: kindAbsentAdd, Pod: pod, UID: uid,
+		Detail: fmt.Sprintf("its sandbox was made through our plugin in %v, all of it while no agent process ran", ended.Sub(began).Round(time.Millisecond))})
 }
 
 // teardownPods deletes every pod the soak made, the prober last.
