@@ -104,7 +104,8 @@ soak:
 	hack/soak.sh
 
 # The 60-second soak of check (fixed seed; fails on any violation) and the
-# proof that its sampler catches a bypass (drift pass off, rules wiped).
+# proofs that its sampler catches a bypass (drift pass off, rules wiped), a
+# pod Ready with no ztunnel and a mesh pod started without an agent.
 soak-check:
 	hack/soak-check.sh
 
