@@ -28,6 +28,10 @@ const (
 	// kindAbsentAdd: an ADD through our plugin succeeded for a pod in the
 	// mesh while no agent process ran (it starts uncaptured).
 	kindAbsentAdd = "mesh pod added without an agent"
+	// kindDNSBypass: an ambient pod claimed enrolled whose DNS query the
+	// nameserver answered itself, not its ztunnel's DNS port (DNS capture
+	// on, the agent's default).
+	kindDNSBypass = "DNS bypass"
 )
 
 type violation struct {

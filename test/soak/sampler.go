@@ -55,20 +55,31 @@ const (
 // agent switched off its promise: the soak still holds it to the default.
 func unservedBound(c config) time.Duration {
 	grace := agent.DefaultZtunnelGrace
-	for i, a := range c.agentArgs {
-		a = strings.TrimLeft(a, "-")
-		v, ok := strings.CutPrefix(a, "ztunnel-grace=")
-		if !ok && a == "ztunnel-grace" && i+1 < len(c.agentArgs) {
-			v, ok = c.agentArgs[i+1], true
-		}
-		if d, err := time.ParseDuration(v); ok && err == nil {
+	if v, ok := agentFlag(c, "ztunnel-grace"); ok {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
 			grace = d
 		}
 	}
-	if grace <= 0 {
-		grace = agent.DefaultZtunnelGrace
-	}
 	return grace + unservedSlack
+}
+
+// agentFlag is the value of the last --name in the soak's agent flags
+// (--name=v, --name v, or a bare --name: "true").
+func agentFlag(c config, name string) (string, bool) {
+	var val string
+	var found bool
+	for i, a := range c.agentArgs {
+		a = strings.TrimLeft(a, "-")
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			val, found = v, true
+		} else if a == name {
+			val, found = "true", true
+			if i+1 < len(c.agentArgs) && !strings.HasPrefix(c.agentArgs[i+1], "-") {
+				val = c.agentArgs[i+1]
+			}
+		}
+	}
+	return val, found
 }
 
 // bypassBound is how long a pod may be claimed enrolled while its traffic
@@ -157,6 +168,9 @@ type judgeState struct {
 	// unservedR: the ztunnel outage (its start) for which the pod's
 	// ready-while-unserved violation was reported.
 	unservedR time.Time
+	// dnsBypass: the run of an ambient pod claimed enrolled whose DNS
+	// query was answered by the nameserver itself, not its ztunnel.
+	dnsBypass badRun
 	lostR     bool
 	sidecarR  bool         // a sidecar pod's violation reported
 	lastState atomic.Int32 // state+1; 0 = never sampled
@@ -194,8 +208,12 @@ type sample struct {
 	r       *podRec
 	at      time.Time
 	out, in outcome
-	ok      bool // false: the pod went away, or is in a churn operation
-	busy    bool // in a churn operation (sandbox being made, being deleted)
+	// dns is the answer to a DNS query (an ambient pod's only: a sidecar
+	// pod's DNS is its own proxy's business); dnsOK: one was made.
+	dns   outcome
+	dnsOK bool
+	ok    bool // false: the pod went away, or is in a churn operation
+	busy  bool // in a churn operation (sandbox being made, being deleted)
 }
 
 // sample runs rounds until ctx ends: the API's claims, the emulators' view,
@@ -329,7 +347,37 @@ func (s *soak) probe(ctx context.Context, r *podRec) sample {
 		return s.prober.Dial(ctx, "tcp", netIPPort(r.p.IP().String(), appPort))
 	})
 	in := classify(line, err, r.uid, "app "+r.name, own)
-	return sample{r: r, at: at, out: out, in: in, ok: true}
+	x := sample{r: r, at: at, out: out, in: in, ok: true}
+	if !r.sidecar {
+		line, err = queryLine(ctx, func(ctx context.Context) (net.Conn, error) { return r.p.Dial(ctx, "udp", s.proberDNS) })
+		x.dns, x.dnsOK = classify(line, err, r.uid, nameserverAnswer, ""), true
+		s.dnsAnswers[x.dns].Add(1)
+	}
+	return x
+}
+
+// queryLine sends one datagram on a connection dial makes (a DNS query
+// through the pod's resolver: UDP to its nameserver's port 53) and reads
+// the line that answers it.
+func queryLine(ctx context.Context, dial func(context.Context) (net.Conn, error)) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	c, err := dial(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	dl, _ := ctx.Deadline()
+	_ = c.SetDeadline(dl)
+	if _, err := c.Write([]byte("soak query")); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(buf[:n])), nil
 }
 
 // judge judges a round's samples: claims are the API's (claimsOK: fresh),
@@ -406,10 +454,19 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 			// that starts the agent again (none can correct a claim
 			// before). A pod made while the agent starts is judged from
 			// its first sample.
-			j.bypass = badRun{}
-		} else if d, report := j.bypass.observe(s.rec, kindBypass, claimed && direct, x.at, bound); report {
-			s.rec.violation(violation{At: j.bypass.since, Kind: kindBypass, Pod: pod, UID: r.uid,
-				Detail: fmt.Sprintf("claimed enrolled while out=%s in=%s for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), bound)})
+			j.bypass, j.dnsBypass = badRun{}, badRun{}
+		} else {
+			if d, report := j.bypass.observe(s.rec, kindBypass, claimed && direct, x.at, bound); report {
+				s.rec.violation(violation{At: j.bypass.since, Kind: kindBypass, Pod: pod, UID: r.uid,
+					Detail: fmt.Sprintf("claimed enrolled while out=%s in=%s for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), bound)})
+			}
+			// The agent captures DNS by default: the soak holds it to
+			// that (--dns-capture=false is a known-bad flag here).
+			dnsDirect := x.dnsOK && x.dns == outDirect
+			if d, report := j.dnsBypass.observe(s.rec, kindDNSBypass, claimed && dnsDirect, x.at, bound); report {
+				s.rec.violation(violation{At: j.dnsBypass.since, Kind: kindDNSBypass, Pod: pod, UID: r.uid,
+					Detail: fmt.Sprintf("claimed enrolled while its DNS query was answered by the nameserver itself for %v (bound %v)", d.Round(time.Millisecond), bound)})
+			}
 		}
 		if c := claims[r.uid]; unservedFor > uBound && c.condition && !c.notInMesh && !j.unservedR.Equal(outage) {
 			j.unservedR = outage

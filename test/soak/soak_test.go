@@ -93,13 +93,14 @@ func TestSoakCatchesBypass(t *testing.T) {
 	t.Logf("caught: violations by kind %v", kinds)
 }
 
-// TestSoakCatchesBrokenPromises proves the sampler's two judgements of the
-// node without its agent or its ztunnel against known-bad parts: an agent
-// with --ztunnel-grace=0 (never marks its pods not ready while no ztunnel
-// serves) and a plugin built with ambientd_absent_admit (lets every pod
-// start while no agent answers). Only agent-kill and ztunnel-kill faults,
-// seed 3: its storm has outages longer than the grace + 2 s, and agent
-// downs in which pods in the mesh are made. Each kind must be reported.
+// TestSoakCatchesBrokenPromises proves three of the sampler's judgements
+// against known-bad parts: an agent with --ztunnel-grace=0 (never marks its
+// pods not ready while no ztunnel serves) and --dns-capture=false (its
+// pods' DNS goes out directly), and a plugin built with
+// ambientd_absent_admit (lets every pod start while no agent answers).
+// Only agent-kill and ztunnel-kill faults, seed 3: its storm has outages
+// longer than the grace + 2 s, and agent downs in which pods in the mesh
+// are made. Each kind must be reported.
 func TestSoakCatchesBrokenPromises(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "ambientd-cni-absent-admit")
 	build := exec.Command("go", "build", "-tags", "grpcnotrace,ambientd_absent_admit", "-o", bin, "./cmd/ambientd-cni")
@@ -108,7 +109,7 @@ func TestSoakCatchesBrokenPromises(t *testing.T) {
 		t.Fatalf("building the known-bad plugin: %v\n%s", err, out)
 	}
 	c := config{duration: 30 * time.Second, pods: 10, seed: 3, faults: []string{"agent-kill", "ztunnel-kill"}, verifyInterval: 5 * time.Second,
-		agentArgs: []string{"--ztunnel-grace=0"}, pluginBin: bin}
+		agentArgs: []string{"--ztunnel-grace=0", "--dns-capture=false"}, pluginBin: bin}
 	res := soakFor(t, c)
 	kinds := map[string]int{}
 	for _, v := range res.violations {
@@ -116,6 +117,9 @@ func TestSoakCatchesBrokenPromises(t *testing.T) {
 	}
 	if kinds[kindUnservedReady] == 0 {
 		t.Errorf("agent with --ztunnel-grace=0 through ztunnel outages: no %q reported (violations by kind %v)", kindUnservedReady, kinds)
+	}
+	if kinds[kindDNSBypass] == 0 {
+		t.Errorf("agent with --dns-capture=false: no %q reported (violations by kind %v)", kindDNSBypass, kinds)
 	}
 	if kinds[kindAbsentAdd] == 0 {
 		t.Errorf("plugin built with ambientd_absent_admit through agent kills: no %q reported (violations by kind %v)", kindAbsentAdd, kinds)

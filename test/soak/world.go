@@ -35,6 +35,8 @@ import (
 const (
 	appPort             = 8080
 	remotePort          = 7000
+	nameserverPort      = 53
+	nameserverAnswer    = "nameserver"
 	envoyOutboundPort   = 15001
 	envoyInboundPort    = 15006
 	residentPods        = 2
@@ -114,6 +116,13 @@ type soak struct {
 	nss      []*nsRec
 	prober   *e2eenv.Pod
 	proberIP string
+	// proberDNS is the prober's UDP port 53: the pods' nameserver, which
+	// answers nameserverAnswer to a query that reaches it directly.
+	proberDNS string
+	dnsConn   net.PacketConn
+
+	// dnsAnswers counts the DNS probes by outcome.
+	dnsAnswers [outSidecar + 1]atomic.Int64
 
 	created, deleted atomic.Int64
 	opsMu            sync.Mutex
@@ -223,6 +232,8 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	sampler.Wait()
 	res.settled = time.Now()
 
+	s.logf("DNS probes of ambient-capable pods: %d answered by their ztunnel, %d by the nameserver directly, %d by nobody, %d by someone else",
+		s.dnsAnswers[outProxy].Load(), s.dnsAnswers[outDirect].Load(), s.dnsAnswers[outDead].Load(), s.dnsAnswers[outForeign].Load())
 	res.machineEnd = e2eenv.LoadAverage()
 	s.teardownPods(ctx)
 	res.leaks = s.checkLeaks(ctx, res.baseline)
@@ -270,6 +281,15 @@ func (s *soak) setup(ctx context.Context) error {
 		return err
 	}
 	go serveLine(ln, "remote")
+	if err := p.Do(func() error {
+		var err error
+		s.dnsConn, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", nameserverPort))
+		return err
+	}); err != nil {
+		return fmt.Errorf("the prober's nameserver: %w", err)
+	}
+	s.proberDNS = netIPPort(p.IP().String(), nameserverPort)
+	go serveDatagrams(s.dnsConn, nameserverAnswer)
 	for range residentPods {
 		s.mu.Lock()
 		s.nextID++
@@ -280,6 +300,19 @@ func (s *soak) setup(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// serveDatagrams answers every datagram on pc with one line, until pc is
+// closed.
+func serveDatagrams(pc net.PacketConn, line string) {
+	buf := make([]byte, 512)
+	for {
+		_, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		_, _ = pc.WriteTo([]byte(line+"\n"), from)
+	}
 }
 
 func nsLabels(ambient bool) map[string]string {
@@ -651,6 +684,9 @@ func (s *soak) teardownPods(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+	if s.dnsConn != nil {
+		s.dnsConn.Close()
+	}
 	if s.prober != nil {
 		s.countOp("delete (end)", s.env.DeletePod(ctx, s.prober))
 	}
