@@ -167,7 +167,7 @@ func agentSettle(ctx context.Context, s *soak) error { return s.node.waitAgentRe
 
 // startAgent starts the agent again and records the action, the clock the
 // sampler judges the restart from: from here the pod wiped while it was
-// down must be back in order within restoredBound, and every claim within
+// down must be back in order soon (judgeRestored), and every claim within
 // the bypass bound.
 func (s *soak) startAgent(wiped *podRec) error {
 	at := time.Now()

@@ -229,7 +229,8 @@ func TestAgentClocks(t *testing.T) {
 
 // TestUnservedClock: an outage runs from the soak's kill of every ztunnel
 // until a round whose reads began after it saw one serve (a round begun
-// before the kill proves nothing about after it).
+// before the kill proves nothing about after it); a restarted agent served
+// a ztunnel at the first such round after its start.
 func TestUnservedClock(t *testing.T) {
 	t0 := time.Now()
 	rec := newRecorder(t0)
@@ -242,6 +243,21 @@ func TestUnservedClock(t *testing.T) {
 	rec.ztunnelServed(kill.Add(time.Millisecond))
 	if !rec.unserved().IsZero() {
 		t.Fatalf("a round begun after the kill saw a ztunnel serve: the outage is still open at %v", rec.unserved())
+	}
+
+	// A restart: the first round begun after its action that sees a
+	// ztunnel serve is when the new agent served one; later rounds do not
+	// move it.
+	start := t0.Add(5 * time.Second)
+	rec.agentStarting(start)
+	rec.ztunnelServed(start.Add(-time.Millisecond))
+	if got := rec.servedSince(start); !got.IsZero() {
+		t.Fatalf("a round begun before the restart counted as serving the new agent (%v)", got)
+	}
+	rec.ztunnelServed(start.Add(800 * time.Millisecond))
+	rec.ztunnelServed(start.Add(1200 * time.Millisecond))
+	if got := rec.servedSince(start); !got.Equal(start.Add(800 * time.Millisecond)) {
+		t.Fatalf("served since %v, want the first round after the restart", got.Sub(start))
 	}
 }
 

@@ -97,6 +97,10 @@ type recorder struct {
 	// sampler round whose reads began later saw one serve (zero then).
 	agentOut, agentGone []span
 	unservedSince       time.Time
+	// servedAfter: for each restart action (by its time), the start of
+	// the first sampler round that saw a ztunnel serve after it: the
+	// emulator had the restarted agent's snapshot by then.
+	servedAfter map[time.Time]time.Time
 }
 
 // span is a stretch of time; to is zero while it lasts.
@@ -107,7 +111,7 @@ func (s span) covers(from, to time.Time) bool {
 }
 
 func newRecorder(start time.Time) *recorder {
-	return &recorder{start: start, lastFaultEnd: start, windows: map[string][]time.Duration{}, recovery: map[int]time.Duration{}}
+	return &recorder{start: start, lastFaultEnd: start, windows: map[string][]time.Duration{}, recovery: map[int]time.Duration{}, servedAfter: map[time.Time]time.Time{}}
 }
 
 func (r *recorder) faultStarted(kind string) int {
@@ -195,6 +199,7 @@ func (r *recorder) agentExited(t time.Time) {
 func (r *recorder) agentStarting(t time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.servedAfter[t] = time.Time{}
 	for _, l := range [][]span{r.agentOut, r.agentGone} {
 		if n := len(l); n > 0 && l[n-1].to.IsZero() {
 			l[n-1].to = t
@@ -236,13 +241,27 @@ func (r *recorder) ztunnelsKilled(t time.Time) {
 }
 
 // ztunnelServed: a sampler round whose reads began at t0 saw a ztunnel
-// serve; an outage the soak made before t0 is over.
+// serve; an outage the soak made before t0 is over, and an agent started
+// before t0 gave the ztunnel its snapshot.
 func (r *recorder) ztunnelServed(t0 time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for start, served := range r.servedAfter {
+		if served.IsZero() && start.Before(t0) {
+			r.servedAfter[start] = t0
+		}
+	}
 	if !r.unservedSince.IsZero() && r.unservedSince.Before(t0) {
 		r.unservedSince = time.Time{}
 	}
+}
+
+// servedSince is the start of the first round that saw a ztunnel serve
+// after the restart action at start (zero: none yet).
+func (r *recorder) servedSince(start time.Time) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.servedAfter[start]
 }
 
 // unserved is when the soak killed every ztunnel, zero if one served since.

@@ -33,15 +33,19 @@ const (
 	// lostBound: how long after the last fault ended (and after the pod's
 	// own last change) a pod may be out of its policy state.
 	lostBound = 15 * time.Second
-	// restoredBound: how long a pod whose rules were wiped while the agent
-	// was down may be claimed enrolled with its traffic direct, counted
-	// from the soak's action that starts the agent again. The agent
-	// verifies and repairs every pod it restores while it starts, before
-	// its first drift pass; this is its start on a loaded 2-core machine
-	// and a sampler round. An agent that left the repair to its drift pass
-	// (5 s after it started at the soak's period, plus its start) is
-	// caught: the run it leaves lasts at least 5 s less a round.
+	// restoredBound and restoredSlack: a pod whose rules were wiped while
+	// the agent was down may be claimed enrolled with its traffic direct
+	// until the later of restoredBound after the soak's action that starts
+	// the agent again and restoredSlack after the first sampler round that
+	// saw a ztunnel serve since (the emulator's own state: it had the new
+	// agent's snapshot). The agent verifies and repairs every pod it
+	// restores while it starts, before it takes a ztunnel's connection,
+	// and well before its first drift pass. One that left the repair to
+	// that pass (5 s after its start, at the soak's period) leaves a run
+	// past both: the ztunnel reconnects within 2 s of the agent listening
+	// (the emulator's back-off), and 4.5 s is a round short of 5 s.
 	restoredBound = 4500 * time.Millisecond
+	restoredSlack = 2 * time.Second
 	// unservedSlack: how long past the agent's ztunnel grace a pod may
 	// stay Ready (enrolled condition True) while no ztunnel serves the
 	// node: the agent's status writes for every enabled pod and the
@@ -538,11 +542,17 @@ func (s *soak) judgeRestored(x sample, pod string, claimed, claimsOK bool, since
 		// The clock is the restart action, not the first sample after it.
 		j.restored.since = started
 	}
-	if d, report := j.restored.observe(s.rec, kindRestored, bad, x.at, restoredBound); report {
+	// Until a ztunnel served the new agent, only the restart clock runs
+	// and it does not end (the agent may still be starting).
+	bound, served := time.Duration(1<<62), s.rec.servedSince(started)
+	if !served.IsZero() {
+		bound = max(restoredBound, served.Add(restoredSlack).Sub(started))
+	}
+	if d, report := j.restored.observe(s.rec, kindRestored, bad, x.at, bound); report {
 		s.downWipesSeen.Add(1)
 		s.rec.violation(violation{At: j.restored.since, Kind: kindRestored, Pod: pod, UID: r.uid,
-			Detail: fmt.Sprintf("rules wiped while the agent was down; claimed enrolled while out=%s in=%s for %v after the soak started the agent again (bound %v)",
-				x.out, x.in, d.Round(time.Millisecond), restoredBound)})
+			Detail: fmt.Sprintf("rules wiped while the agent was down; claimed enrolled while out=%s in=%s for %v after the soak started the agent again, %v after a ztunnel served it (bound: the later of %v and %v)",
+				x.out, x.in, d.Round(time.Millisecond), x.at.Sub(served).Round(time.Millisecond), restoredBound, restoredSlack)})
 	}
 	if !bad {
 		s.mu.Lock()

@@ -86,8 +86,7 @@ type podRec struct {
 	// downWipedAt: an agent-restart fault wiped the pod's rules while the
 	// agent was down; downWipeStartAt: the soak started the agent again
 	// (zero until then). A restarted agent verifies the pods it restores
-	// before it reports ready, so from its start the pod may be claimed
-	// enrolled with its traffic direct for restoredBound at most.
+	// before it takes a ztunnel's connection (judgeRestored).
 	downWipedAt, downWipeStartAt time.Time
 
 	// wiping is set while a pod-rules-wiped fault works on the pod: the
@@ -206,7 +205,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 		return nil, err
 	}
 	s.logf("setup done: agent ready, prober at %s; churning %d pods for %v (seed %d), faults: %s", s.proberIP, c.pods, c.duration, c.seed, strings.Join(c.faults, ","))
-	s.logf("agent --iptables=%s; bounds: bypass %v, restored unverified %v from the restart action, ready while unserved %v from the ztunnels' kill", c.rulesOr(), bypassBound(c), restoredBound, unservedBound(c))
+	s.logf("agent --iptables=%s; bounds: bypass %v, restored unverified the later of %v from the restart action and %v from a ztunnel served, ready while unserved %v from the ztunnels' kill", c.rulesOr(), bypassBound(c), restoredBound, restoredSlack, unservedBound(c))
 
 	runCtx, stopRun := context.WithTimeout(ctx, c.duration)
 	defer stopRun()
