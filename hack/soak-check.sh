@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # make soak-check: the soak package's tests (test/soak, docs/soak.md) — the
-# 60-second soak with a fixed seed that fails on any violation, and the
-# proofs that the sampler catches a bypass (drift pass off, rules wiped), a
-# pod Ready with no ztunnel (--ztunnel-grace=0) and a mesh pod started
-# without an agent (a plugin built with ambientd_absent_admit). Checks
+# 60-second soak with a fixed seed that fails on any violation, and the proof
+# that the sampler catches a bypass (drift pass off, rules wiped). Checks
 # that the run left nothing behind. Needs root. SOAK_AGENT_TAGS=<tags> runs
 # TestSoak alone against an agent built with those tags (a known-bad build,
 # e.g. ambientd_trust_restored: it must fail).
