@@ -105,7 +105,8 @@ soak:
 	hack/soak.sh
 
 # The 60-second soak of check (fixed seed; fails on any violation) and the
-# proof that its sampler catches a bypass (drift pass off, rules wiped).
+# proofs that its sampler catches a bypass (drift pass off, rules wiped), a
+# pod Ready with no ztunnel and a mesh pod started without an agent.
 soak-check:
 	hack/soak-check.sh
 
@@ -175,6 +176,7 @@ verify:
 	$(GO) vet -tags e2enode ./test/...
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
 	$(GO) vet -tags ambientd_trust_restored ./nodeagent/agent/
+	$(GO) vet -tags ambientd_absent_admit ./cniplugin/
 	cd test/helm && $(GO) vet ./...
 	cd test/soakplot && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)

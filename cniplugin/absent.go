@@ -117,6 +117,10 @@ func decideAbsent(ctx context.Context, v leaseVerdict, api apiReader, apiErr err
 // next agent in runDir, the agent's run dir (absence.go), unless it
 // uninstalled.
 func whileAbsent(ctx context.Context, runDir string, pod *cniapi.Pod, log *slog.Logger) (pass bool, why string) {
+	if admitAbsent {
+		log.Warn("known-bad build (ambientd_absent_admit): no agent on the socket; the pod starts whatever it is")
+		return true, "known-bad build ambientd_absent_admit"
+	}
 	ctx, cancel := context.WithTimeout(ctx, absentBudget)
 	defer cancel()
 	exe, err := os.Executable()

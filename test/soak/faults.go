@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"sync"
 	"syscall"
@@ -18,21 +17,24 @@ import (
 type fault func(ctx context.Context, s *soak, rng *rand.Rand) (string, error)
 
 // lane: process faults run one at a time (lane 0); state faults (lane 1)
-// run beside them.
+// run beside them. settle, when set, is what the lane waits for after the
+// fault ended and before its next one: pacing only, never a verdict's
+// clock.
 type faultKind struct {
-	lane int
-	run  fault
+	lane   int
+	run    fault
+	settle func(ctx context.Context, s *soak) error
 }
 
 var faultKinds = map[string]faultKind{
-	"agent-kill":         {0, agentKill},
-	"agent-term":         {0, agentTerm},
-	"ztunnel-kill":       {0, ztunnelKill},
-	"ztunnel-handover":   {0, ztunnelHandover},
-	"apiserver-stop":     {0, apiserverStop},
-	"pod-rules-wiped":    {1, podRulesWiped},
-	"host-rules-deleted": {1, hostRulesDeleted},
-	"conflist-rewritten": {1, conflistRewritten},
+	"agent-kill":         {0, agentKill, agentSettle},
+	"agent-term":         {0, agentTerm, agentSettle},
+	"ztunnel-kill":       {0, ztunnelKill, nil},
+	"ztunnel-handover":   {0, ztunnelHandover, nil},
+	"apiserver-stop":     {0, apiserverStop, nil},
+	"pod-rules-wiped":    {1, podRulesWiped, nil},
+	"host-rules-deleted": {1, hostRulesDeleted, nil},
+	"conflist-rewritten": {1, conflistRewritten, nil},
 }
 
 func allFaultKinds() []string {
@@ -95,6 +97,13 @@ func (s *soak) lane(ctx context.Context, until time.Time, kinds []string, rng *r
 		if err != nil {
 			s.logf("fault %s: %v", kind, err)
 		}
+		if settle := faultKinds[kind].settle; settle != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			if err := settle(sctx, s); err != nil {
+				s.logf("after fault %s: %v", kind, err)
+			}
+			cancel()
+		}
 		gap := time.Duration(300+rng.IntN(1700)) * time.Millisecond
 		select {
 		case <-ctx.Done():
@@ -107,27 +116,32 @@ func jitter(rng *rand.Rand, lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
 }
 
-// agentKill: SIGKILL (a crash, an OOM kill), down a moment, started again;
-// the fault lasts until the new agent is ready. While it is down a resident
-// pod's rules are wiped (wipeWhileDown).
+// agentKill: SIGKILL (a crash, an OOM kill), down a while, started again;
+// the fault lasts until the soak starts the new agent (the lane then waits
+// for it to be ready before its next fault). While it is down a resident
+// pod's rules are wiped (wipeWhileDown). About one kill in five keeps the
+// agent down for 8–20 s: longer than the ztunnel grace and any bound the
+// sampler has, so pods made meanwhile meet the plugin without an agent.
 func agentKill(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	a := s.node.agent
+	s.rec.agentSignalled(time.Now())
 	if err := a.Kill(); err != nil {
 		return "", err
 	}
+	s.rec.agentExited(time.Now())
 	wiped, err := s.wipeWhileDown(rng)
 	if err != nil {
 		return "", err
 	}
 	down := jitter(rng, 200*time.Millisecond, 3*time.Second)
+	if rng.IntN(5) == 0 {
+		down = jitter(rng, 8*time.Second, 20*time.Second)
+	}
 	time.Sleep(down)
-	if err := a.Start(); err != nil {
+	if err := s.startAgent(wiped); err != nil {
 		return "", err
 	}
-	if err := s.restarted(ctx, wiped); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("down %v, wiped %s", down.Round(time.Millisecond), wiped.nameOr()), s.node.waitAgentReady(ctx)
+	return fmt.Sprintf("down %v, wiped %s", down.Round(time.Millisecond), wiped.nameOr()), nil
 }
 
 // agentTerm: SIGTERM (the upgrade path: the agent shuts down as a
@@ -135,20 +149,35 @@ func agentKill(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 // resident pod's rules are wiped: wipeWhileDown).
 func agentTerm(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	a := s.node.agent
+	s.rec.agentSignalled(time.Now())
 	if err := a.Stop(30 * time.Second); err != nil {
 		return "", err
 	}
+	s.rec.agentExited(time.Now())
 	wiped, err := s.wipeWhileDown(rng)
 	if err != nil {
 		return "", err
 	}
-	if err := a.Start(); err != nil {
-		return "", err
+	return "wiped " + wiped.nameOr(), s.startAgent(wiped)
+}
+
+// agentSettle: the lane's next fault waits for the restarted agent to be
+// ready (pacing: the verdicts' clocks are the soak's own actions).
+func agentSettle(ctx context.Context, s *soak) error { return s.node.waitAgentReady(ctx) }
+
+// startAgent starts the agent again and records the action, the clock the
+// sampler judges the restart from: from here the pod wiped while it was
+// down must be back in order soon (judgeRestored), and every claim within
+// the bypass bound.
+func (s *soak) startAgent(wiped *podRec) error {
+	at := time.Now()
+	s.rec.agentStarting(at)
+	if wiped != nil {
+		s.mu.Lock()
+		wiped.downWipeStartAt = at
+		s.mu.Unlock()
 	}
-	if err := s.restarted(ctx, wiped); err != nil {
-		return "", err
-	}
-	return "wiped " + wiped.nameOr(), s.node.waitAgentReady(ctx)
+	return s.node.agent.Start()
 }
 
 // wipeWhileDown flushes the rules of a random resident pod while no agent
@@ -171,28 +200,14 @@ func (s *soak) wipeWhileDown(rng *rand.Rand) (*podRec, error) {
 	if r.deleted {
 		return nil, nil
 	}
-	if err := r.p.WipeRules(); err != nil {
+	if err := wipePodRules(r.p); err != nil {
 		return nil, fmt.Errorf("wiping %s while the agent is down: %w", r.name, err)
 	}
 	s.mu.Lock()
-	r.downWipedAt, r.downWipeReadyAt = time.Now(), time.Time{}
+	r.downWipedAt, r.downWipeStartAt = time.Now(), time.Time{}
 	s.mu.Unlock()
 	s.downWipes.Add(1)
 	return r, nil
-}
-
-// restarted waits for the restarted agent's registry to be rebuilt, and
-// marks when, for the pod wiped while it was down: from then on that pod
-// must be back in order (the agent verifies what it restores before that).
-func (s *soak) restarted(ctx context.Context, r *podRec) error {
-	at, err := s.node.waitRebuilt(ctx)
-	if err != nil || r == nil {
-		return err
-	}
-	s.mu.Lock()
-	r.downWipeReadyAt = at
-	s.mu.Unlock()
-	return nil
 }
 
 func (r *podRec) nameOr() string {
@@ -211,7 +226,11 @@ func ztunnelKill(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 		}
 		s.node.dropEmulator(em)
 	}
-	down := jitter(rng, 200*time.Millisecond, 8*time.Second)
+	// The sampler's clock of the outage (ready while unserved).
+	s.rec.ztunnelsKilled(time.Now())
+	// Half the outages outlast the agent's grace (5 s by default) and the
+	// sampler's slack on top.
+	down := jitter(rng, 200*time.Millisecond, 16*time.Second)
 	time.Sleep(down)
 	if _, err := s.node.startEmulator(ctx); err != nil {
 		return "", err
@@ -266,9 +285,11 @@ func apiserverStop(ctx context.Context, s *soak, rng *rand.Rand) (string, error)
 	return fmt.Sprintf("frozen %v", frozen.Round(time.Millisecond)), s.env.CP.WaitReady(ctx)
 }
 
-// podRulesWiped flushes every table in a random live ambient pod's netns
-// (a NET_ADMIN container or a runtime flushing them); the agent's drift
-// pass must repair them.
+// podRulesWiped removes the rules of a random live ambient pod (a
+// NET_ADMIN container or a runtime): two times in three all of them
+// (wipePodRules: every iptables table flushed, the native tables deleted),
+// else the one rule that jumps to a direction's capture chain
+// (dropPodJump). The agent's drift pass must repair them.
 func podRulesWiped(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	var cands []*podRec
 	s.mu.Lock()
@@ -293,22 +314,17 @@ func podRulesWiped(ctx context.Context, s *soak, rng *rand.Rand) (string, error)
 	s.mu.Lock()
 	r.downWipedAt = time.Time{} // judged as a wipe under a running agent from now on
 	s.mu.Unlock()
-	return r.ns.name + "/" + r.name, r.p.WipeRules()
+	if rng.IntN(3) == 0 {
+		what, err := dropPodJump(r.p, rng)
+		return r.ns.name + "/" + r.name + ": " + what, err
+	}
+	return r.ns.name + "/" + r.name + ": all", wipePodRules(r.p)
 }
 
-// hostRulesDeleted removes the node's probe SNAT (the POSTROUTING jump and
-// the ISTIO_POSTRT chain's rules), as a firewall reload does; the drift
-// pass must put them back.
-func hostRulesDeleted(ctx context.Context, s *soak, _ *rand.Rand) (string, error) {
-	for _, args := range [][]string{
-		{"-w", "-t", "nat", "-D", "POSTROUTING", "-j", "ISTIO_POSTRT"},
-		{"-w", "-t", "nat", "-F", "ISTIO_POSTRT"},
-	} {
-		// Missing already (deleted by an earlier fault, not yet repaired)
-		// is fine.
-		_ = exec.CommandContext(ctx, "iptables-nft", args...).Run()
-	}
-	return "", nil
+// hostRulesDeleted removes the node's probe SNAT, as a firewall reload
+// does (deleteHostRules); the drift pass must put it back.
+func hostRulesDeleted(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
+	return deleteHostRules(ctx, rng)
 }
 
 // conflistRewritten: a foreign writer (a primary CNI's installer) rewrites

@@ -186,3 +186,97 @@ func TestSidecarPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentClocks: the verdicts' clocks of an agent restart are the
+// soak's own actions: out from the stop signal to the start action (the
+// bypass clock waits), gone from the process's exit to the start action
+// (an ADD wholly inside it found no agent).
+func TestAgentClocks(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	rec := newRecorder(t0)
+	rec.agentSignalled(at(100))
+	rec.agentExited(at(300))
+	if !rec.agentOutAt(at(5000)) || !rec.agentGoneThrough(at(400), at(5000)) {
+		t.Fatal("an agent not started again is not out and gone")
+	}
+	rec.agentStarting(at(2000))
+	for _, c := range []struct {
+		name     string
+		from, to int
+		out      bool // agentOutAt(from)
+		gone     bool // agentGoneThrough(from, to)
+	}{
+		{"before the signal", 50, 60, false, false},
+		{"signalled, not yet exited", 200, 250, true, false},
+		{"an ADD across the exit", 250, 500, true, false},
+		{"an ADD while gone", 400, 1900, true, true},
+		{"an ADD across the start", 1900, 2100, true, false},
+		{"after the start", 2100, 2200, false, false},
+	} {
+		if got := rec.agentOutAt(at(c.from)); got != c.out {
+			t.Errorf("%s: out = %v, want %v", c.name, got, c.out)
+		}
+		if got := rec.agentGoneThrough(at(c.from), at(c.to)); got != c.gone {
+			t.Errorf("%s: gone through = %v, want %v", c.name, got, c.gone)
+		}
+	}
+	rec.agentSignalled(at(3000))
+	if !rec.agentOutAt(at(3500)) || rec.agentOutAt(at(2500)) {
+		t.Error("a second restart: out only after its signal")
+	}
+}
+
+// TestUnservedClock: an outage runs from the soak's kill of every ztunnel
+// until a round whose reads began after it saw one serve (a round begun
+// before the kill proves nothing about after it); a restarted agent served
+// a ztunnel at the first such round after its start.
+func TestUnservedClock(t *testing.T) {
+	t0 := time.Now()
+	rec := newRecorder(t0)
+	kill := t0.Add(time.Second)
+	rec.ztunnelsKilled(kill)
+	rec.ztunnelServed(kill.Add(-time.Millisecond))
+	if !rec.unserved().Equal(kill) {
+		t.Fatalf("a round begun before the kill ended the outage")
+	}
+	rec.ztunnelServed(kill.Add(time.Millisecond))
+	if !rec.unserved().IsZero() {
+		t.Fatalf("a round begun after the kill saw a ztunnel serve: the outage is still open at %v", rec.unserved())
+	}
+
+	// A restart: the first round begun after its action that sees a
+	// ztunnel serve is when the new agent served one; later rounds do not
+	// move it.
+	start := t0.Add(5 * time.Second)
+	rec.agentStarting(start)
+	rec.ztunnelServed(start.Add(-time.Millisecond))
+	if got := rec.servedSince(start); !got.IsZero() {
+		t.Fatalf("a round begun before the restart counted as serving the new agent (%v)", got)
+	}
+	rec.ztunnelServed(start.Add(800 * time.Millisecond))
+	rec.ztunnelServed(start.Add(1200 * time.Millisecond))
+	if got := rec.servedSince(start); !got.Equal(start.Add(800 * time.Millisecond)) {
+		t.Fatalf("served since %v, want the first round after the restart", got.Sub(start))
+	}
+}
+
+// TestUnservedBound: the grace in the agent's flags (the last wins) plus
+// the slack; 0 (the promise off) is held to the default.
+func TestUnservedBound(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{nil, 7 * time.Second},
+		{[]string{"--ztunnel-grace=10s"}, 12 * time.Second},
+		{[]string{"--ztunnel-grace", "3s"}, 5 * time.Second},
+		{[]string{"-ztunnel-grace=1s", "--ztunnel-grace=2s"}, 4 * time.Second},
+		{[]string{"--ztunnel-grace=0"}, 7 * time.Second},
+		{[]string{"--verify-interval=1s"}, 7 * time.Second},
+	} {
+		if got := unservedBound(config{agentArgs: c.args}); got != c.want {
+			t.Errorf("unservedBound(%q) = %v, want %v", c.args, got, c.want)
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,7 +34,9 @@ func startNode(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*
 	if _, err := n.startEmulator(ctx); err != nil {
 		return nil, err
 	}
-	args := append([]string{"--verify-interval=" + c.verifyInterval.String()}, c.agentArgs...)
+	// The environment pins iptables-nft for its own tests; the soak runs
+	// the backend users get unless told otherwise.
+	args := append([]string{"--verify-interval=" + c.verifyInterval.String(), "--iptables=" + c.rulesOr()}, c.agentArgs...)
 	if c.agentBin != "" {
 		// The agent's process keeps its binary across the restarts of
 		// the faults; the environment's default is back for the next run.
@@ -95,38 +96,6 @@ func (n *node) waitAgentReady(ctx context.Context) error {
 		return fmt.Errorf("agent not ready: %w\n%s", err, n.agent.LogTail(30))
 	}
 	return nil
-}
-
-// notRebuilt is part of what the agent's /readyz answers while its registry
-// is not rebuilt yet (nodeready.Compute). A restarted agent verifies the
-// pods it restores before that goes, and well before it is ready (a
-// ztunnel must reconnect first).
-const notRebuilt = "registry not rebuilt"
-
-// waitRebuilt waits until the agent's /readyz answers without notRebuilt
-// (ready or not) and returns when it saw that.
-func (n *node) waitRebuilt(ctx context.Context) (time.Time, error) {
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	c := &http.Client{Timeout: time.Second}
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.agent.HealthAddr+"/readyz", nil)
-		if err != nil {
-			return time.Time{}, err
-		}
-		if resp, err := c.Do(req); err == nil {
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-			resp.Body.Close()
-			if !strings.Contains(string(b), notRebuilt) {
-				return time.Now(), nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return time.Time{}, fmt.Errorf("agent registry not rebuilt: %w\n%s", ctx.Err(), n.agent.LogTail(30))
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // emuServing reports whether em is connected to the agent and its
@@ -235,22 +204,6 @@ func agentFDs(pid int) (all, netns int) {
 		}
 	}
 	return all, netns
-}
-
-// hostRules is the node's nat rules of ours (iptables-nft, the backend the
-// environment's agent uses), sorted as saved, counters stripped.
-func hostRules() string {
-	out, err := exec.Command("iptables-nft-save", "-t", "nat").CombinedOutput()
-	if err != nil {
-		return "error: " + err.Error()
-	}
-	var keep []string
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "ISTIO_") && !strings.HasPrefix(l, "#") && !strings.HasPrefix(l, ":") {
-			keep = append(keep, l)
-		}
-	}
-	return strings.Join(keep, "\n")
 }
 
 // probeSetEntries counts the members of the node's probe ipsets.

@@ -21,6 +21,17 @@ const (
 	// kindSidecar: a sidecar-mode pod claimed enrolled in ambient, handed
 	// to a ztunnel, or answered for by one.
 	kindSidecar = "sidecar pod in ambient"
+	// kindUnservedReady: a pod's enrolled condition True (Ready, in the
+	// mesh) while no ztunnel has served the node for longer than the
+	// agent's grace + unservedSlack.
+	kindUnservedReady = "ready while unserved"
+	// kindAbsentAdd: an ADD through our plugin succeeded for a pod in the
+	// mesh while no agent process ran (it starts uncaptured).
+	kindAbsentAdd = "mesh pod added without an agent"
+	// kindDNSBypass: an ambient pod claimed enrolled whose DNS query the
+	// nameserver answered itself, not its ztunnel's DNS port (DNS capture
+	// on, the agent's default).
+	kindDNSBypass = "DNS bypass"
 )
 
 type violation struct {
@@ -77,10 +88,30 @@ type recorder struct {
 	// recovery is, per fault (by index), that time; unrecovered counts
 	// those still pending when the run settled.
 	recovery map[int]time.Duration
+
+	// The soak's own actions on the node's processes, the clocks of the
+	// verdicts (never the agent's word): agentOut runs from the signal
+	// that stops the agent to the action that starts it again, agentGone
+	// from the moment its process exited to that action (open: to is
+	// zero); unservedSince is when the soak killed every ztunnel, until a
+	// sampler round whose reads began later saw one serve (zero then).
+	agentOut, agentGone []span
+	unservedSince       time.Time
+	// servedAfter: for each restart action (by its time), the start of
+	// the first sampler round that saw a ztunnel serve after it: the
+	// emulator had the restarted agent's snapshot by then.
+	servedAfter map[time.Time]time.Time
+}
+
+// span is a stretch of time; to is zero while it lasts.
+type span struct{ from, to time.Time }
+
+func (s span) covers(from, to time.Time) bool {
+	return !s.from.After(from) && (s.to.IsZero() || !s.to.Before(to))
 }
 
 func newRecorder(start time.Time) *recorder {
-	return &recorder{start: start, lastFaultEnd: start, windows: map[string][]time.Duration{}, recovery: map[int]time.Duration{}}
+	return &recorder{start: start, lastFaultEnd: start, windows: map[string][]time.Duration{}, recovery: map[int]time.Duration{}, servedAfter: map[time.Time]time.Time{}}
 }
 
 func (r *recorder) faultStarted(kind string) int {
@@ -149,18 +180,95 @@ func (r *recorder) faultEnded(t time.Time) {
 	r.lastFaultEnd, r.windowOpen = t, true
 }
 
-// agentDown: an agent-kill or agent-term fault is in flight (the agent is
-// down or not ready yet): nobody can correct a pod's claim meanwhile, so
-// the bypass bound runs from its end.
-func (r *recorder) agentDown() bool {
+// agentSignalled records that the soak signalled the agent to stop (at t).
+func (r *recorder) agentSignalled(t time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, f := range r.faults {
-		if !f.done && (f.Kind == "agent-kill" || f.Kind == "agent-term") {
+	r.agentOut = append(r.agentOut, span{from: t})
+}
+
+// agentExited records that the agent's process was gone at t.
+func (r *recorder) agentExited(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.agentGone = append(r.agentGone, span{from: t})
+}
+
+// agentStarting records the soak's action that starts the agent again (at
+// t, just before it does): the open spans end.
+func (r *recorder) agentStarting(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.servedAfter[t] = time.Time{}
+	for _, l := range [][]span{r.agentOut, r.agentGone} {
+		if n := len(l); n > 0 && l[n-1].to.IsZero() {
+			l[n-1].to = t
+		}
+	}
+}
+
+// agentOutAt: at t the soak had stopped the agent and not started it
+// again: nobody could correct a pod's claim, so the bypass clock runs from
+// the restart action.
+func (r *recorder) agentOutAt(t time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range slices.Backward(r.agentOut) {
+		if s.covers(t, t) {
 			return true
 		}
 	}
 	return false
+}
+
+// agentGoneThrough: no agent process ran at any time from from to to.
+func (r *recorder) agentGoneThrough(from, to time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.agentGone {
+		if s.covers(from, to) {
+			return true
+		}
+	}
+	return false
+}
+
+// ztunnelsKilled records that the soak killed every ztunnel at t.
+func (r *recorder) ztunnelsKilled(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unservedSince = t
+}
+
+// ztunnelServed: a sampler round whose reads began at t0 saw a ztunnel
+// serve; an outage the soak made before t0 is over, and an agent started
+// before t0 gave the ztunnel its snapshot.
+func (r *recorder) ztunnelServed(t0 time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for start, served := range r.servedAfter {
+		if served.IsZero() && start.Before(t0) {
+			r.servedAfter[start] = t0
+		}
+	}
+	if !r.unservedSince.IsZero() && r.unservedSince.Before(t0) {
+		r.unservedSince = time.Time{}
+	}
+}
+
+// servedSince is the start of the first round that saw a ztunnel serve
+// after the restart action at start (zero: none yet).
+func (r *recorder) servedSince(start time.Time) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.servedAfter[start]
+}
+
+// unserved is when the soak killed every ztunnel, zero if one served since.
+func (r *recorder) unserved() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.unservedSince
 }
 
 // quiet: how long no fault has been in flight at t (0 while one is), when

@@ -33,15 +33,58 @@ const (
 	// lostBound: how long after the last fault ended (and after the pod's
 	// own last change) a pod may be out of its policy state.
 	lostBound = 15 * time.Second
-	// restartBypassBound: how long a pod whose rules were wiped while the
-	// agent was down may be claimed enrolled with its traffic direct once
-	// the restarted agent is ready. The agent verifies and repairs every
-	// pod it restores before it reports ready, so this is only the
-	// sampler's own slack (a probe begun just before the soak saw it
-	// ready, a late round); an agent that left the repair to its drift
-	// pass (a period later) is caught.
-	restartBypassBound = 2 * time.Second
+	// restoredBound and restoredSlack: a pod whose rules were wiped while
+	// the agent was down may be claimed enrolled with its traffic direct
+	// until the later of restoredBound after the soak's action that starts
+	// the agent again and restoredSlack after the first sampler round that
+	// saw a ztunnel serve since (the emulator's own state: it had the new
+	// agent's snapshot). The agent verifies and repairs every pod it
+	// restores while it starts, before it takes a ztunnel's connection,
+	// and well before its first drift pass. One that left the repair to
+	// that pass (5 s after its start, at the soak's period) leaves a run
+	// past both: the ztunnel reconnects within 2 s of the agent listening
+	// (the emulator's back-off), and 4.5 s is a round short of 5 s.
+	restoredBound = 4500 * time.Millisecond
+	restoredSlack = 2 * time.Second
+	// unservedSlack: how long past the agent's ztunnel grace a pod may
+	// stay Ready (enrolled condition True) while no ztunnel serves the
+	// node: the agent's status writes for every enabled pod and the
+	// sampler's claims read (every 200 ms).
+	unservedSlack = 2 * time.Second
 )
+
+// unservedBound is how long after the soak killed every ztunnel no pod may
+// be Ready in the mesh: the agent's --ztunnel-grace in the soak's agent
+// flags (the last one), plus unservedSlack. A grace of 0 (never) is the
+// agent switched off its promise: the soak still holds it to the default.
+func unservedBound(c config) time.Duration {
+	grace := agent.DefaultZtunnelGrace
+	if v, ok := agentFlag(c, "ztunnel-grace"); ok {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			grace = d
+		}
+	}
+	return grace + unservedSlack
+}
+
+// agentFlag is the value of the last --name in the soak's agent flags
+// (--name=v, --name v, or a bare --name: "true").
+func agentFlag(c config, name string) (string, bool) {
+	var val string
+	var found bool
+	for i, a := range c.agentArgs {
+		a = strings.TrimLeft(a, "-")
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			val, found = v, true
+		} else if a == name {
+			val, found = "true", true
+			if i+1 < len(c.agentArgs) && !strings.HasPrefix(c.agentArgs[i+1], "-") {
+				val = c.agentArgs[i+1]
+			}
+		}
+	}
+	return val, found
+}
 
 // bypassBound is how long a pod may be claimed enrolled while its traffic
 // reaches the app directly: a wipe is only seen by the drift pass, so one
@@ -124,8 +167,14 @@ type judgeState struct {
 	last         time.Time
 	bypass, dead badRun
 	// restored: the run of a pod wiped while the agent was down, claimed
-	// enrolled with its traffic direct after the agent was ready again.
-	restored  badRun
+	// enrolled with its traffic direct after the soak started it again.
+	restored badRun
+	// unservedR: the ztunnel outage (its start) for which the pod's
+	// ready-while-unserved violation was reported.
+	unservedR time.Time
+	// dnsBypass: the run of an ambient pod claimed enrolled whose DNS
+	// query was answered by the nameserver itself, not its ztunnel.
+	dnsBypass badRun
 	lostR     bool
 	sidecarR  bool         // a sidecar pod's violation reported
 	lastState atomic.Int32 // state+1; 0 = never sampled
@@ -163,8 +212,12 @@ type sample struct {
 	r       *podRec
 	at      time.Time
 	out, in outcome
-	ok      bool // false: the pod went away, or is in a churn operation
-	busy    bool // in a churn operation (sandbox being made, being deleted)
+	// dns is the answer to a DNS query (an ambient pod's only: a sidecar
+	// pod's DNS is its own proxy's business); dnsOK: one was made.
+	dns   outcome
+	dnsOK bool
+	ok    bool // false: the pod went away, or is in a churn operation
+	busy  bool // in a churn operation (sandbox being made, being deleted)
 }
 
 // sample runs rounds until ctx ends: the API's claims, the emulators' view,
@@ -174,7 +227,7 @@ func (s *soak) sample(ctx context.Context) {
 	for ctx.Err() == nil {
 		t0 := time.Now()
 		served0, held := s.node.view(ctx)
-		claims, claimsOK := s.freshClaims()
+		claims, claimsAt, claimsOK := s.freshClaims()
 		pods := s.alive()
 		results := make([]sample, len(pods))
 		var wg sync.WaitGroup
@@ -192,7 +245,16 @@ func (s *soak) sample(ctx context.Context) {
 		}
 		served1, held1 := s.node.view(ctx)
 		maps.Copy(held, held1)
-		s.judge(t0, results, claims, claimsOK, served0 && served1, held)
+		if served0 && served1 {
+			s.rec.ztunnelServed(t0)
+		}
+		// Unserved: neither read saw a ztunnel serve, so none served when
+		// the claims were read (between the two).
+		var unservedFor time.Duration
+		if since := s.rec.unserved(); !served0 && !served1 && !since.IsZero() && claimsOK {
+			unservedFor = claimsAt.Sub(since)
+		}
+		s.judge(t0, results, claims, claimsOK, served0 && served1, held, unservedFor)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Until(t0.Add(roundEvery))):
@@ -216,16 +278,16 @@ func (s *soak) claimsLoop(ctx context.Context) {
 	}
 }
 
-// freshClaims are the latest claims if they were read within the last
-// second; ok is false otherwise (the API is not answering): then nothing is
-// judged on claims this round.
-func (s *soak) freshClaims() (map[string]claim, bool) {
+// freshClaims are the latest claims and when they were read, if that was
+// within the last second; ok is false otherwise (the API is not
+// answering): then nothing is judged on claims this round.
+func (s *soak) freshClaims() (map[string]claim, time.Time, bool) {
 	s.claimMu.Lock()
 	defer s.claimMu.Unlock()
 	if time.Since(s.claimsAt) > time.Second {
-		return nil, false
+		return nil, time.Time{}, false
 	}
-	return s.lastClaims, true
+	return s.lastClaims, s.claimsAt, true
 }
 
 // claim is what a pod says of itself in the API.
@@ -289,18 +351,50 @@ func (s *soak) probe(ctx context.Context, r *podRec) sample {
 		return s.prober.Dial(ctx, "tcp", netIPPort(r.p.IP().String(), appPort))
 	})
 	in := classify(line, err, r.uid, "app "+r.name, own)
-	return sample{r: r, at: at, out: out, in: in, ok: true}
+	x := sample{r: r, at: at, out: out, in: in, ok: true}
+	if !r.sidecar {
+		line, err = queryLine(ctx, func(ctx context.Context) (net.Conn, error) { return r.p.Dial(ctx, "udp", s.proberDNS) })
+		x.dns, x.dnsOK = classify(line, err, r.uid, nameserverAnswer, ""), true
+		s.dnsAnswers[x.dns].Add(1)
+	}
+	return x
+}
+
+// queryLine sends one datagram on a connection dial makes (a DNS query
+// through the pod's resolver: UDP to its nameserver's port 53) and reads
+// the line that answers it.
+func queryLine(ctx context.Context, dial func(context.Context) (net.Conn, error)) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	c, err := dial(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	dl, _ := ctx.Deadline()
+	_ = c.SetDeadline(dl)
+	if _, err := c.Write([]byte("soak query")); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(buf[:n])), nil
 }
 
 // judge judges a round's samples: claims are the API's (claimsOK: fresh),
 // served whether a ztunnel served the node through the round, held the
-// uids the ztunnel emulators held workloads for.
-func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, claimsOK, served bool, held map[string]bool) {
+// uids the ztunnel emulators held workloads for, unservedFor how long
+// before the claims were read the soak had killed every ztunnel, none
+// serving since (0: a ztunnel served, or the soak made no outage).
+func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, claimsOK, served bool, held map[string]bool, unservedFor time.Duration) {
 	bound := bypassBound(s.cfg)
+	uBound, outage := unservedBound(s.cfg), s.rec.unserved()
 	var counts [numStates]int
 	bypassing := 0
 	quietFor, windowStart, pendingRecovery := s.rec.quiet(t0)
-	agentDown := s.rec.agentDown()
 	allInPolicy := true
 	var outOfPolicy []string // pods keeping the storm's recovery open
 	// Per fault: recovered once every pod unchanged since before its end
@@ -359,11 +453,30 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 		if claimed && direct {
 			bypassing++
 		}
-		if r.wiping.Load() || agentDown {
-			j.bypass = badRun{} // judged from the end of the wipe, or of the agent's restart
-		} else if d, report := j.bypass.observe(s.rec, kindBypass, claimed && direct, x.at, bound); report {
-			s.rec.violation(violation{At: j.bypass.since, Kind: kindBypass, Pod: pod, UID: r.uid,
-				Detail: fmt.Sprintf("claimed enrolled while out=%s in=%s for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), bound)})
+		if r.wiping.Load() || s.rec.agentOutAt(x.at) {
+			// Judged from the end of the wipe, or from the soak's action
+			// that starts the agent again (none can correct a claim
+			// before). A pod made while the agent starts is judged from
+			// its first sample.
+			j.bypass, j.dnsBypass = badRun{}, badRun{}
+		} else {
+			if d, report := j.bypass.observe(s.rec, kindBypass, claimed && direct, x.at, bound); report {
+				s.rec.violation(violation{At: j.bypass.since, Kind: kindBypass, Pod: pod, UID: r.uid,
+					Detail: fmt.Sprintf("claimed enrolled while out=%s in=%s for %v (bound %v)", x.out, x.in, d.Round(time.Millisecond), bound)})
+			}
+			// The agent captures DNS by default: the soak holds it to
+			// that (--dns-capture=false is a known-bad flag here).
+			dnsDirect := x.dnsOK && x.dns == outDirect
+			if d, report := j.dnsBypass.observe(s.rec, kindDNSBypass, claimed && dnsDirect, x.at, bound); report {
+				s.rec.violation(violation{At: j.dnsBypass.since, Kind: kindDNSBypass, Pod: pod, UID: r.uid,
+					Detail: fmt.Sprintf("claimed enrolled while its DNS query was answered by the nameserver itself for %v (bound %v)", d.Round(time.Millisecond), bound)})
+			}
+		}
+		if c := claims[r.uid]; unservedFor > uBound && c.condition && !c.notInMesh && !j.unservedR.Equal(outage) {
+			j.unservedR = outage
+			s.rec.violation(violation{At: outage.Add(uBound), Kind: kindUnservedReady, Pod: pod, UID: r.uid,
+				Detail: fmt.Sprintf("enrolled condition True %v after the soak killed every ztunnel, none serving since (bound: grace + %v = %v)",
+					unservedFor.Round(time.Millisecond), unservedSlack, uBound)})
 		}
 		dead := (x.out == outDead || x.in == outDead) && !direct
 		if d, report := j.dead.observe(s.rec, kindBlackHole, served && dead, x.at, blackHoleBound); report {
@@ -407,17 +520,17 @@ func (s *soak) judge(t0 time.Time, results []sample, claims map[string]claim, cl
 }
 
 // judgeRestored judges a pod whose rules were wiped while the agent was
-// down, unchanged since: once the restarted agent is ready it must not be
-// claimed enrolled while a direction is direct (the restart verified it)
-// for longer than restartBypassBound; the first sample that is not ends
-// the watch. Rounds without fresh claims judge nothing here (and end
-// nothing).
+// down, unchanged since: from the soak's action that starts the agent
+// again it must not be claimed enrolled while a direction is direct (the
+// restart verifies it) for longer than restoredBound, counted from that
+// action; the first sample that is not ends the watch. Rounds without
+// fresh claims judge nothing here (and end nothing).
 func (s *soak) judgeRestored(x sample, pod string, claimed, claimsOK bool, since time.Time) {
 	r, j := x.r, &x.r.judge
 	s.mu.Lock()
-	downWiped, downReady := r.downWipedAt, r.downWipeReadyAt
+	downWiped, started := r.downWipedAt, r.downWipeStartAt
 	s.mu.Unlock()
-	if downWiped.IsZero() || downReady.IsZero() || !x.at.After(downReady) || !since.Before(downWiped) || r.wiping.Load() {
+	if downWiped.IsZero() || started.IsZero() || !x.at.After(started) || !since.Before(downWiped) || r.wiping.Load() {
 		j.restored = badRun{}
 		return
 	}
@@ -425,11 +538,21 @@ func (s *soak) judgeRestored(x sample, pod string, claimed, claimsOK bool, since
 		return
 	}
 	bad := claimed && (x.out == outDirect || x.in == outDirect)
-	if d, report := j.restored.observe(s.rec, kindRestored, bad, x.at, restartBypassBound); report {
+	if bad && j.restored.since.IsZero() {
+		// The clock is the restart action, not the first sample after it.
+		j.restored.since = started
+	}
+	// Until a ztunnel served the new agent, only the restart clock runs
+	// and it does not end (the agent may still be starting).
+	bound, served := time.Duration(1<<62), s.rec.servedSince(started)
+	if !served.IsZero() {
+		bound = max(restoredBound, served.Add(restoredSlack).Sub(started))
+	}
+	if d, report := j.restored.observe(s.rec, kindRestored, bad, x.at, bound); report {
 		s.downWipesSeen.Add(1)
 		s.rec.violation(violation{At: j.restored.since, Kind: kindRestored, Pod: pod, UID: r.uid,
-			Detail: fmt.Sprintf("rules wiped while the agent was down; claimed enrolled while out=%s in=%s for %v after the restarted agent was ready (bound %v)",
-				x.out, x.in, d.Round(time.Millisecond), restartBypassBound)})
+			Detail: fmt.Sprintf("rules wiped while the agent was down; claimed enrolled while out=%s in=%s for %v after the soak started the agent again, %v after a ztunnel served it (bound: the later of %v and %v)",
+				x.out, x.in, d.Round(time.Millisecond), x.at.Sub(served).Round(time.Millisecond), restoredBound, restoredSlack)})
 	}
 	if !bad {
 		s.mu.Lock()

@@ -4,6 +4,8 @@ package main
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -48,17 +50,23 @@ func (l testLog) Write(p []byte) (int, error) {
 }
 
 // TestSoak is the 60-second soak of make check: every churn operation and
-// every fault kind, seed 1, the agent's drift pass at the soak's period; any
-// violation (bypass, black hole while served, restored unverified, sidecar
-// pod in ambient, lost pod, leak) fails it. Seed 1's first storm restarts
-// the agent three times with a resident pod's rules wiped while it is down:
-// an agent built with ambientd_trust_restored fails it (docs/soak.md).
+// every fault kind, seed 2, the agent on its default rules backend and its
+// drift pass at the soak's period; any violation (bypass, black hole while
+// served, restored unverified, ready while unserved, mesh pod added without
+// an agent, sidecar pod in ambient, lost pod, leak) fails it. Seed 2's
+// first storm runs every process fault: an agent-term and an agent-kill
+// with a resident pod's rules wiped while the agent is down (an agent
+// built with ambientd_trust_restored fails it, docs/soak.md), and a
+// ztunnel outage longer than the grace + 2 s.
 func TestSoak(t *testing.T) {
 	// SOAK_AGENT_ARGS adds agent flags (a later flag wins) and
 	// SOAK_AGENT_BIN runs another agent binary, to run the same soak
 	// against another agent (docs/soak.md, "Proving the soak fails").
-	c := config{duration: 60 * time.Second, pods: 16, seed: 1, faults: allFaultKinds(), verifyInterval: 5 * time.Second,
-		agentArgs: strings.Fields(os.Getenv("SOAK_AGENT_ARGS")), agentBin: os.Getenv("SOAK_AGENT_BIN")}
+	// SOAK_PLUGIN_BIN runs another CNI plugin, SOAK_RULES=nft the agent on
+	// iptables-nft instead of its default backend.
+	c := config{duration: 60 * time.Second, pods: 16, seed: 2, faults: allFaultKinds(), verifyInterval: 5 * time.Second,
+		agentArgs: strings.Fields(os.Getenv("SOAK_AGENT_ARGS")), agentBin: os.Getenv("SOAK_AGENT_BIN"),
+		pluginBin: os.Getenv("SOAK_PLUGIN_BIN"), rules: e2eenv.EnvString("SOAK_RULES", "auto")}
 	res := soakFor(t, c)
 	if res.rec.samples.Load() == 0 || res.faultCount() == 0 || res.created == 0 {
 		t.Fatalf("the soak did nothing: %s", res.lastLine())
@@ -74,7 +82,7 @@ func TestSoak(t *testing.T) {
 // enrolled — the sampler must report them as bypasses (and, once the faults
 // stop, as lost pods).
 func TestSoakCatchesBypass(t *testing.T) {
-	c := config{duration: 25 * time.Second, pods: 10, seed: 2, faults: []string{"pod-rules-wiped"}, verifyInterval: 0}
+	c := config{duration: 25 * time.Second, pods: 10, seed: 4, faults: []string{"pod-rules-wiped"}, verifyInterval: 0}
 	res := soakFor(t, c)
 	kinds := map[string]int{}
 	for _, v := range res.violations {
@@ -82,6 +90,40 @@ func TestSoakCatchesBypass(t *testing.T) {
 	}
 	if kinds[kindBypass] == 0 {
 		t.Fatalf("rules wiped with the drift pass off: no bypass reported (violations by kind %v): the sampler misses what it is for", kinds)
+	}
+	t.Logf("caught: violations by kind %v", kinds)
+}
+
+// TestSoakCatchesBrokenPromises proves three of the sampler's judgements
+// against known-bad parts: an agent with --ztunnel-grace=0 (never marks its
+// pods not ready while no ztunnel serves) and --dns-capture=false (its
+// pods' DNS goes out directly), and a plugin built with
+// ambientd_absent_admit (lets every pod start while no agent answers).
+// Only agent-kill and ztunnel-kill faults, seed 3: its storm has outages
+// longer than the grace + 2 s, and agent downs in which pods in the mesh
+// are made. Each kind must be reported.
+func TestSoakCatchesBrokenPromises(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "ambientd-cni-absent-admit")
+	build := exec.Command("go", "build", "-tags", "grpcnotrace,ambientd_absent_admit", "-o", bin, "./cmd/ambientd-cni")
+	build.Dir = testEnv.Root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the known-bad plugin: %v\n%s", err, out)
+	}
+	c := config{duration: 30 * time.Second, pods: 10, seed: 3, faults: []string{"agent-kill", "ztunnel-kill"}, verifyInterval: 5 * time.Second,
+		agentArgs: []string{"--ztunnel-grace=0", "--dns-capture=false"}, pluginBin: bin}
+	res := soakFor(t, c)
+	kinds := map[string]int{}
+	for _, v := range res.violations {
+		kinds[v.Kind]++
+	}
+	if kinds[kindUnservedReady] == 0 {
+		t.Errorf("agent with --ztunnel-grace=0 through ztunnel outages: no %q reported (violations by kind %v)", kindUnservedReady, kinds)
+	}
+	if kinds[kindDNSBypass] == 0 {
+		t.Errorf("agent with --dns-capture=false: no %q reported (violations by kind %v)", kindDNSBypass, kinds)
+	}
+	if kinds[kindAbsentAdd] == 0 {
+		t.Errorf("plugin built with ambientd_absent_admit through agent kills: no %q reported (violations by kind %v)", kindAbsentAdd, kinds)
 	}
 	t.Logf("caught: violations by kind %v", kinds)
 }

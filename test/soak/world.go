@@ -10,6 +10,8 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
@@ -32,6 +35,8 @@ import (
 const (
 	appPort             = 8080
 	remotePort          = 7000
+	nameserverPort      = 53
+	nameserverAnswer    = "nameserver"
 	envoyOutboundPort   = 15001
 	envoyInboundPort    = 15006
 	residentPods        = 2
@@ -79,11 +84,10 @@ type podRec struct {
 	// sandbox; the sampler sets it then). Otherwise it may be plain.
 	sidecarRules bool
 	// downWipedAt: an agent-restart fault wiped the pod's rules while the
-	// agent was down; downWipeReadyAt: the restarted agent was ready (zero
-	// until then). A restarted agent verifies the pods it restores before it
-	// is ready, so from then on the pod must not be claimed enrolled with
-	// its traffic direct (restartBypassBound).
-	downWipedAt, downWipeReadyAt time.Time
+	// agent was down; downWipeStartAt: the soak started the agent again
+	// (zero until then). A restarted agent verifies the pods it restores
+	// before it takes a ztunnel's connection (judgeRestored).
+	downWipedAt, downWipeStartAt time.Time
 
 	// wiping is set while a pod-rules-wiped fault works on the pod: the
 	// agent is judged on the bypass only from the end of the wipe (on a
@@ -111,6 +115,13 @@ type soak struct {
 	nss      []*nsRec
 	prober   *e2eenv.Pod
 	proberIP string
+	// proberDNS is the prober's UDP port 53: the pods' nameserver, which
+	// answers nameserverAnswer to a query that reaches it directly.
+	proberDNS string
+	dnsConn   net.PacketConn
+
+	// dnsAnswers counts the DNS probes by outcome.
+	dnsAnswers [outSidecar + 1]atomic.Int64
 
 	created, deleted atomic.Int64
 	opsMu            sync.Mutex
@@ -170,14 +181,31 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	if s.sidecarGolden, err = istiogolden.LoadCase(sidecarGoldenCase); err != nil {
 		return nil, fmt.Errorf("the sidecar-mode pods' injected spec: %w", err)
 	}
+	if c.pluginBin != "" {
+		// The chain finds its plugin by name: the known-bad build is
+		// bin/ambientd-cni for this run (docs/soak.md).
+		dir, err := os.MkdirTemp("", "soak-plugin-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		if err := os.Symlink(c.pluginBin, filepath.Join(dir, cniapi.PluginType)); err != nil {
+			return nil, err
+		}
+		defer env.Chain.PreferBinDir(dir)()
+	}
 	if s.node, err = startNode(ctx, env, c, log); err != nil {
 		return nil, err
 	}
 	res.baseline = s.node.measure(ctx)
 	if err := s.setup(ctx); err != nil {
+		// The next run on this environment must not meet this one's agent
+		// and ztunnel.
+		s.node.stop()
 		return nil, err
 	}
 	s.logf("setup done: agent ready, prober at %s; churning %d pods for %v (seed %d), faults: %s", s.proberIP, c.pods, c.duration, c.seed, strings.Join(c.faults, ","))
+	s.logf("agent --iptables=%s; bounds: bypass %v, restored unverified the later of %v from the restart action and %v from a ztunnel served, ready while unserved %v from the ztunnels' kill", c.rulesOr(), bypassBound(c), restoredBound, restoredSlack, unservedBound(c))
 
 	runCtx, stopRun := context.WithTimeout(ctx, c.duration)
 	defer stopRun()
@@ -203,6 +231,8 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	sampler.Wait()
 	res.settled = time.Now()
 
+	s.logf("DNS probes of ambient-capable pods: %d answered by their ztunnel, %d by the nameserver directly, %d by nobody, %d by someone else",
+		s.dnsAnswers[outProxy].Load(), s.dnsAnswers[outDirect].Load(), s.dnsAnswers[outDead].Load(), s.dnsAnswers[outForeign].Load())
 	res.machineEnd = e2eenv.LoadAverage()
 	s.teardownPods(ctx)
 	res.leaks = s.checkLeaks(ctx, res.baseline)
@@ -250,6 +280,15 @@ func (s *soak) setup(ctx context.Context) error {
 		return err
 	}
 	go serveLine(ln, "remote")
+	if err := p.Do(func() error {
+		var err error
+		s.dnsConn, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", nameserverPort))
+		return err
+	}); err != nil {
+		return fmt.Errorf("the prober's nameserver: %w", err)
+	}
+	s.proberDNS = netIPPort(p.IP().String(), nameserverPort)
+	go serveDatagrams(s.dnsConn, nameserverAnswer)
 	for range residentPods {
 		s.mu.Lock()
 		s.nextID++
@@ -260,6 +299,19 @@ func (s *soak) setup(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// serveDatagrams answers every datagram on pc with one line, until pc is
+// closed.
+func serveDatagrams(pc net.PacketConn, line string) {
+	buf := make([]byte, 512)
+	for {
+		_, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		_, _ = pc.WriteTo([]byte(line+"\n"), from)
+	}
 }
 
 func nsLabels(ambient bool) map[string]string {
@@ -449,11 +501,16 @@ func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, ki
 		name = fmt.Sprintf("sc%05d", id)
 		spec = s.sidecarSpec(ns.name, name)
 	}
+	s.mu.Lock()
+	mesh := wantMesh(&podRec{ns: ns, podMode: mode, sidecar: kind.sidecar})
+	policySince := ns.stableSince
+	s.mu.Unlock()
 	began := time.Now()
 	p, err := s.env.CreatePod(ctx, spec)
 	if err != nil {
 		return err
 	}
+	s.judgeAbsentAdd(ns.name+"/"+name, p.UID, mesh, policySince, began, time.Now())
 	s.created.Add(1)
 	if kind.sidecar {
 		s.sidecars.Add(1)
@@ -574,6 +631,9 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 		return nil
 	}
 	r.closeListeners()
+	s.mu.Lock()
+	mesh, policySince := wantMesh(r) && !withoutPlugin, stable(r)
+	s.mu.Unlock()
 	began := time.Now()
 	_, err := s.env.RecreateSandbox(ctx, r.p, e2eenv.SandboxOptions{Chain: chain})
 	if err != nil {
@@ -588,11 +648,27 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 		_ = s.env.DeletePod(ctx, r.p) // its sandbox is gone already: only the object matters
 		return err
 	}
+	s.judgeAbsentAdd(r.ns.name+"/"+r.name, r.uid, mesh, policySince, began, time.Now())
 	s.mu.Lock()
 	r.stableSince = time.Now()
 	r.sidecarRules = r.sidecar && !withoutPlugin && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
 	s.mu.Unlock()
 	return r.listen()
+}
+
+// judgeAbsentAdd judges a sandbox made through the chain with our plugin
+// that succeeded (from began to ended): a pod in the mesh by the soak's
+// own labels (mesh, unchanged since policySince), made while no agent
+// process ran at any moment of it (the soak's own record of stopping and
+// starting it) and with our plugin surely in the conflist, started
+// uncaptured with nobody to enroll it — the plugin must refuse it until an
+// agent answers.
+func (s *soak) judgeAbsentAdd(pod, uid string, mesh bool, policySince, began, ended time.Time) {
+	if !mesh || !policySince.Before(began) || s.rec.overlaps("conflist-rewritten", began, ended) || !s.rec.agentGoneThrough(began, ended) {
+		return
+	}
+	s.rec.violation(violation{At: began, Kind: kindAbsentAdd, Pod: pod, UID: uid,
+		Detail: fmt.Sprintf("its sandbox was made through our plugin in %v, all of it while no agent process ran", ended.Sub(began).Round(time.Millisecond))})
 }
 
 // teardownPods deletes every pod the soak made, the prober last.
@@ -607,6 +683,9 @@ func (s *soak) teardownPods(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+	if s.dnsConn != nil {
+		s.dnsConn.Close()
+	}
 	if s.prober != nil {
 		s.countOp("delete (end)", s.env.DeletePod(ctx, s.prober))
 	}

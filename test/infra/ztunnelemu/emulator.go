@@ -87,6 +87,7 @@ type workload struct {
 	netns     *os.File
 	dev, ino  uint64
 	listeners []*listener
+	dns       []net.PacketConn // netns mode: ztunnel's DNS port (UDP)
 }
 
 // New returns an emulator; nothing happens until Run.
@@ -307,10 +308,22 @@ func (e *Emulator) add(connID int, rec RequestRecord, f *os.File) string {
 			e.log.Error("cannot listen in workload netns", "uid", rec.UID, "err", err)
 			return fmt.Sprintf("ztunnel emulator: listen in netns: %v", err)
 		}
-		w.listeners = ls
+		pcs, err := dnsInNetns(f, e.cfg.Mark)
+		if err != nil {
+			for _, l := range ls {
+				l.Close()
+			}
+			f.Close()
+			e.log.Error("cannot listen in workload netns", "uid", rec.UID, "err", err)
+			return fmt.Sprintf("ztunnel emulator: listen in netns: %v", err)
+		}
+		w.listeners, w.dns = ls, pcs
 		for _, l := range ls {
 			w.info.Listeners = append(w.info.Listeners, l.addr)
 			e.lwg.Go(func() { e.acceptLoop(rec.UID, l) })
+		}
+		for _, pc := range pcs {
+			e.lwg.Go(func() { e.serveDNS(rec.UID, pc) })
 		}
 	}
 	e.update(func() { e.workloads[rec.UID] = w })
@@ -344,6 +357,9 @@ func (e *Emulator) remove(uid string) {
 func (w *workload) close() {
 	for _, l := range w.listeners {
 		l.Close()
+	}
+	for _, pc := range w.dns {
+		pc.Close()
 	}
 	w.netns.Close()
 }

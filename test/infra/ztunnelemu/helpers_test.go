@@ -114,6 +114,29 @@ func newNetns(t testing.TB) testNetns {
 
 // dial connects from inside the netns and returns the line the emulator
 // writes, or the dial error.
+// query sends one UDP datagram to addr from inside the netns and returns
+// the one that answers it.
+func (n testNetns) query(t testing.TB, addr string) (string, error) {
+	t.Helper()
+	var line string
+	err := n.NS.Do(func(ns.NetNS) error {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(testTimeout))
+		if _, err := c.Write([]byte("query")); err != nil {
+			return err
+		}
+		buf := make([]byte, 512)
+		k, err := c.Read(buf)
+		line = string(buf[:k])
+		return err
+	})
+	return line, err
+}
+
 func (n testNetns) dial(t testing.TB, addr string) (string, error) {
 	t.Helper()
 	var line string

@@ -59,17 +59,74 @@ func listenInNetns(nsFile *os.File, ports []int, mark int) ([]*listener, error) 
 	return out, nil
 }
 
+// DNSPort is ztunnel's DNS proxy port: the in-pod rules redirect a
+// captured pod's DNS (UDP and TCP port 53) to it.
+const DNSPort = 15053
+
+// dnsInNetns binds ztunnel's DNS port for UDP inside the netns of nsFile
+// (IPv4 always, IPv6 when the netns has it), with ztunnel's socket options.
+// On the loopback address, as ztunnel does: REDIRECT sends a pod's own
+// datagrams there, and an answer must leave from it for conntrack to map
+// it back to the address the pod asked (a wildcard socket would answer
+// from the pod's address).
+func dnsInNetns(nsFile *os.File, mark int) ([]net.PacketConn, error) {
+	netns, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", nsFile.Fd()))
+	if err != nil {
+		return nil, fmt.Errorf("open received netns fd: %w", err)
+	}
+	defer netns.Close()
+	var out []net.PacketConn
+	err = netns.Do(func(ns.NetNS) error {
+		for _, network := range []string{"udp4", "udp6"} {
+			host := "127.0.0.1"
+			if network == "udp6" {
+				host = "::1"
+			}
+			lc := ztunnelSocket(network == "udp6", mark)
+			pc, err := lc.ListenPacket(context.Background(), network, net.JoinHostPort(host, strconv.Itoa(DNSPort)))
+			if err != nil {
+				if network == "udp6" && noIPv6(err) {
+					continue
+				}
+				return fmt.Errorf("listen %s port %d: %w", network, DNSPort, err)
+			}
+			out = append(out, pc)
+		}
+		return nil
+	})
+	if err != nil {
+		for _, pc := range out {
+			pc.Close()
+		}
+		return nil, fmt.Errorf("in netns %s: %w", netns.Path(), err)
+	}
+	return out, nil
+}
+
+// serveDNS answers every datagram on pc, until it is closed, with one line
+// naming the workload and the port (not DNS: the soak's and the tests'
+// probes only ask who answered).
+func (e *Emulator) serveDNS(uid string, pc net.PacketConn) {
+	buf := make([]byte, 512)
+	for {
+		_, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		_, _ = pc.WriteTo(fmt.Appendf(nil, "ztunnel-emulator uid=%s listener=%d\n", uid, DNSPort), from)
+	}
+}
+
 // noIPv6 tells "this netns has no IPv6" apart from real failures.
 func noIPv6(err error) bool {
 	return errors.Is(err, unix.EAFNOSUPPORT) || errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.EPROTONOSUPPORT)
 }
 
-// listenTCP binds the wildcard address with ztunnel's socket options:
-// SO_MARK and SO_REUSEPORT are required, IP_TRANSPARENT is best effort (it
-// needs CAP_NET_ADMIN and is irrelevant to REDIRECT-based capture).
-func listenTCP(network string, port, mark int) (*listener, error) {
-	v6 := network == "tcp6"
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+// ztunnelSocket is a ListenConfig with ztunnel's socket options: SO_MARK
+// and SO_REUSEPORT are required, IP_TRANSPARENT is best effort (it needs
+// CAP_NET_ADMIN and is irrelevant to REDIRECT-based capture).
+func ztunnelSocket(v6 bool, mark int) net.ListenConfig {
+	return net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		err := rc.Control(func(fd uintptr) {
 			if err := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark); err != nil {
@@ -91,6 +148,12 @@ func listenTCP(network string, port, mark int) (*listener, error) {
 		}
 		return serr
 	}}
+}
+
+// listenTCP binds the wildcard address with ztunnel's socket options.
+func listenTCP(network string, port, mark int) (*listener, error) {
+	v6 := network == "tcp6"
+	lc := ztunnelSocket(v6, mark)
 	host := "0.0.0.0"
 	if v6 {
 		host = "::"

@@ -18,7 +18,8 @@ import (
 
 // The emulator enters the netns it received, listens on ztunnel's ports
 // there with ztunnel's socket options, and reports original destinations of
-// REDIRECTed connections. Del closes the listeners.
+// REDIRECTed connections, and answers REDIRECTed DNS on ztunnel's DNS port.
+// Del closes the listeners.
 func TestNetnsModeListensInReceivedNetns(t *testing.T) {
 	testutil.RequireBinary(t, "iptables")
 	n := newNetns(t)
@@ -36,7 +37,11 @@ func TestNetnsModeListensInReceivedNetns(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return ipt.Append("nat", "OUTPUT", "-p", "tcp", "-d", "10.99.0.1", "--dport", "80", "-j", "REDIRECT", "--to-ports", "15001")
+		if err := ipt.Append("nat", "OUTPUT", "-p", "tcp", "-d", "10.99.0.1", "--dport", "80", "-j", "REDIRECT", "--to-ports", "15001"); err != nil {
+			return err
+		}
+		// And DNS to the DNS port, as the in-pod rules capture it.
+		return ipt.Append("nat", "OUTPUT", "-p", "udp", "-d", "10.99.0.1", "--dport", "53", "-j", "REDIRECT", "--to-ports", "15053")
 	}); err != nil {
 		t.Fatalf("set up netns: %v", err)
 	}
@@ -119,9 +124,18 @@ func TestNetnsModeListensInReceivedNetns(t *testing.T) {
 		t.Fatalf("un-NATed connection: original dst should be the local address: %+v", first)
 	}
 
-	// Del closes the listeners.
+	// A redirected DNS query is answered by the DNS port, for this
+	// workload.
+	if line, err := n.query(t, "10.99.0.1:53"); err != nil || !strings.Contains(line, "listener=15053") || !strings.Contains(line, "uid=uid-1") {
+		t.Fatalf("redirected DNS query: %q %v", line, err)
+	}
+
+	// Del closes the listeners and the DNS port.
 	ack(t, c, zp.DelRequest("uid-1"), nil)
 	if _, err := n.dial(t, "127.0.0.1:15006"); err == nil {
 		t.Fatal("listener still open after Del")
+	}
+	if line, err := n.query(t, "10.99.0.1:53"); err == nil {
+		t.Fatalf("DNS port still answers after Del: %q", line)
 	}
 }
