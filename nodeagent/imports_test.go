@@ -133,8 +133,12 @@ var (
 // admissionregistration/v1: `ambientd check` reads whether deploy/'s
 // admission policies are bound (the agent itself never does).
 // node/v1: the RuntimeClass a pod names (a sandboxed runtime is never
-// enrolled).
-var agentAPIGroups = []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1", "k8s.io/api/admissionregistration/v1", "k8s.io/api/node/v1"}
+// enrolled). admission/v1 (and authentication/v1, its UserInfo): the
+// AdmissionReview `ambientd webhook` answers — types only, never
+// registered in the client's scheme (about 0.7 MB of the binary with the
+// webhook's server).
+var agentAPIGroups = []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1", "k8s.io/api/admissionregistration/v1", "k8s.io/api/node/v1",
+	"k8s.io/api/admission/v1", "k8s.io/api/authentication/v1"}
 
 // heavyClientGo are the client-go packages that link (and, through
 // kubernetes/scheme, register at init) every API group of Kubernetes, or

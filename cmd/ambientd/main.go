@@ -18,6 +18,7 @@ commands:
   inject   add the readiness gate to manifests' pod templates the mesh will enroll (as the admission policy does)
   check    say whether pods (or a manifest's) are in the mesh and gated, and why (kubeconfig only);
            --cluster-breakers: the CNI settings under which capture silently fails
+  webhook  serve the admission webhook that adds the readiness gate (clusters before Kubernetes 1.36)
   bundle   write one archive for a support ticket: settings, status, CNI dirs, rules, errors, Events, metrics (root)
   version  print the version
 `
@@ -42,6 +43,8 @@ func main() {
 		os.Exit(injectCmd(args))
 	case "check":
 		os.Exit(checkCmd(args))
+	case "webhook":
+		os.Exit(webhookCmd(args))
 	case "bundle":
 		os.Exit(bundleCmd(args))
 	case "uninstall":

@@ -27,6 +27,7 @@ func commandVars(t *testing.T) map[string]bool {
 		{"status", statusVar, func(a []string, w io.Writer) int { return runStatus(t.Context(), a, os.Getenv, io.Discard, w) }},
 		{"uninstall", uninstallVar, func(a []string, w io.Writer) int { return runUninstall(t.Context(), a, os.Getenv, w) }},
 		{"bundle", bundleVar, func(a []string, w io.Writer) int { return runBundle(t.Context(), a, os.Getenv, nil, io.Discard, w) }},
+		{"webhook", webhookVar, func(a []string, w io.Writer) int { return runWebhook(t.Context(), a, os.Getenv, w) }},
 	} {
 		var help strings.Builder
 		c.run([]string{"-h"}, &help)

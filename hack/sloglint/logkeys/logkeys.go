@@ -97,6 +97,13 @@ var Allowed = []string{
 	"peer_uid",
 	"peer_gid",
 	"peer_cred_error",
+	"listen",
+	"manage_certificates",
+	"secret",
+	"webhook_configuration",
+	"webhook",
+	"not_after",
+	"renew_at",
 }
 
 // Forbidden are spellings of allowed keys that must not creep in: an error
