@@ -142,39 +142,58 @@ func TestDeployManifestsAreTheChartsRender(t *testing.T) {
 }
 
 // `kubectl apply -k deploy/` applies exactly what `helm install` with the
-// chart's defaults does, object for object, field for field.
+// chart's defaults does on a cluster with the MutatingAdmissionPolicy
+// (Kubernetes 1.36+), object for object, field for field; with the
+// readiness-gate-webhook component, exactly what it does before 1.36 (the
+// webhook instead of the policy).
 func TestKustomizationEqualsChartDefaultRender(t *testing.T) {
-	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), deployDir)
+	deploy, err := filepath.Abs(deployDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kust := map[string]map[string]any{}
-	for _, r := range res.Resources() {
-		m, err := r.Map()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// kustomize's built-in schema predates MutatingAdmissionPolicy
-		// (GA in 1.36) and flowcontrol v1, and gives them the namespace;
-		// the API server drops a namespace on a cluster-scoped kind.
-		if k := r.GetKind(); k == "MutatingAdmissionPolicy" || k == "MutatingAdmissionPolicyBinding" || k == "FlowSchema" || k == "PriorityLevelConfiguration" {
-			unstructured.RemoveNestedField(m, "metadata", "namespace")
-		}
-		kust[r.GetKind()+"/"+r.GetName()] = normalize(t, m)
+	overlay := t.TempDir()
+	rel, err := filepath.Rel(overlay, deploy)
+	if err != nil {
+		t.Fatal(err)
 	}
-	chart := map[string]map[string]any{}
-	for _, o := range render(t, chartrender.Options{Namespace: "istio-system"}) {
-		chart[o.GetKind()+"/"+o.GetName()] = normalize(t, o.Object)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte("resources: ["+rel+"]\ncomponents: ["+rel+"/components/readiness-gate-webhook]\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	if got, want := keys(kust), keys(chart); !reflect.DeepEqual(got, want) {
-		t.Fatalf("kustomize build deploy/ has %v, the chart's default render %v", got, want)
-	}
-	for k, want := range chart {
-		if got := kust[k]; !reflect.DeepEqual(got, want) {
-			g, _ := yaml.Marshal(got)
-			w, _ := yaml.Marshal(want)
-			t.Errorf("%s: kustomize build deploy/:\n%s\nthe chart's default render:\n%s", k, g, w)
-		}
+	for _, tc := range []struct{ dir, kube string }{{deploy, "v1.37.0"}, {overlay, "v1.33.0"}} {
+		t.Run(tc.kube, func(t *testing.T) {
+			res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), tc.dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kust := map[string]map[string]any{}
+			for _, r := range res.Resources() {
+				m, err := r.Map()
+				if err != nil {
+					t.Fatal(err)
+				}
+				// kustomize's built-in schema predates MutatingAdmissionPolicy
+				// (GA in 1.36) and flowcontrol v1, and gives them the namespace;
+				// the API server drops a namespace on a cluster-scoped kind.
+				if k := r.GetKind(); k == "MutatingAdmissionPolicy" || k == "MutatingAdmissionPolicyBinding" || k == "FlowSchema" || k == "PriorityLevelConfiguration" {
+					unstructured.RemoveNestedField(m, "metadata", "namespace")
+				}
+				kust[r.GetKind()+"/"+r.GetName()] = normalize(t, m)
+			}
+			chart := map[string]map[string]any{}
+			for _, o := range render(t, chartrender.Options{Namespace: "istio-system", KubeVersion: tc.kube}) {
+				chart[o.GetKind()+"/"+o.GetName()] = normalize(t, o.Object)
+			}
+			if got, want := keys(kust), keys(chart); !reflect.DeepEqual(got, want) {
+				t.Fatalf("kustomize build has %v, the chart's default render %v", got, want)
+			}
+			for k, want := range chart {
+				if got := kust[k]; !reflect.DeepEqual(got, want) {
+					g, _ := yaml.Marshal(got)
+					w, _ := yaml.Marshal(want)
+					t.Errorf("%s: kustomize build:\n%s\nthe chart's default render:\n%s", k, g, w)
+				}
+			}
+		})
 	}
 }
 

@@ -17,12 +17,13 @@ var deployFiles = []struct {
 }{
 	{"rbac.yaml", "templates/rbac.yaml", nil},
 	{"admission-policy.yaml", "templates/admission-policy.yaml", nil},
-	{"pod-admission.yaml", "templates/pod-admission.yaml", nil},
+	{"pod-admission.yaml", "templates/pod-admission.yaml", []string{"ambientd.readinessGate.mechanism=policy"}},
 	{"configmap.yaml", "templates/configmap.yaml", nil},
 	{"daemonset.yaml", "templates/daemonset.yaml", nil},
 	{"apf.yaml", "templates/apf.yaml", nil},
 	{"components/repair-delete/rbac.yaml", "templates/repair-rbac.yaml", []string{"repair.repairPods=false", "repair.deletePods=true"}},
 	{"components/repair-label/rbac.yaml", "templates/repair-rbac.yaml", []string{"repair.repairPods=false", "repair.labelPods=true"}},
+	{"components/readiness-gate-webhook/webhook.yaml", "templates/webhook.yaml", []string{"ambientd.readinessGate.mechanism=webhook"}},
 }
 
 // DeployManifests renders the chart in chartDir into the files of deploy/,

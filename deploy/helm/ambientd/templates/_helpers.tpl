@@ -107,3 +107,18 @@ follow it.
 {{- end }}
 {{- $port }}
 {{- end }}
+
+{{/*
+ambientd.gateMechanism: how the readiness gate is added at admission
+(docs/readiness.md): readinessGate.mechanism, where auto is the
+MutatingAdmissionPolicy from Kubernetes 1.36 (admissionregistration.k8s.io/v1
+there) and the webhook (ambientd webhook) before.
+*/}}
+{{- define "ambientd.gateMechanism" -}}
+{{- $m := .v.ambientd.readinessGate.mechanism }}
+{{- if eq $m "auto" }}
+{{- ternary "policy" "webhook" (semverCompare ">=1.36.0-0" .caps.KubeVersion.Version) }}
+{{- else }}
+{{- $m }}
+{{- end }}
+{{- end }}
