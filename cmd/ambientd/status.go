@@ -121,12 +121,21 @@ func printNodeStatus(w io.Writer, st admin.NodeStatus) {
 	fmt.Fprintln(w)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tANNOTATION\tZTUNNEL ACKED\tAGE\tLAST ERROR")
+	fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tANNOTATION\tZTUNNEL ACKED\tGATE\tAGE\tLAST ERROR")
 	for _, p := range st.Pods {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, p.Phase, dash(p.Annotation),
-			yesNo(p.ZtunnelAcked), age(p.Created, st.Time), dash(oneLine(p.LastError)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, p.Phase, dash(p.Annotation),
+			yesNo(p.ZtunnelAcked), gateColumn(p.MissingGate), age(p.Created, st.Time), dash(oneLine(p.LastError)))
 	}
 	tw.Flush()
+}
+
+// gateColumn is the GATE column: "missing" for a pod in the mesh created
+// without the readiness gate admission adds (docs/readiness.md).
+func gateColumn(missing bool) string {
+	if missing {
+		return "missing"
+	}
+	return "-"
 }
 
 func printPodDetail(w io.Writer, d admin.PodDetail) {
@@ -135,6 +144,7 @@ func printPodDetail(w io.Writer, d admin.PodDetail) {
 	fmt.Fprintf(w, "phase:          %s\n", p.Phase)
 	fmt.Fprintf(w, "annotation:     %s\n", dash(p.Annotation))
 	fmt.Fprintf(w, "ztunnel acked:  %s\n", yesNo(p.ZtunnelAcked))
+	fmt.Fprintf(w, "gate:           %s\n", gateColumn(p.MissingGate))
 	fmt.Fprintf(w, "last error:     %s\n", dash(p.LastError))
 	fmt.Fprintf(w, "ips:            %s\n", dash(strings.Join(p.IPs, ", ")))
 	fmt.Fprintf(w, "netns:          %s\n\n", dash(p.Netns))

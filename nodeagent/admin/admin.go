@@ -63,6 +63,9 @@ type Pod struct {
 	Created      time.Time `json:"created,omitzero"`
 	IPs          []string  `json:"ips,omitempty"`
 	Netns        string    `json:"netns,omitempty"`
+	// MissingGate: in the mesh, but without the readiness gate admission
+	// adds (created while the admission webhook or policy did not act).
+	MissingGate bool `json:"missingGate,omitempty"`
 }
 
 // PodDetail is GET /v1/pod: the pod and the live rules of its netns.

@@ -49,6 +49,7 @@ type Agent struct {
 	state   *podnetns.State // nil without a RunDir
 	status  *podstatus.Patcher
 	metrics *metrics
+	gates   missingGates // pods lacking the readiness gate (missinggate.go)
 
 	recorder record.EventRecorder // pod Events
 

@@ -192,6 +192,7 @@ func (a *Agent) publish(s podSync, after registry.Entry, moved bool, err error) 
 		return
 	}
 	a.eventFor(s, after, moved, err)
+	a.reportMissingGate(s, after, moved)
 	if s.undecided && after.Phase == registry.Absent {
 		// Not known to be out of the mesh: True/NotInMesh could make a
 		// pod that belongs in it Ready uncaptured. Its retry decides.

@@ -25,6 +25,9 @@ type PodView struct {
 	Created              time.Time // zero for a registered pod the cache no longer has
 	IPs                  []string
 	Netns                string // path of the held netns handle, "" when none
+	// MissingGate: in the mesh, but created without the readiness gate
+	// admission adds (missinggate.go).
+	MissingGate bool
 }
 
 // Pods returns every pod of this node in the informer cache, plus any
@@ -41,7 +44,7 @@ func (a *Agent) Pods() []PodView {
 		uid := string(p.UID)
 		seen[uid] = true
 		v := PodView{UID: uid, Namespace: p.Namespace, Name: p.Name, Phase: registry.Absent,
-			Annotation: p.Annotations[podmeta.AnnotationRedirection], Created: p.CreationTimestamp.Time}
+			Annotation: p.Annotations[podmeta.AnnotationRedirection], Created: p.CreationTimestamp.Time, MissingGate: a.lacksGate(p)}
 		for _, ip := range podmeta.IPs(p) {
 			v.IPs = append(v.IPs, ip.String())
 		}

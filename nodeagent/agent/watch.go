@@ -40,6 +40,7 @@ func (a *Agent) watch(informers *kube.Informers, im *istiometrics.Metrics) error
 		Name: "ambientd_informer_pods",
 		Help: "Pods of this node in the agent's informer cache.",
 	}, func() float64 { return float64(len(a.podInformer.GetStore().ListKeys())) }))
+	a.metrics.reg.MustRegister(a.missingGatesGauge())
 	a.nsInformer = informers.Namespaces
 	if err := a.nsInformer.SetTransform(trim); err != nil {
 		return fmt.Errorf("agent: namespace informer transform: %w", err)

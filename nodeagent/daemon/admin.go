@@ -96,6 +96,7 @@ func podOf(v agent.PodView) admin.Pod {
 		Created:      v.Created,
 		IPs:          v.IPs,
 		Netns:        v.Netns,
+		MissingGate:  v.MissingGate,
 	}
 }
 
