@@ -188,8 +188,11 @@ func gateTypes(p *corev1.Pod) []string {
 }
 
 // ensureTableNamespaces creates the table's namespaces with their labels;
-// those that exist (kube-system, istio-system) must carry exactly the
-// table's mesh labels.
+// those that exist (kube-system, istio-system, or created by another table
+// test of this run) must carry exactly the table's mesh labels. They are
+// kept for the run: the e2e control plane has no namespace controller, so a
+// deleted namespace would stay Terminating and refuse the next table
+// test's pods.
 func ensureTableNamespaces(t *testing.T, ctx context.Context, e cases.Enrollment) {
 	t.Helper()
 	for _, n := range e.Namespaces {
@@ -198,9 +201,6 @@ func ensureTableNamespaces(t *testing.T, ctx context.Context, e cases.Enrollment
 			if _, err := testEnv.CreateNamespace(ctx, n.Name, n.Labels); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() {
-				_ = testEnv.CP.Admin.CoreV1().Namespaces().Delete(context.Background(), n.Name, metav1.DeleteOptions{})
-			})
 			continue
 		}
 		if err != nil {
