@@ -33,6 +33,10 @@ const (
 	ValidatingPolicyName  = "ambientd-pod-annotations"
 	ConfigMapName         = "ambientd-config"
 	DefaultAgentNamespace = "istio-system"
+	// WebhookName is the entry of the MutatingWebhookConfiguration
+	// MutatingPolicyName that `ambientd webhook` serves (clusters before
+	// Kubernetes 1.36).
+	WebhookName = "readiness-gate.ambientd.io"
 )
 
 // The agent's environment variables the policy reads from its ConfigMap.

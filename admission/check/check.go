@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,6 +65,9 @@ type SettingsInfo struct {
 type AdmissionInfo struct {
 	GatePolicy       bool `json:"gatePolicy"`
 	AnnotationPolicy bool `json:"annotationPolicy"`
+	// GateWebhook: the readiness-gate webhook's configuration
+	// (`ambientd webhook`, clusters before 1.36) is installed.
+	GateWebhook bool `json:"gateWebhook"`
 	// Known is false when the user may not list admission policies.
 	Known bool `json:"known"`
 }
@@ -201,15 +205,25 @@ func (c *Checker) admissionInfo(ctx context.Context) AdmissionInfo {
 	arv1 := c.client.AdmissionregistrationV1()
 	// Bindings make policies act: look for a binding of each policy.
 	maps, err := arv1.MutatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{})
-	if err != nil {
+	switch {
+	case apierrors.IsNotFound(err):
+		// The API has no MutatingAdmissionPolicy (before 1.36): none.
+	case err != nil:
 		a.Known = false
 		c.note("cannot list MutatingAdmissionPolicyBindings (%s): whether admission adds the gate is unknown", short(err))
-	} else {
+	default:
 		for _, b := range maps.Items {
 			if _, err := arv1.MutatingAdmissionPolicies().Get(ctx, b.Spec.PolicyName, metav1.GetOptions{}); err == nil && strings.Contains(b.Spec.PolicyName, admission.MutatingPolicyName) {
 				a.GatePolicy = true
 			}
 		}
+	}
+	switch cfg, err := arv1.MutatingWebhookConfigurations().Get(ctx, admission.MutatingPolicyName, metav1.GetOptions{}); {
+	case err == nil:
+		a.GateWebhook = slices.ContainsFunc(cfg.Webhooks, func(w admissionregistrationv1.MutatingWebhook) bool { return w.Name == admission.WebhookName })
+	case !apierrors.IsNotFound(err):
+		a.Known = false
+		c.note("cannot read MutatingWebhookConfiguration %s (%s): whether admission adds the gate is unknown", admission.MutatingPolicyName, short(err))
 	}
 	vaps, err := arv1.ValidatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -221,8 +235,8 @@ func (c *Checker) admissionInfo(ctx context.Context) AdmissionInfo {
 			}
 		}
 	}
-	if a.Known && !a.GatePolicy {
-		c.note("the admission policy %s is not installed: new pods get no readiness gate (kubectl apply -k deploy/ on Kubernetes 1.36+, or ambientd inject)", admission.MutatingPolicyName)
+	if a.Known && !a.GatePolicy && !a.GateWebhook {
+		c.note("neither the admission policy nor the webhook %s is installed: new pods get no readiness gate (the chart, or kubectl apply -k deploy/ with the readiness-gate-webhook component before Kubernetes 1.36, or ambientd inject)", admission.MutatingPolicyName)
 	}
 	return a
 }
@@ -307,8 +321,8 @@ func (c *Checker) pod(ctx context.Context, p *corev1.Pod) Pod {
 		out.Gate = fmt.Sprintf("opted out (%s label %s=%s)", d.OptOut, admission.LabelReadinessGate, admission.OptOutValue)
 	case !d.Policy.InMesh:
 		out.Gate = "none (not in the mesh)"
-	case c.report.Admission.GatePolicy:
-		out.Gate = "none: created before the admission policy, or the policy did not apply"
+	case c.report.Admission.GatePolicy || c.report.Admission.GateWebhook:
+		out.Gate = "none: created before the admission policy or webhook, while the webhook was down, or it did not apply"
 	default:
 		out.Gate = "none: the admission policy is not installed"
 	}

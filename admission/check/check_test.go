@@ -276,3 +276,36 @@ func TestForbidden(t *testing.T) {
 		t.Log("note:", n)
 	}
 }
+
+// TestManifestWithTheWebhook: on a cluster before Kubernetes 1.36 — no
+// MutatingAdmissionPolicy API at all (its list is NotFound), the webhook's
+// configuration installed — check knows the gate is added at admission (by
+// the webhook), and says nothing is unknown. A configuration without the
+// webhook's entry does not count.
+func TestManifestWithTheWebhook(t *testing.T) {
+	manifest := "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: shop}\nspec: {template: {spec: {containers: [{name: c, image: x}]}}}\n"
+	for _, entry := range []string{admission.WebhookName, "someone-else.example.com"} {
+		client := cluster(false)
+		client.PrependReactor("list", "mutatingadmissionpolicybindings", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "admissionregistration.k8s.io", Resource: "mutatingadmissionpolicybindings"}, "")
+		})
+		if err := client.Tracker().Add(&admissionregistrationv1.MutatingWebhookConfiguration{
+			ObjectMeta: metav1.ObjectMeta{Name: admission.MutatingPolicyName},
+			Webhooks:   []admissionregistrationv1.MutatingWebhook{{Name: entry}},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		r, err := New(ctx, kubetest.Wrap(client), Options{}).Manifest(ctx, strings.NewReader(manifest), "shop")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ours := entry == admission.WebhookName
+		if !r.Admission.Known || r.Admission.GatePolicy || r.Admission.GateWebhook != ours || len(r.Pods) != 1 || r.Pods[0].Gated != ours {
+			t.Errorf("entry %s: admission %+v pods %+v notes %q", entry, r.Admission, r.Pods, r.Notes)
+		}
+		if ours && r.Pods[0].Gate != "added at admission by the webhook "+admission.WebhookName {
+			t.Errorf("gate %q", r.Pods[0].Gate)
+		}
+	}
+}

@@ -53,6 +53,8 @@ func (c *Checker) template(t inject.Template) Pod {
 		p.Gate = "none (not in the mesh)"
 	case c.report.Admission.GatePolicy:
 		p.Gated, p.Gate = true, "added at admission by "+admission.MutatingPolicyName
+	case c.report.Admission.GateWebhook:
+		p.Gated, p.Gate = true, "added at admission by the webhook "+admission.WebhookName
 	default:
 		p.Gate = "none: the admission policy is not installed (ambientd inject adds it)"
 	}

@@ -17,7 +17,7 @@ func WriteTable(w io.Writer, r Report) error {
 	case !r.Admission.Known:
 		fmt.Fprintf(&b, "admission: unknown (cannot list admission policies)\n")
 	default:
-		fmt.Fprintf(&b, "admission: gate policy %s, annotation policy %s\n", installed(r.Admission.GatePolicy), installed(r.Admission.AnnotationPolicy))
+		fmt.Fprintf(&b, "admission: gate policy %s, gate webhook %s, annotation policy %s\n", installed(r.Admission.GatePolicy), installed(r.Admission.GateWebhook), installed(r.Admission.AnnotationPolicy))
 	}
 	rows := [][]string{{"POD", "MESH", "DECIDED BY", "GATE", "NODE", "AGENT", "ANNOTATION", "CONDITION", "VERDICT"}}
 	for _, p := range r.Pods {

@@ -198,7 +198,3 @@ func (h *Handler) log() *slog.Logger {
 	}
 	return slog.Default()
 }
-
-// DefaultWebhookName is the webhook entry's name in the shipped
-// MutatingWebhookConfiguration.
-const DefaultWebhookName = "readiness-gate.ambientd.io"

@@ -62,7 +62,7 @@ func parseWebhookFlags(args []string, getenv func(string) string, stderr io.Writ
 	fs.BoolVar(&c.ManageCertificates, "manage-certificates", true, "keep the serving certificate: a CA in --secret-name, the caBundle of --webhook-configuration; false: serve --tls-cert-file/--tls-key-file (cert-manager)")
 	fs.StringVar(&c.SecretName, "secret-name", "ambientd-webhook-ca", "the Secret (in --namespace) holding the webhook's CA")
 	fs.StringVar(&c.ConfigurationName, "webhook-configuration", admission.MutatingPolicyName, "the MutatingWebhookConfiguration whose caBundle is kept")
-	fs.StringVar(&c.WebhookName, "webhook-name", webhook.DefaultWebhookName, "the webhook entry of --webhook-configuration whose caBundle is kept (no other is written)")
+	fs.StringVar(&c.WebhookName, "webhook-name", admission.WebhookName, "the webhook entry of --webhook-configuration whose caBundle is kept (no other is written)")
 	fs.StringVar(&f.serviceName, "service-name", "ambientd-webhook", "the Service in front of the webhook: the serving certificate's DNS names")
 	fs.DurationVar(&c.CAValidity, "ca-validity", 365*24*time.Hour, "life of a CA the webhook creates (replaced at two thirds; 1h..87600h)")
 	fs.DurationVar(&c.CertValidity, "cert-validity", 24*time.Hour, "life of a serving certificate (replaced at two thirds; 10s..--ca-validity/3)")

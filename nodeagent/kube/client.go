@@ -82,8 +82,9 @@ type RuntimeClassInterface interface {
 
 // AdmissionregistrationV1Interface holds what `ambientd check` reads to
 // tell whether deploy/'s admission policies act: the policies and their
-// bindings (read only).
+// bindings, and the readiness-gate webhook's configuration (read only).
 type AdmissionregistrationV1Interface interface {
+	MutatingWebhookConfigurations() Getter[*admissionregistrationv1.MutatingWebhookConfiguration]
 	MutatingAdmissionPolicies() Getter[*admissionregistrationv1.MutatingAdmissionPolicy]
 	MutatingAdmissionPolicyBindings() Lister[*admissionregistrationv1.MutatingAdmissionPolicyBindingList]
 	ValidatingAdmissionPolicies() Getter[*admissionregistrationv1.ValidatingAdmissionPolicy]
@@ -319,6 +320,18 @@ func (c appsV1) DaemonSets(namespace string) DaemonSetInterface {
 type admissionregistrationV1 struct {
 	rc     rest.Interface
 	params runtime.ParameterCodec
+}
+
+func (c admissionregistrationV1) MutatingWebhookConfigurations() Getter[*admissionregistrationv1.MutatingWebhookConfiguration] {
+	return c.webhookConfigurations()
+}
+
+func (c admissionregistrationV1) webhookConfigurations() WebhookConfigurationInterface {
+	return gentype.NewClient("mutatingwebhookconfigurations", c.rc, c.params, "",
+		func() *admissionregistrationv1.MutatingWebhookConfiguration {
+			return &admissionregistrationv1.MutatingWebhookConfiguration{}
+		},
+		gentype.PrefersProtobuf[*admissionregistrationv1.MutatingWebhookConfiguration]())
 }
 
 func (c admissionregistrationV1) MutatingAdmissionPolicies() Getter[*admissionregistrationv1.MutatingAdmissionPolicy] {

@@ -42,11 +42,7 @@ func (c *Client) Secrets(namespace string) SecretInterface {
 // MutatingWebhookConfigurations returns the cluster's mutating webhook
 // configurations.
 func (c *Client) MutatingWebhookConfigurations() WebhookConfigurationInterface {
-	return gentype.NewClient("mutatingwebhookconfigurations", c.adm.rc, c.adm.params, "",
-		func() *admissionregistrationv1.MutatingWebhookConfiguration {
-			return &admissionregistrationv1.MutatingWebhookConfiguration{}
-		},
-		gentype.PrefersProtobuf[*admissionregistrationv1.MutatingWebhookConfiguration]())
+	return c.adm.webhookConfigurations()
 }
 
 // ConfigMapInformer watches the one ConfigMap namespace/name (a field

@@ -55,6 +55,10 @@ func (c nodeV1) RuntimeClasses() kube.RuntimeClassInterface { return c.cs.NodeV1
 
 type admissionregistrationV1 clientset
 
+func (c admissionregistrationV1) MutatingWebhookConfigurations() kube.Getter[*admissionregistrationv1.MutatingWebhookConfiguration] {
+	return c.cs.AdmissionregistrationV1().MutatingWebhookConfigurations()
+}
+
 func (c admissionregistrationV1) MutatingAdmissionPolicies() kube.Getter[*admissionregistrationv1.MutatingAdmissionPolicy] {
 	return c.cs.AdmissionregistrationV1().MutatingAdmissionPolicies()
 }
