@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -251,5 +252,81 @@ func TestKeeperWritesNothingItCannotOwn(t *testing.T) {
 	}
 	if k.Ready() {
 		t.Error("ready without a caBundle in place")
+	}
+}
+
+// TestConcurrentCARotationWritesOneCA: two replicas find the CA due at the
+// same moment; the other one's update lands between this one's read and
+// write. This one's update carries the resourceVersion it read, is refused
+// (Conflict), and it then uses the CA the other wrote instead of writing a
+// second one: every replica's leaf chains to the one CA in the Secret.
+func TestConcurrentCARotationWritesOneCA(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeCluster()
+	clk := &clock{time.Now()}
+	k := keeper(c, clk)
+	k.CAValidity, k.LeafValidity = 3*time.Hour, time.Hour
+	gvr := corev1.SchemeGroupVersion.WithResource("secrets")
+	// The API server's optimistic concurrency, which the fake lacks: every
+	// write gets a new resourceVersion, and an update that names another
+	// one than the stored is a Conflict (an empty one is unconditional).
+	rv := 100
+	c.PrependReactor("create", "secrets", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		s := action.(k8stesting.CreateAction).GetObject().(*corev1.Secret).DeepCopy()
+		rv++
+		s.ResourceVersion, s.Namespace = fmt.Sprint(rv), testNS
+		return true, s, c.Tracker().Create(gvr, s, testNS)
+	})
+	if _, err := k.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.t = clk.t.Add(2*time.Hour + time.Minute) // the CA is due
+	var theirs caPair
+	raced := false
+	c.PrependReactor("update", "secrets", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		s := action.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).DeepCopy()
+		if !raced { // the other replica's rotation lands first
+			raced = true
+			cur, _ := c.Tracker().Get(gvr, testNS, s.Name)
+			other := cur.(*corev1.Secret).DeepCopy()
+			var err error
+			if theirs, err = newCA(k.CAValidity, clk.t); err != nil {
+				t.Error(err)
+			}
+			other.Data = map[string][]byte{KeyCACert: theirs.certPEM, KeyCAKey: mustKeyPEM(theirs.key),
+				KeyPrevCACert: other.Data[KeyCACert], KeyPrevCAKey: other.Data[KeyCAKey]}
+			rv++
+			other.ResourceVersion = fmt.Sprint(rv)
+			if err := c.Tracker().Update(gvr, other, testNS); err != nil {
+				t.Error(err)
+			}
+		}
+		cur, err := c.Tracker().Get(gvr, testNS, s.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		if s.ResourceVersion != "" && cur.(*corev1.Secret).ResourceVersion != s.ResourceVersion {
+			return true, nil, apierrors.NewConflict(corev1.Resource("secrets"), s.Name, fmt.Errorf("the object has been modified"))
+		}
+		rv++
+		s.ResourceVersion = fmt.Sprint(rv)
+		return true, s, c.Tracker().Update(gvr, s, testNS)
+	})
+	if _, err := k.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !raced {
+		t.Fatal("the race was not run")
+	}
+	s, _ := c.CoreV1().Secrets(testNS).Get(ctx, "ambientd-webhook-ca", metav1.GetOptions{})
+	if !bytes.Equal(s.Data[KeyCACert], theirs.certPEM) {
+		t.Fatal("the Secret's CA is not the one the other replica wrote: a second CA was written over it")
+	}
+	bundle := bundleOf(t, c, "ambientd-readiness-gate", "readiness-gate.ambientd.io")
+	if !bytes.Contains(bundle, theirs.certPEM) {
+		t.Error("the caBundle lacks the other replica's CA")
+	}
+	if err := verifies(t, k, bundle, clk.t); err != nil {
+		t.Errorf("leaf against the caBundle: %v", err)
 	}
 }
