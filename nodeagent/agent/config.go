@@ -37,6 +37,12 @@ type Config struct {
 	// PodConditionType is the pod condition the agent maintains on the
 	// pods it enrolls (in the same write as the annotation).
 	PodConditionType string
+	// MissingGateEvents records a Warning Event on a mesh pod that joins
+	// the mesh without the readiness gate admission would have added
+	// (missinggate.go). Off where no admission adds the gate on purpose
+	// (the chart's readinessGate.mechanism none): every mesh pod would
+	// cost an Event.
+	MissingGateEvents bool
 	// VerifyInterval is the period of the drift pass (jittered); 0 = off.
 	VerifyInterval time.Duration
 	// IPv6 says the rule manager captures IPv6: when false, a pod with an
@@ -82,20 +88,21 @@ const DefaultZtunnelGrace = 5 * time.Second
 // DefaultConfig returns the defaults (the flags of `ambientd run` show them).
 func DefaultConfig() Config {
 	return Config{
-		Policy:           policy.DefaultConfig(),
-		DNSCapture:       true,
-		HostProc:         "/proc",
-		PodLookupTimeout: 10 * time.Second,
-		CacheWait:        500 * time.Millisecond,
-		RetryBaseDelay:   200 * time.Millisecond,
-		RetryMaxDelay:    30 * time.Second,
-		Workers:          4,
-		PodConditionType: podmeta.ConditionEnrolled,
-		VerifyInterval:   60 * time.Second,
-		IPv6:             iptables.DefaultIPv6,
-		RunDir:           "/var/run/ambientd",
-		MaxParallelAdds:  16,
-		ZtunnelGrace:     DefaultZtunnelGrace,
+		Policy:            policy.DefaultConfig(),
+		DNSCapture:        true,
+		HostProc:          "/proc",
+		PodLookupTimeout:  10 * time.Second,
+		CacheWait:         500 * time.Millisecond,
+		RetryBaseDelay:    200 * time.Millisecond,
+		RetryMaxDelay:     30 * time.Second,
+		Workers:           4,
+		PodConditionType:  podmeta.ConditionEnrolled,
+		MissingGateEvents: true,
+		VerifyInterval:    60 * time.Second,
+		IPv6:              iptables.DefaultIPv6,
+		RunDir:            "/var/run/ambientd",
+		MaxParallelAdds:   16,
+		ZtunnelGrace:      DefaultZtunnelGrace,
 	}
 }
 

@@ -25,6 +25,7 @@ func (a *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&a.RetryMaxDelay, "retry-max-delay", a.RetryMaxDelay, "cap of the per-pod exponential backoff")
 	fs.IntVar(&a.Workers, "workers", a.Workers, "pod syncs run at once from the workqueue (informer events, retries)")
 	fs.IntVar(&a.MaxParallelAdds, "max-parallel-adds", a.MaxParallelAdds, "CNI ADDs enrolling at once; more wait within their deadline")
+	fs.BoolVar(&a.MissingGateEvents, "missing-gate-events", a.MissingGateEvents, "record a Warning Event (ReadinessGateMissing) on a mesh pod that has no readiness gate though admission would have added one; the gauge ambientd_pods_missing_readiness_gate counts them either way. Off where no admission adds the gate on purpose (the chart's readinessGate.mechanism none)")
 	fs.StringVar(&a.PodConditionType, "pod-condition-type", a.PodConditionType, "pod condition the agent maintains on the pods it enrolls (name it in spec.readinessGates)")
 	fs.DurationVar(&a.ZtunnelGrace, "ztunnel-grace", a.ZtunnelGrace, "how long the node may be without a ztunnel that acked its snapshot before every enabled pod's condition turns False (reason ZtunnelUnavailable) so its Services stop sending it traffic nothing proxies; 0 = never (docs/readiness.md)")
 }

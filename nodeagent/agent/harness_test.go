@@ -177,6 +177,8 @@ func newHarness(t testing.TB, opts ...harnessOption) *harness {
 		RetryBaseDelay:   20 * time.Millisecond,
 		RetryMaxDelay:    200 * time.Millisecond,
 		HostProc:         emptyProc, // empty: no running pod is ever found
+		// As the flag's default.
+		MissingGateEvents: true,
 	}
 	for _, mut := range setup.config {
 		mut(&cfg)

@@ -56,7 +56,7 @@ func (a *Agent) wouldGate(pod *corev1.Pod) bool {
 // does not start.
 func (a *Agent) reportMissingGate(s podSync, after registry.Entry, moved bool) {
 	pod := s.pod
-	if !moved || after.Phase != registry.Enabled || !s.inMesh || pod.DeletionTimestamp != nil || !a.wouldGate(pod) {
+	if !a.cfg.MissingGateEvents || !moved || after.Phase != registry.Enabled || !s.inMesh || pod.DeletionTimestamp != nil || !a.wouldGate(pod) {
 		return
 	}
 	if c := podCondition(pod, a.cfg.PodConditionType); c != nil && c.Status == corev1.ConditionTrue {

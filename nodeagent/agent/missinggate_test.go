@@ -134,3 +134,21 @@ func countEvents(h *harness, namespace, reason string) int {
 	}
 	return n
 }
+
+// TestMissingGateEventsOff: with --missing-gate-events=false (the chart's
+// readinessGate.mechanism none: no admission adds the gate, on purpose) a
+// mesh pod without the gate costs no Event.
+func TestMissingGateEventsOff(t *testing.T) {
+	missing := pod("app", "missing", "uid-1", nil)
+	// Its invalid annotation's Event is recorded after the gate's would be
+	// (one recorder, in order): once it is there, the other would be too.
+	marker := pod("app", "marker", "uid-2", map[string]string{podmeta.AnnotationDNSCapture: "maybe"})
+	marker.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podmeta.ConditionEnrolled}}
+	h := newHarness(t, withConfig(func(c *Config) { c.MissingGateEvents = false }), withObjects(namespace("app", true), missing, marker))
+	h.enrollConnected(missing)
+	h.enrollConnected(marker)
+	h.waitFor("the marker's InvalidAnnotation Event", func() bool { return h.hasEvent("app", EventInvalidAnnotation, "") })
+	if n := countEvents(h, "app", EventReadinessGateMissing); n != 0 {
+		t.Errorf("%d ReadinessGateMissing Events with --missing-gate-events=false", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -70,6 +71,24 @@ func TestGateMechanismFollowsTheKubernetesVersion(t *testing.T) {
 	}
 	if _, err := chartrender.Render(chartDir, chartrender.Options{Set: []string{"ambientd.readinessGate.mechanism=sometimes"}}); err == nil || !strings.Contains(err.Error(), "mechanism") {
 		t.Errorf("an unknown mechanism: error %v, want one naming it", err)
+	}
+}
+
+// TestMissingGateEventsFollowTheMechanism: with no admission adding the
+// gate on purpose (mechanism none) the agent records no ReadinessGateMissing
+// Event per mesh pod; with a mechanism, a pod without the gate is an
+// anomaly it reports.
+func TestMissingGateEventsFollowTheMechanism(t *testing.T) {
+	for mechanism, want := range map[string]string{"": "true", "webhook": "true", "policy": "true", "none": "false"} {
+		var set []string
+		if mechanism != "" {
+			set = []string{"ambientd.readinessGate.mechanism=" + mechanism}
+		}
+		var cm corev1.ConfigMap
+		typed(t, objectsOf(t, chartDir, chartrender.Options{Release: "ambientd", Namespace: "istio-system", KubeVersion: "v1.37.0", Set: set}), "ConfigMap", "ambientd-config", &cm)
+		if got := cm.Data["AMBIENTD_MISSING_GATE_EVENTS"]; got != want {
+			t.Errorf("mechanism %q: AMBIENTD_MISSING_GATE_EVENTS %q, want %q", mechanism, got, want)
+		}
 	}
 }
 
