@@ -4,7 +4,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -70,13 +72,20 @@ func TestPluginCheckNamesExclusiveCNI(t *testing.T) {
 	}
 	write("10-old.conflist.cilium_bak", `{"cniVersion":"1.0.0","name":"old","plugins":[{"type":"bridge"}]}`)
 	write("10-net.conflist", `{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"bridge"},{"type":"ambientd-cni"}]}`)
-	check := pluginCheck(dir, "ambientd-cni", time.Now())
+	// The kernel stamps ctime from its coarse clock, up to a tick behind
+	// time.Now: the start is read from that clock (just after the old
+	// backup's stamp), and the rename below waits for a later tick.
+	started := kernelNow(t, dir).Add(time.Nanosecond)
+	check := pluginCheck(dir, "ambientd-cni", started)
 	if err := check(); err != nil {
 		t.Fatalf("installed: %v", err)
 	}
 	write("05-cilium.conflist", `{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni"}]}`)
 	if err := check(); err == nil || errors.Is(err, cniinstall.ErrExclusiveCNI) {
 		t.Fatalf("Cilium's config sorts first, nothing renamed: %v; want a plain failure", err)
+	}
+	for !kernelNow(t, dir).After(started) {
+		runtime.Gosched()
 	}
 	if err := os.Rename(filepath.Join(dir, "10-net.conflist"), filepath.Join(dir, "10-net.conflist.cilium_bak")); err != nil {
 		t.Fatal(err)
@@ -85,4 +94,19 @@ func TestPluginCheckNamesExclusiveCNI(t *testing.T) {
 	if !errors.Is(err, cniinstall.ErrExclusiveCNI) || !strings.Contains(err.Error(), "10-net.conflist renamed") || strings.Contains(err.Error(), "10-old") {
 		t.Fatalf("check = %v; want ErrExclusiveCNI naming 10-net.conflist only", err)
 	}
+}
+
+// kernelNow is the time the kernel stamps on a file changed now (its ctime
+// clock), read from a probe file in dir.
+func kernelNow(t *testing.T, dir string) time.Time {
+	t.Helper()
+	p := filepath.Join(dir, ".clock-probe")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return time.Unix(st.Ctim.Sec, st.Ctim.Nsec)
 }
