@@ -40,9 +40,13 @@ type config struct {
 	// agentBin, when set, is the agent binary run instead of bin/ambientd
 	// (a build made on purpose with a known bug: docs/soak.md).
 	agentBin string
-	// pluginBin, when set, is the CNI plugin the chain runs instead of
-	// bin/ambientd-cni (a build made on purpose with a known bug).
+	// pluginBin, when set, is the CNI plugin the agent installs instead of
+	// bin/ambientd-cni (--cni-bin-source; a build made on purpose with a
+	// known bug).
 	pluginBin string
+	// leaseTTL is the agent's --cni-install-lease-ttl: short, so that
+	// agent outages outlast it within a run.
+	leaseTTL time.Duration
 	// rules is the agent's --iptables: auto (the default, what users
 	// install: native nftables on a clean node) or nft (iptables-nft).
 	rules string
@@ -87,7 +91,8 @@ func parseConfig(args []string) (config, error) {
 	fs.Int64Var(&c.seed, "seed", int64(e2eenv.EnvInt("SOAK_SEED", 1)), "random seed: the same seed makes the same plan of churn and faults (env SOAK_SEED)")
 	fs.StringVar(&c.out, "out", e2eenv.EnvString("SOAK_OUT", ".cache/soak"), "directory for summary.txt and timeline.json, the data make soak draws as timeline.png/.svg (env SOAK_OUT)")
 	fs.StringVar(&c.agentBin, "agent-bin", os.Getenv("SOAK_AGENT_BIN"), "the agent binary to run instead of bin/ambientd (env SOAK_AGENT_BIN)")
-	fs.StringVar(&c.pluginBin, "plugin-bin", os.Getenv("SOAK_PLUGIN_BIN"), "the CNI plugin binary the chain runs instead of bin/ambientd-cni (env SOAK_PLUGIN_BIN)")
+	fs.StringVar(&c.pluginBin, "plugin-bin", os.Getenv("SOAK_PLUGIN_BIN"), "the CNI plugin binary the agent installs instead of bin/ambientd-cni (env SOAK_PLUGIN_BIN)")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", e2eenv.EnvDuration("SOAK_LEASE_TTL", defaultLeaseTTL), "the agent's --cni-install-lease-ttl, short so that agent outages outlast it (env SOAK_LEASE_TTL)")
 	fs.StringVar(&c.rules, "rules", e2eenv.EnvString("SOAK_RULES", "auto"), "the agent's rules backend (--iptables): auto, the default (native nftables on this clean node), or nft (iptables-nft) (env SOAK_RULES)")
 	agentArgs := fs.String("agent-args", os.Getenv("SOAK_AGENT_ARGS"), "extra flags for `ambientd run`, space separated (env SOAK_AGENT_ARGS)")
 	faults := fs.String("faults", e2eenv.EnvString("SOAK_FAULTS", strings.Join(allFaultKinds(), ",")), "fault kinds to inject, comma separated, or none (env SOAK_FAULTS)")
@@ -107,10 +112,23 @@ func parseConfig(args []string) (config, error) {
 	if c.rules != "auto" && c.rules != "nft" {
 		return c, fmt.Errorf("-rules %q: want auto or nft", c.rules)
 	}
-	if c.duration < 10*time.Second || c.pods < 2 || c.pods > 500 || c.verifyInterval < 0 {
-		return c, fmt.Errorf("-duration must be at least 10s, -pods 2..500, -verify-interval 0 or more")
+	if c.duration < 10*time.Second || c.pods < 2 || c.pods > 500 || c.verifyInterval < 0 || c.leaseTTL < time.Second {
+		return c, fmt.Errorf("-duration must be at least 10s, -pods 2..500, -verify-interval 0 or more, -lease-ttl 1s or more")
 	}
 	return c, nil
+}
+
+// defaultLeaseTTL is the soak's install lease TTL: one agent-kill in five
+// keeps the agent down 8–20 s, longer than it.
+const defaultLeaseTTL = 6 * time.Second
+
+// leaseTTLOr is the agent's --cni-install-lease-ttl: defaultLeaseTTL
+// unless set.
+func (c config) leaseTTLOr() time.Duration {
+	if c.leaseTTL == 0 {
+		return defaultLeaseTTL
+	}
+	return c.leaseTTL
 }
 
 // rulesOr is the agent's --iptables: auto unless set.

@@ -32,6 +32,14 @@ const (
 	// nameserver answered itself, not its ztunnel's DNS port (DNS capture
 	// on, the agent's default).
 	kindDNSBypass = "DNS bypass"
+	// kindPlainRefused: an ADD through our plugin failed for a pod outside
+	// the mesh while no agent process ran and the API server was up: the
+	// plugin must let it start (it can tell from the API).
+	kindPlainRefused = "plain pod refused while the API was up"
+	// kindNotFollowed: the runtime's config did not run our plugin with
+	// the primary's latest text (or at all) within followBound of a
+	// change, the agent running all along.
+	kindNotFollowed = "conflist not followed"
 )
 
 type violation struct {
@@ -215,6 +223,19 @@ func (r *recorder) agentOutAt(t time.Time) bool {
 	defer r.mu.Unlock()
 	for _, s := range slices.Backward(r.agentOut) {
 		if s.covers(t, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// agentOutBetween: the soak had the agent stopped at some moment from
+// from to to.
+func (r *recorder) agentOutBetween(from, to time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.agentOut {
+		if !s.from.After(to) && (s.to.IsZero() || !s.to.Before(from)) {
 			return true
 		}
 	}

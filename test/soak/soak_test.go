@@ -103,12 +103,7 @@ func TestSoakCatchesBypass(t *testing.T) {
 // longer than the grace + 2 s, and agent downs in which pods in the mesh
 // are made. Each kind must be reported.
 func TestSoakCatchesBrokenPromises(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "ambientd-cni-absent-admit")
-	build := exec.Command("go", "build", "-tags", "grpcnotrace,ambientd_absent_admit", "-o", bin, "./cmd/ambientd-cni")
-	build.Dir = testEnv.Root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the known-bad plugin: %v\n%s", err, out)
-	}
+	bin := knownBadPlugin(t, "ambientd_absent_admit")
 	c := config{duration: 30 * time.Second, pods: 10, seed: 3, faults: []string{"agent-kill", "ztunnel-kill"}, verifyInterval: 5 * time.Second,
 		agentArgs: []string{"--ztunnel-grace=0", "--dns-capture=false"}, pluginBin: bin}
 	res := soakFor(t, c)
@@ -124,6 +119,40 @@ func TestSoakCatchesBrokenPromises(t *testing.T) {
 	}
 	if kinds[kindAbsentAdd] == 0 {
 		t.Errorf("plugin built with ambientd_absent_admit through agent kills: no %q reported (violations by kind %v)", kindAbsentAdd, kinds)
+	}
+	t.Logf("caught: violations by kind %v", kinds)
+}
+
+// knownBadPlugin builds bin/ambientd-cni with tag (a known-bad build,
+// docs/soak.md) for the agent to install.
+func knownBadPlugin(t *testing.T, tag string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ambientd-cni-"+tag)
+	build := exec.Command("go", "build", "-tags", "grpcnotrace,"+tag, "-o", bin, "./cmd/ambientd-cni")
+	build.Dir = testEnv.Root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the known-bad plugin: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestSoakCatchesPlainRefused proves the judgement of the plugin while no
+// agent answers, the other way: a plugin built with ambientd_absent_refuse
+// refuses every pod then, pods outside the mesh too, although the API
+// could tell it they need no agent. Only agent-kill faults, seed 5: pods
+// outside the mesh are made and their sandboxes recreated while the agent
+// is down; the sampler must report "plain pod refused while the API was
+// up".
+func TestSoakCatchesPlainRefused(t *testing.T) {
+	c := config{duration: 20 * time.Second, pods: 10, seed: 5, faults: []string{"agent-kill"}, verifyInterval: 5 * time.Second,
+		pluginBin: knownBadPlugin(t, "ambientd_absent_refuse")}
+	res := soakFor(t, c)
+	kinds := map[string]int{}
+	for _, v := range res.violations {
+		kinds[v.Kind]++
+	}
+	if kinds[kindPlainRefused] == 0 {
+		t.Fatalf("plugin built with ambientd_absent_refuse through agent kills: no %q reported (violations by kind %v)", kindPlainRefused, kinds)
 	}
 	t.Logf("caught: violations by kind %v", kinds)
 }
