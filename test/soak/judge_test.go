@@ -224,6 +224,12 @@ func TestAgentClocks(t *testing.T) {
 			t.Errorf("%s: gone through = %v, want %v", c.name, got, c.gone)
 		}
 	}
+	if got := rec.goneSince(at(1500)); !got.Equal(at(300)) {
+		t.Errorf("gone since %v, want the exit at 300ms", got.Sub(t0))
+	}
+	if got := rec.goneSince(at(2100)); !got.IsZero() {
+		t.Errorf("gone since %v after the start, want zero", got.Sub(t0))
+	}
 	rec.agentSignalled(at(3000))
 	if !rec.agentOutAt(at(3500)) || rec.agentOutAt(at(2500)) {
 		t.Error("a second restart: out only after its signal")

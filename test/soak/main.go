@@ -1,6 +1,7 @@
 // Command soak is the soak under faults (`make soak`, docs/soak.md): on the
-// end-to-end environment (kube-apiserver + etcd, the libcni chain with
-// bin/ambientd-cni, bin/ambientd, bin/ztunnel-emulator in netns mode) it
+// end-to-end environment (kube-apiserver + etcd, bin/ambientd installing
+// bin/ambientd-cni into a host-like CNI tree the runtime (libcni) reads:
+// install.go, bin/ztunnel-emulator in netns mode) it
 // churns pods for a while — creates and deletes in ambient, plain and
 // opted-out namespaces, sidecar-mode pods among them, flips namespace and
 // pod labels, recreates sandboxes with and without our plugin — while
@@ -8,7 +9,8 @@
 // which reads only the API's claims, the emulators' state and real
 // connections, judges every pod several times a second: bypass, black hole
 // while a ztunnel serves, a restored pod left unverified, a sidecar pod in
-// ambient, lost pod, and leaks at the end.
+// ambient, the plugin's decisions while no agent runs, the runtime's config
+// following its primary, lost pod, and leaks at the end.
 // It prints a summary, writes the timeline's data (timeline.go; test/soakplot
 // draws it) and ends with one line:
 //
@@ -44,6 +46,10 @@ type config struct {
 	// bin/ambientd-cni (--cni-bin-source; a build made on purpose with a
 	// known bug).
 	pluginBin string
+	// nsSuffix follows the seed in the run's namespace names, so that
+	// two runs of one seed on one environment (the package's tests) do
+	// not meet each other's namespaces.
+	nsSuffix string
 	// leaseTTL is the agent's --cni-install-lease-ttl: short, so that
 	// agent outages outlast it within a run.
 	leaseTTL time.Duration
@@ -118,9 +124,9 @@ func parseConfig(args []string) (config, error) {
 	return c, nil
 }
 
-// defaultLeaseTTL is the soak's install lease TTL: one agent-kill in five
-// keeps the agent down 8–20 s, longer than it.
-const defaultLeaseTTL = 6 * time.Second
+// defaultLeaseTTL is the soak's install lease TTL: an agent-kill keeps
+// the agent down 0.2–3 s (one in five 8–20 s), often longer than it.
+const defaultLeaseTTL = 2 * time.Second
 
 // leaseTTLOr is the agent's --cni-install-lease-ttl: defaultLeaseTTL
 // unless set.

@@ -242,6 +242,19 @@ func (r *recorder) agentOutBetween(from, to time.Time) bool {
 	return false
 }
 
+// goneSince is when the agent's process exited, if none ran at t (zero
+// otherwise).
+func (r *recorder) goneSince(t time.Time) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range slices.Backward(r.agentGone) {
+		if s.covers(t, t) {
+			return s.from
+		}
+	}
+	return time.Time{}
+}
+
 // agentGoneThrough: no agent process ran at any time from from to to.
 func (r *recorder) agentGoneThrough(from, to time.Time) bool {
 	r.mu.Lock()

@@ -28,10 +28,11 @@ type result struct {
 	sidecars, downWipes, downWipesSeen int64
 	// absentAdds: ADDs through our plugin while no agent ran, the API up,
 	// by [in the mesh][started] (soak.countAbsent).
-	absentAdds [2][2]int64
-	ops        map[string]*opCount
-	agentLog   string
-	violations []violation
+	absentAdds   [2][2]int64
+	plainPastTTL int64
+	ops          map[string]*opCount
+	agentLog     string
+	violations   []violation
 }
 
 func (r *result) violationCount() int { return len(r.violations) }
@@ -119,8 +120,8 @@ func (r *result) summary() string {
 	fmt.Fprintf(&b, "bounds: bypass %v, black hole while served %v, lost pod %v after the last fault\n", bypassBound(r.cfg), blackHoleBound, lostBound)
 	fmt.Fprintf(&b, "pods: %d created (%d of them sidecar-mode, %d resident), %d deleted\n", r.created, r.sidecars, residentPods, r.deleted)
 	fmt.Fprintf(&b, "rules wiped while the agent was down (agent-kill, agent-term): %d; judged after the restarted agent was ready (seen back in order, or reported): %d\n", r.downWipes, r.downWipesSeen)
-	fmt.Fprintf(&b, "ADDs through our plugin while no agent ran, the API up: outside the mesh %d started, %d refused; in the mesh %d waited, %d started\n",
-		r.absentAdds[0][1], r.absentAdds[0][0], r.absentAdds[1][0], r.absentAdds[1][1])
+	fmt.Fprintf(&b, "ADDs through our plugin while no agent ran, the API up: outside the mesh %d started (%d with the lease past its TTL), %d refused; in the mesh %d waited, %d started\n",
+		r.absentAdds[0][1], r.plainPastTTL, r.absentAdds[0][0], r.absentAdds[1][0], r.absentAdds[1][1])
 	b.WriteString("churn operations (ok / failed):")
 	for _, k := range sortedKeys(r.ops) {
 		fmt.Fprintf(&b, " %s %d/%d;", k, r.ops[k].ok, r.ops[k].failed)

@@ -53,7 +53,8 @@ func (l testLog) Write(p []byte) (int, error) {
 // every fault kind, seed 2, the agent on its default rules backend and its
 // drift pass at the soak's period; any violation (bypass, black hole while
 // served, restored unverified, ready while unserved, mesh pod added without
-// an agent, sidecar pod in ambient, lost pod, leak) fails it. Seed 2's
+// an agent, plain pod refused while the API was up, conflist not followed,
+// sidecar pod in ambient, lost pod, leak) fails it. Seed 2's
 // first storm runs every process fault: an agent-term and an agent-kill
 // with a resident pod's rules wiped while the agent is down (an agent
 // built with ambientd_trust_restored fails it, docs/soak.md), and a
@@ -139,13 +140,13 @@ func knownBadPlugin(t *testing.T, tag string) string {
 // TestSoakCatchesPlainRefused proves the judgement of the plugin while no
 // agent answers, the other way: a plugin built with ambientd_absent_refuse
 // refuses every pod then, pods outside the mesh too, although the API
-// could tell it they need no agent. Only agent-kill faults, seed 5: pods
+// could tell it they need no agent. The run of TestSoakAgentAway: pods
 // outside the mesh are made and their sandboxes recreated while the agent
 // is down; the sampler must report "plain pod refused while the API was
 // up".
 func TestSoakCatchesPlainRefused(t *testing.T) {
-	c := config{duration: 20 * time.Second, pods: 10, seed: 5, faults: []string{"agent-kill"}, verifyInterval: 5 * time.Second,
-		pluginBin: knownBadPlugin(t, "ambientd_absent_refuse")}
+	c := agentAwayConfig()
+	c.pluginBin, c.nsSuffix = knownBadPlugin(t, "ambientd_absent_refuse"), "r"
 	res := soakFor(t, c)
 	kinds := map[string]int{}
 	for _, v := range res.violations {
@@ -155,4 +156,27 @@ func TestSoakCatchesPlainRefused(t *testing.T) {
 		t.Fatalf("plugin built with ambientd_absent_refuse through agent kills: no %q reported (violations by kind %v)", kindPlainRefused, kinds)
 	}
 	t.Logf("caught: violations by kind %v", kinds)
+}
+
+// agentAwayConfig is 15 s of agent-kill faults only, seed 5: its first
+// kill keeps the agent down about 17 s, far past the install lease's TTL
+// (2 s), while pods churn.
+func agentAwayConfig() config {
+	return config{duration: 15 * time.Second, pods: 10, seed: 5, faults: []string{"agent-kill"}, verifyInterval: 5 * time.Second}
+}
+
+// TestSoakAgentAway: the shipped plugin through agent outages longer than
+// the install lease's TTL (the run TestSoakCatchesPlainRefused makes with
+// a known-bad plugin). While no agent runs, pods outside the mesh start,
+// with the lease past its TTL too, and mesh pods wait: no violation, and
+// the run must have made both kinds of ADD while the agent was gone.
+func TestSoakAgentAway(t *testing.T) {
+	res := soakFor(t, agentAwayConfig())
+	if n := res.violationCount(); n > 0 {
+		t.Errorf("%d violations (summary above): %s", n, res.lastLine())
+	}
+	if res.plainPastTTL == 0 || res.absentAdds[1][0] == 0 {
+		t.Errorf("the run made no ADD of a pod outside the mesh past the lease's TTL (%d) or no mesh pod's (%d waited) while the agent was gone: it proves nothing", res.plainPastTTL, res.absentAdds[1][0])
+	}
+	t.Logf("while no agent ran: outside the mesh %d started (%d past the TTL), in the mesh %d waited", res.absentAdds[0][1], res.plainPastTTL, res.absentAdds[1][0])
 }

@@ -139,7 +139,10 @@ type soak struct {
 	// absentAdds counts the judged ADDs through our plugin made wholly
 	// while no agent ran (countAbsent), by [in the mesh][started].
 	absentAdds [2][2]atomic.Int64
-	slowLogged time.Time // the sampler's alone
+	// plainPastTTL: of those, pods outside the mesh that started with the
+	// install lease past its TTL.
+	plainPastTTL atomic.Int64
+	slowLogged   time.Time // the sampler's alone
 
 	claimMu    sync.Mutex
 	lastClaims map[string]claim // by pod uid
@@ -264,6 +267,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	}
 	res.created, res.deleted = s.created.Load(), s.deleted.Load()
 	res.sidecars, res.downWipes, res.downWipesSeen = s.sidecars.Load(), s.downWipes.Load(), s.downWipesSeen.Load()
+	res.plainPastTTL = s.plainPastTTL.Load()
 	for mesh := range 2 {
 		for started := range 2 {
 			res.absentAdds[mesh][started] = s.absentAdds[mesh][started].Load()
@@ -280,7 +284,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 // (plain chain, plain namespace) that serves remotePort, the outbound
 // probes' destination, and dials the pods' appPort, the inbound probes.
 func (s *soak) setup(ctx context.Context) error {
-	run := fmt.Sprintf("%d", s.cfg.seed)
+	run := fmt.Sprintf("%d%s", s.cfg.seed, s.cfg.nsSuffix)
 	for _, n := range []struct {
 		suffix  string
 		ambient bool
@@ -723,6 +727,11 @@ func (s *soak) countAbsent(mesh, started bool, policySince, began, ended time.Ti
 		return
 	}
 	s.absentAdds[b2i(mesh)][b2i(started)].Add(1)
+	// The agent renewed its lease until it exited: an ADD that began a
+	// TTL after that met a lease past its TTL.
+	if !mesh && started && began.Sub(s.rec.goneSince(began)) > s.cfg.leaseTTLOr() {
+		s.plainPastTTL.Add(1)
+	}
 }
 
 func b2i(b bool) int {
