@@ -274,22 +274,56 @@ func (s *soak) waitConflist(ctx context.Context, ok func([]byte) bool) (time.Dur
 	}
 }
 
+// The installer's loop guard (docs/install.md, "What install-cni does on
+// a node"; --cni-repair-limit and --cni-repair-window at their defaults):
+// above repairLimit rewrites in repairWindow it takes another component to
+// be fighting it and repairs with a doubling delay, 1 s up to a minute.
+const (
+	repairLimit    = 5
+	repairWindow   = time.Minute
+	repairMaxDelay = time.Minute
+)
+
+// conflistFaults change the runtime's config.
+var conflistFaults = []string{"owned-conflist-deleted", "primary-rewritten"}
+
+// followAllowed is the bound of a follow of the change at: followBound,
+// plus the loop guard's delay when the soak's own conflist faults of the
+// last repairWindow (this one included) are more than repairLimit: the
+// agent is entitled to take them for a fight (a generous bound: the
+// delay the guard reaches after that many repairs in a row).
+func (s *soak) followAllowed(at time.Time) time.Duration {
+	n := 0
+	for _, k := range conflistFaults {
+		n += s.rec.startedBetween(k, at.Add(-repairWindow), at)
+	}
+	if n <= repairLimit {
+		return followBound
+	}
+	delay := repairMaxDelay
+	if over := n - repairLimit; over < 7 {
+		delay = min(repairMaxDelay, time.Second<<over)
+	}
+	return followBound + delay
+}
+
 // judgeFollow: the agent's installer must repair the runtime's config
-// within followBound of the change, unless the soak had the agent out in
-// that time (its restart repairs it).
+// within the bound (followAllowed) of the change, unless the soak had the
+// agent out in that time (its restart repairs it).
 func (s *soak) judgeFollow(what string, at time.Time, took time.Duration) {
-	if took <= followBound || s.rec.agentOutBetween(at, at.Add(took)) {
+	bound := s.followAllowed(at)
+	if took <= bound || s.rec.agentOutBetween(at, at.Add(took)) {
 		return
 	}
 	s.rec.violation(violation{At: at, Kind: kindNotFollowed,
-		Detail: fmt.Sprintf("%s: the runtime's config ran our plugin with it only %v later, the agent running all along (bound %v)", what, took.Round(time.Millisecond), followBound)})
+		Detail: fmt.Sprintf("%s: the runtime's config ran our plugin with it only %v later, the agent running all along (bound %v)", what, took.Round(time.Millisecond), bound)})
 }
 
 // conflistInFlux: a fault that changes the runtime's config was in flight
 // at some moment between from and to (the runtime may have read a config
 // without our plugin, or none).
 func (s *soak) conflistInFlux(from, to time.Time) bool {
-	return slices.ContainsFunc([]string{"owned-conflist-deleted", "primary-rewritten"}, func(k string) bool { return s.rec.overlaps(k, from, to) })
+	return slices.ContainsFunc(conflistFaults, func(k string) bool { return s.rec.overlaps(k, from, to) })
 }
 
 // waitRuntimeConfig waits (up to 30 s) until the conf dir holds a config

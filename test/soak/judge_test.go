@@ -362,3 +362,32 @@ func TestAgentOutBetween(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowAllowed: the follow of the runtime's config is held to 10 s,
+// plus the installer's loop-guard delay once the soak's own conflist
+// faults of the last minute are more than its repair limit (5).
+func TestFollowAllowed(t *testing.T) {
+	t0 := time.Now()
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for _, c := range []struct {
+		name   string
+		starts []int // seconds, alternating the two kinds
+		want   time.Duration
+	}{
+		{"one", []int{100}, followBound},
+		{"five in a minute", []int{60, 70, 80, 90, 100}, followBound},
+		{"six in a minute", []int{50, 60, 70, 80, 90, 100}, followBound + 2*time.Second},
+		{"six, the first a minute before", []int{39, 60, 70, 80, 90, 100}, followBound},
+		{"eight in a minute", []int{44, 52, 60, 70, 80, 90, 95, 100}, followBound + 8*time.Second},
+		{"twenty in a minute", []int{81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100}, followBound + time.Minute},
+	} {
+		s := &soak{rec: newRecorder(t0)}
+		for i, st := range c.starts {
+			s.rec.faults = append(s.rec.faults, faultRec{Kind: conflistFaults[i%2], Start: at(st), End: at(st), done: true})
+		}
+		s.rec.faults = append(s.rec.faults, faultRec{Kind: "agent-kill", Start: at(99), End: at(99), done: true})
+		if got := s.followAllowed(at(100)); got != c.want {
+			t.Errorf("%s: bound %v, want %v", c.name, got, c.want)
+		}
+	}
+}

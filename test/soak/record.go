@@ -180,6 +180,19 @@ func (r *recorder) overlaps(kind string, from, to time.Time) bool {
 	return false
 }
 
+// startedBetween counts the faults of kind that started from from to to.
+func (r *recorder) startedBetween(kind string, from, to time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, f := range r.faults {
+		if f.Kind == kind && !f.Start.Before(from) && !f.Start.After(to) {
+			n++
+		}
+	}
+	return n
+}
+
 // faultEnded marks the end of a storm (every fault undone): the lost-pod
 // clock and a recovery window start.
 func (r *recorder) faultEnded(t time.Time) {
