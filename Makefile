@@ -177,6 +177,7 @@ verify:
 	$(GO) vet -tags istiooracle ./nodeagent/sidecar/
 	$(GO) vet -tags ambientd_trust_restored ./nodeagent/agent/
 	$(GO) vet -tags ambientd_absent_admit ./cniplugin/
+	$(GO) vet -tags ambientd_absent_refuse ./cniplugin/
 	cd test/helm && $(GO) vet ./...
 	cd test/soakplot && $(GO) vet ./...
 	$(GO) tool staticcheck $(PKGS)

@@ -121,6 +121,10 @@ func whileAbsent(ctx context.Context, runDir string, pod *cniapi.Pod, log *slog.
 		log.Warn("known-bad build (ambientd_absent_admit): no agent on the socket; the pod starts whatever it is")
 		return true, "known-bad build ambientd_absent_admit"
 	}
+	if refuseAbsent {
+		log.Warn("known-bad build (ambientd_absent_refuse): no agent on the socket; the pod waits whatever it is")
+		return false, "known-bad build ambientd_absent_refuse"
+	}
 	ctx, cancel := context.WithTimeout(ctx, absentBudget)
 	defer cancel()
 	exe, err := os.Executable()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make soak-check: the soak package's tests (test/soak, docs/soak.md) — the
-# 60-second soak with a fixed seed that fails on any violation, and the proof
-# that the sampler catches a bypass (drift pass off, rules wiped). Checks
+# 60-second soak with a fixed seed that fails on any violation, a run
+# through an agent outage past the install lease's TTL, and the proofs that
+# the sampler catches what it judges (known-bad flags and builds). Checks
 # that the run left nothing behind, and draws each test's timeline
 # (SOAK_OUT/<test>/timeline.png, .svg; SOAK_OUT defaults to
 # .cache/soak/check) with test/soakplot after its own tests: a timeline the

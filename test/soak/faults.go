@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sync"
 	"syscall"
@@ -27,14 +25,15 @@ type faultKind struct {
 }
 
 var faultKinds = map[string]faultKind{
-	"agent-kill":         {0, agentKill, agentSettle},
-	"agent-term":         {0, agentTerm, agentSettle},
-	"ztunnel-kill":       {0, ztunnelKill, nil},
-	"ztunnel-handover":   {0, ztunnelHandover, nil},
-	"apiserver-stop":     {0, apiserverStop, nil},
-	"pod-rules-wiped":    {1, podRulesWiped, nil},
-	"host-rules-deleted": {1, hostRulesDeleted, nil},
-	"conflist-rewritten": {1, conflistRewritten, nil},
+	"agent-kill":             {0, agentKill, agentSettle},
+	"agent-term":             {0, agentTerm, agentSettle},
+	"ztunnel-kill":           {0, ztunnelKill, nil},
+	"ztunnel-handover":       {0, ztunnelHandover, nil},
+	"apiserver-stop":         {0, apiserverStop, nil},
+	"pod-rules-wiped":        {1, podRulesWiped, nil},
+	"host-rules-deleted":     {1, hostRulesDeleted, nil},
+	"owned-conflist-deleted": {1, ownedConflistDeleted, nil},
+	"primary-rewritten":      {1, primaryRewritten, nil},
 }
 
 func allFaultKinds() []string {
@@ -325,40 +324,4 @@ func podRulesWiped(ctx context.Context, s *soak, rng *rand.Rand) (string, error)
 // does (deleteHostRules); the drift pass must put it back.
 func hostRulesDeleted(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
 	return deleteHostRules(ctx, rng)
-}
-
-// conflistRewritten: a foreign writer (a primary CNI's installer) rewrites
-// the chain's conflist without our plugin, and later puts it back as it
-// was; pods created meanwhile start without our plugin and must be
-// enrolled by the agent's informer path.
-func conflistRewritten(ctx context.Context, s *soak, rng *rand.Rand) (string, error) {
-	path := s.env.Chain.ConflistPath
-	orig, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	var conf map[string]any
-	if err := json.Unmarshal(orig, &conf); err != nil {
-		return "", err
-	}
-	plugins, _ := conf["plugins"].([]any)
-	conf["plugins"] = plugins[:1] // the primary alone
-	b, err := json.MarshalIndent(conf, "", "    ")
-	if err != nil {
-		return "", err
-	}
-	if err := writeAtomic(path, b); err != nil {
-		return "", err
-	}
-	without := jitter(rng, time.Second, 8*time.Second)
-	time.Sleep(without)
-	return fmt.Sprintf("without our plugin %v", without.Round(time.Millisecond)), writeAtomic(path, orig)
-}
-
-func writeAtomic(path string, b []byte) error {
-	tmp := path + ".foreign"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

@@ -2,8 +2,11 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
 )
 
 // TestClassify: what one probe connection's answer means.
@@ -130,9 +133,9 @@ func TestFaultRecovery(t *testing.T) {
 // (a sidecar pod made then may have missed our plugin).
 func TestOverlaps(t *testing.T) {
 	rec := newRecorder(time.Now())
-	id := rec.faultStarted("conflist-rewritten")
+	id := rec.faultStarted("owned-conflist-deleted")
 	start := rec.faults[id].Start
-	if !rec.overlaps("conflist-rewritten", start.Add(-time.Second), start.Add(time.Second)) {
+	if !rec.overlaps("owned-conflist-deleted", start.Add(-time.Second), start.Add(time.Second)) {
 		t.Error("a fault in flight does not overlap")
 	}
 	rec.faultFinished(id, "", nil)
@@ -143,9 +146,9 @@ func TestOverlaps(t *testing.T) {
 		kind     string
 		want     bool
 	}{
-		{"before it", start.Add(-2 * time.Second), start.Add(-time.Second), "conflist-rewritten", false},
-		{"after it", end.Add(time.Second), end.Add(2 * time.Second), "conflist-rewritten", false},
-		{"across its end", end.Add(-time.Nanosecond), end.Add(time.Second), "conflist-rewritten", true},
+		{"before it", start.Add(-2 * time.Second), start.Add(-time.Second), "owned-conflist-deleted", false},
+		{"after it", end.Add(time.Second), end.Add(2 * time.Second), "owned-conflist-deleted", false},
+		{"across its end", end.Add(-time.Nanosecond), end.Add(time.Second), "owned-conflist-deleted", true},
 		{"another kind", start, end, "agent-kill", false},
 	} {
 		if got := rec.overlaps(c.kind, c.from, c.to); got != c.want {
@@ -221,6 +224,12 @@ func TestAgentClocks(t *testing.T) {
 			t.Errorf("%s: gone through = %v, want %v", c.name, got, c.gone)
 		}
 	}
+	if got := rec.goneSince(at(1500)); !got.Equal(at(300)) {
+		t.Errorf("gone since %v, want the exit at 300ms", got.Sub(t0))
+	}
+	if got := rec.goneSince(at(2100)); !got.IsZero() {
+		t.Errorf("gone since %v after the start, want zero", got.Sub(t0))
+	}
 	rec.agentSignalled(at(3000))
 	if !rec.agentOutAt(at(3500)) || rec.agentOutAt(at(2500)) {
 		t.Error("a second restart: out only after its signal")
@@ -277,6 +286,108 @@ func TestUnservedBound(t *testing.T) {
 	} {
 		if got := unservedBound(config{agentArgs: c.args}); got != c.want {
 			t.Errorf("unservedBound(%q) = %v, want %v", c.args, got, c.want)
+		}
+	}
+}
+
+// TestPlainRefused: a failed ADD of a pod outside the mesh is a violation
+// only when the plugin could have let it start: wholly while no agent
+// process ran, the API server up (no apiserver-stop in flight), the
+// runtime's config ours throughout, the pod's policy unchanged since
+// before it, and the error a plugin's. The counts of countAbsent follow
+// the same conditions.
+func TestPlainRefused(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	refused := &types.Error{Code: 11, Msg: "ambientd agent unreachable"}
+	for _, c := range []struct {
+		name     string
+		mesh     bool
+		policy   int // policySince
+		from, to int
+		err      error
+		want     bool
+		counted  bool // as a plain pod refused (countAbsent: any error)
+	}{
+		{"a plain pod refused while gone", false, 0, 400, 600, refused, true, true},
+		{"a mesh pod refused while gone", true, 0, 400, 600, refused, false, false},
+		{"a plain pod refused across the agent's exit", false, 0, 200, 400, refused, false, false},
+		{"a plain pod refused across the agent's start", false, 0, 4900, 5100, refused, false, false},
+		{"a plain pod refused while the API server was stopped", false, 0, 1500, 1600, refused, false, false},
+		{"a plain pod refused across the API server's resume", false, 0, 1900, 2100, refused, false, false},
+		{"a plain pod refused while the primary rewrote its file", false, 0, 3100, 3200, refused, false, false},
+		{"a pod relabelled plain during its ADD", false, 450, 400, 600, refused, false, false},
+		{"not a plugin's error (the API create failed)", false, 0, 400, 600, errors.New("create pod: timeout"), false, true},
+	} {
+		s := &soak{rec: newRecorder(t0)}
+		s.rec.agentSignalled(at(100))
+		s.rec.agentExited(at(300))
+		s.rec.agentStarting(at(5000))
+		s.rec.faults = append(s.rec.faults,
+			faultRec{Kind: "apiserver-stop", Start: at(1000), End: at(2000), done: true},
+			faultRec{Kind: "primary-rewritten", Start: at(3000), End: at(3500), done: true})
+		s.judgePlainRefused("ns/p", c.mesh, at(c.policy), at(c.from), at(c.to), fmt.Errorf("CNI ADD: %w", c.err))
+		if got := len(s.rec.violations) == 1 && s.rec.violations[0].Kind == kindPlainRefused; got != c.want {
+			t.Errorf("%s: violation %v (%v), want %v", c.name, got, s.rec.violations, c.want)
+		}
+		s.countAbsent(c.mesh, false, at(c.policy), at(c.from), at(c.to))
+		if got := s.absentAdds[0][0].Load() == 1; got != c.counted {
+			t.Errorf("%s: counted as a plain pod refused: %v", c.name, got)
+		}
+	}
+}
+
+// TestAgentOutBetween: the follow of the runtime's config is judged only
+// when the soak had the agent running all along.
+func TestAgentOutBetween(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	rec := newRecorder(t0)
+	rec.agentSignalled(at(1000))
+	rec.agentStarting(at(2000))
+	rec.agentSignalled(at(4000)) // still out
+	for _, c := range []struct {
+		name     string
+		from, to int
+		want     bool
+	}{
+		{"before", 0, 900, false},
+		{"across the stop", 900, 1100, true},
+		{"inside", 1200, 1300, true},
+		{"between", 2100, 3900, false},
+		{"across the second stop, never started", 3900, 9000, true},
+	} {
+		if got := rec.agentOutBetween(at(c.from), at(c.to)); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestFollowAllowed: the follow of the runtime's config is held to 10 s,
+// plus the installer's loop-guard delay once the soak's own conflist
+// faults of the last minute are more than its repair limit (5).
+func TestFollowAllowed(t *testing.T) {
+	t0 := time.Now()
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for _, c := range []struct {
+		name   string
+		starts []int // seconds, alternating the two kinds
+		want   time.Duration
+	}{
+		{"one", []int{100}, followBound},
+		{"five in a minute", []int{60, 70, 80, 90, 100}, followBound},
+		{"six in a minute", []int{50, 60, 70, 80, 90, 100}, followBound + 2*time.Second},
+		{"six, the first a minute before", []int{39, 60, 70, 80, 90, 100}, followBound},
+		{"eight in a minute", []int{44, 52, 60, 70, 80, 90, 95, 100}, followBound + 8*time.Second},
+		{"twenty in a minute", []int{81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100}, followBound + time.Minute},
+	} {
+		s := &soak{rec: newRecorder(t0)}
+		for i, st := range c.starts {
+			s.rec.faults = append(s.rec.faults, faultRec{Kind: conflistFaults[i%2], Start: at(st), End: at(st), done: true})
+		}
+		s.rec.faults = append(s.rec.faults, faultRec{Kind: "agent-kill", Start: at(99), End: at(99), done: true})
+		if got := s.followAllowed(at(100)); got != c.want {
+			t.Errorf("%s: bound %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -29,14 +29,16 @@ type node struct {
 	emuSeq int
 }
 
-func startNode(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*node, error) {
+// startNode starts a ztunnel emulator and the agent, with install (the
+// install flags: hostTree.agentArgs) before the soak's agent args.
+func startNode(ctx context.Context, env *e2eenv.Env, c config, install []string, log io.Writer) (*node, error) {
 	n := &node{env: env, cfg: c, log: log}
 	if _, err := n.startEmulator(ctx); err != nil {
 		return nil, err
 	}
 	// The environment pins iptables-nft for its own tests; the soak runs
 	// the backend users get unless told otherwise.
-	args := append([]string{"--verify-interval=" + c.verifyInterval.String(), "--iptables=" + c.rulesOr()}, c.agentArgs...)
+	args := append(append([]string{"--verify-interval=" + c.verifyInterval.String(), "--iptables=" + c.rulesOr()}, install...), c.agentArgs...)
 	if c.agentBin != "" {
 		// The agent's process keeps its binary across the restarts of
 		// the faults; the environment's default is back for the next run.

@@ -32,6 +32,14 @@ const (
 	// nameserver answered itself, not its ztunnel's DNS port (DNS capture
 	// on, the agent's default).
 	kindDNSBypass = "DNS bypass"
+	// kindPlainRefused: an ADD through our plugin failed for a pod outside
+	// the mesh while no agent process ran and the API server was up: the
+	// plugin must let it start (it can tell from the API).
+	kindPlainRefused = "plain pod refused while the API was up"
+	// kindNotFollowed: the runtime's config did not run our plugin with
+	// the primary's latest text (or at all) within followBound of a
+	// change, the agent running all along.
+	kindNotFollowed = "conflist not followed"
 )
 
 type violation struct {
@@ -172,6 +180,19 @@ func (r *recorder) overlaps(kind string, from, to time.Time) bool {
 	return false
 }
 
+// startedBetween counts the faults of kind that started from from to to.
+func (r *recorder) startedBetween(kind string, from, to time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, f := range r.faults {
+		if f.Kind == kind && !f.Start.Before(from) && !f.Start.After(to) {
+			n++
+		}
+	}
+	return n
+}
+
 // faultEnded marks the end of a storm (every fault undone): the lost-pod
 // clock and a recovery window start.
 func (r *recorder) faultEnded(t time.Time) {
@@ -219,6 +240,32 @@ func (r *recorder) agentOutAt(t time.Time) bool {
 		}
 	}
 	return false
+}
+
+// agentOutBetween: the soak had the agent stopped at some moment from
+// from to to.
+func (r *recorder) agentOutBetween(from, to time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.agentOut {
+		if !s.from.After(to) && (s.to.IsZero() || !s.to.Before(from)) {
+			return true
+		}
+	}
+	return false
+}
+
+// goneSince is when the agent's process exited, if none ran at t (zero
+// otherwise).
+func (r *recorder) goneSince(t time.Time) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range slices.Backward(r.agentGone) {
+		if s.covers(t, t) {
+			return s.from
+		}
+	}
+	return time.Time{}
 }
 
 // agentGoneThrough: no agent process ran at any time from from to to.

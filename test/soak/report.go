@@ -26,9 +26,13 @@ type result struct {
 	// sidecars: sidecar-mode pods made; downWipes: resident pods wiped
 	// while the agent was down, downWipesSeen: judged after its restart.
 	sidecars, downWipes, downWipesSeen int64
-	ops                                map[string]*opCount
-	agentLog                           string
-	violations                         []violation
+	// absentAdds: ADDs through our plugin while no agent ran, the API up,
+	// by [in the mesh][started] (soak.countAbsent).
+	absentAdds   [2][2]int64
+	plainPastTTL int64
+	ops          map[string]*opCount
+	agentLog     string
+	violations   []violation
 }
 
 func (r *result) violationCount() int { return len(r.violations) }
@@ -108,9 +112,16 @@ func (r *result) summary() string {
 		bin = r.cfg.agentBin
 	}
 	fmt.Fprintf(&b, "agent: %s --verify-interval=%v %s\n", bin, r.cfg.verifyInterval, strings.Join(r.cfg.agentArgs, " "))
+	plugin := "bin/ambientd-cni"
+	if r.cfg.pluginBin != "" {
+		plugin = r.cfg.pluginBin
+	}
+	fmt.Fprintf(&b, "install: --install-cni (owned conflist) of %s, lease TTL %v\n", plugin, r.cfg.leaseTTLOr())
 	fmt.Fprintf(&b, "bounds: bypass %v, black hole while served %v, lost pod %v after the last fault\n", bypassBound(r.cfg), blackHoleBound, lostBound)
 	fmt.Fprintf(&b, "pods: %d created (%d of them sidecar-mode, %d resident), %d deleted\n", r.created, r.sidecars, residentPods, r.deleted)
 	fmt.Fprintf(&b, "rules wiped while the agent was down (agent-kill, agent-term): %d; judged after the restarted agent was ready (seen back in order, or reported): %d\n", r.downWipes, r.downWipesSeen)
+	fmt.Fprintf(&b, "ADDs through our plugin while no agent ran, the API up: outside the mesh %d started (%d with the lease past its TTL), %d refused; in the mesh %d waited, %d started\n",
+		r.absentAdds[0][1], r.plainPastTTL, r.absentAdds[0][0], r.absentAdds[1][0], r.absentAdds[1][1])
 	b.WriteString("churn operations (ok / failed):")
 	for _, k := range sortedKeys(r.ops) {
 		fmt.Fprintf(&b, " %s %d/%d;", k, r.ops[k].ok, r.ops[k].failed)

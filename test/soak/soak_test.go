@@ -53,7 +53,8 @@ func (l testLog) Write(p []byte) (int, error) {
 // every fault kind, seed 2, the agent on its default rules backend and its
 // drift pass at the soak's period; any violation (bypass, black hole while
 // served, restored unverified, ready while unserved, mesh pod added without
-// an agent, sidecar pod in ambient, lost pod, leak) fails it. Seed 2's
+// an agent, plain pod refused while the API was up, conflist not followed,
+// sidecar pod in ambient, lost pod, leak) fails it. Seed 2's
 // first storm runs every process fault: an agent-term and an agent-kill
 // with a resident pod's rules wiped while the agent is down (an agent
 // built with ambientd_trust_restored fails it, docs/soak.md), and a
@@ -103,12 +104,7 @@ func TestSoakCatchesBypass(t *testing.T) {
 // longer than the grace + 2 s, and agent downs in which pods in the mesh
 // are made. Each kind must be reported.
 func TestSoakCatchesBrokenPromises(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "ambientd-cni-absent-admit")
-	build := exec.Command("go", "build", "-tags", "grpcnotrace,ambientd_absent_admit", "-o", bin, "./cmd/ambientd-cni")
-	build.Dir = testEnv.Root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the known-bad plugin: %v\n%s", err, out)
-	}
+	bin := knownBadPlugin(t, "ambientd_absent_admit")
 	c := config{duration: 30 * time.Second, pods: 10, seed: 3, faults: []string{"agent-kill", "ztunnel-kill"}, verifyInterval: 5 * time.Second,
 		agentArgs: []string{"--ztunnel-grace=0", "--dns-capture=false"}, pluginBin: bin}
 	res := soakFor(t, c)
@@ -126,4 +122,61 @@ func TestSoakCatchesBrokenPromises(t *testing.T) {
 		t.Errorf("plugin built with ambientd_absent_admit through agent kills: no %q reported (violations by kind %v)", kindAbsentAdd, kinds)
 	}
 	t.Logf("caught: violations by kind %v", kinds)
+}
+
+// knownBadPlugin builds bin/ambientd-cni with tag (a known-bad build,
+// docs/soak.md) for the agent to install.
+func knownBadPlugin(t *testing.T, tag string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ambientd-cni-"+tag)
+	build := exec.Command("go", "build", "-tags", "grpcnotrace,"+tag, "-o", bin, "./cmd/ambientd-cni")
+	build.Dir = testEnv.Root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the known-bad plugin: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestSoakCatchesPlainRefused proves the judgement of the plugin while no
+// agent answers, the other way: a plugin built with ambientd_absent_refuse
+// refuses every pod then, pods outside the mesh too, although the API
+// could tell it they need no agent. The run of TestSoakAgentAway: pods
+// outside the mesh are made and their sandboxes recreated while the agent
+// is down; the sampler must report "plain pod refused while the API was
+// up".
+func TestSoakCatchesPlainRefused(t *testing.T) {
+	c := agentAwayConfig()
+	c.pluginBin, c.nsSuffix = knownBadPlugin(t, "ambientd_absent_refuse"), "r"
+	res := soakFor(t, c)
+	kinds := map[string]int{}
+	for _, v := range res.violations {
+		kinds[v.Kind]++
+	}
+	if kinds[kindPlainRefused] == 0 {
+		t.Fatalf("plugin built with ambientd_absent_refuse through agent kills: no %q reported (violations by kind %v)", kindPlainRefused, kinds)
+	}
+	t.Logf("caught: violations by kind %v", kinds)
+}
+
+// agentAwayConfig is 15 s of agent-kill faults only, seed 5: its first
+// kill keeps the agent down about 17 s, far past the install lease's TTL
+// (2 s), while pods churn.
+func agentAwayConfig() config {
+	return config{duration: 15 * time.Second, pods: 10, seed: 5, faults: []string{"agent-kill"}, verifyInterval: 5 * time.Second}
+}
+
+// TestSoakAgentAway: the shipped plugin through agent outages longer than
+// the install lease's TTL (the run TestSoakCatchesPlainRefused makes with
+// a known-bad plugin). While no agent runs, pods outside the mesh start,
+// with the lease past its TTL too, and mesh pods wait: no violation, and
+// the run must have made both kinds of ADD while the agent was gone.
+func TestSoakAgentAway(t *testing.T) {
+	res := soakFor(t, agentAwayConfig())
+	if n := res.violationCount(); n > 0 {
+		t.Errorf("%d violations (summary above): %s", n, res.lastLine())
+	}
+	if res.plainPastTTL == 0 || res.absentAdds[1][0] == 0 {
+		t.Errorf("the run made no ADD of a pod outside the mesh past the lease's TTL (%d) or no mesh pod's (%d waited) while the agent was gone: it proves nothing", res.plainPastTTL, res.absentAdds[1][0])
+	}
+	t.Logf("while no agent ran: outside the mesh %d started (%d past the TTL), in the mesh %d waited", res.absentAdds[0][1], res.plainPastTTL, res.absentAdds[1][0])
 }

@@ -10,8 +10,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,7 +20,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/ambientd/ambientd/cniapi"
 	"github.com/ambientd/ambientd/podmeta"
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
 	"github.com/ambientd/ambientd/test/infra/istiogolden"
@@ -108,6 +105,10 @@ type soak struct {
 	frng  *rand.Rand
 
 	node *node
+	// host is the node's CNI tree the agent installs into (install.go);
+	// primaryRev numbers the primary's rewrites.
+	host       *hostTree
+	primaryRev atomic.Int64
 
 	mu       sync.Mutex
 	pods     map[int]*podRec
@@ -135,7 +136,13 @@ type soak struct {
 	// pods wiped while the agent was down, downWipesSeen those of them
 	// sampled after the restarted agent was ready (judged).
 	sidecars, downWipes, downWipesSeen atomic.Int64
-	slowLogged                         time.Time // the sampler's alone
+	// absentAdds counts the judged ADDs through our plugin made wholly
+	// while no agent ran (countAbsent), by [in the mesh][started].
+	absentAdds [2][2]atomic.Int64
+	// plainPastTTL: of those, pods outside the mesh that started with the
+	// install lease past its TTL.
+	plainPastTTL atomic.Int64
+	slowLogged   time.Time // the sampler's alone
 
 	claimMu    sync.Mutex
 	lastClaims map[string]claim // by pod uid
@@ -181,20 +188,35 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	if s.sidecarGolden, err = istiogolden.LoadCase(sidecarGoldenCase); err != nil {
 		return nil, fmt.Errorf("the sidecar-mode pods' injected spec: %w", err)
 	}
-	if c.pluginBin != "" {
-		// The chain finds its plugin by name: the known-bad build is
-		// bin/ambientd-cni for this run (docs/soak.md).
-		dir, err := os.MkdirTemp("", "soak-plugin-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(dir)
-		if err := os.Symlink(c.pluginBin, filepath.Join(dir, cniapi.PluginType)); err != nil {
-			return nil, err
-		}
-		defer env.Chain.PreferBinDir(dir)()
+	// The node as installed (install.go): the agent installs the plugin
+	// (the known-bad build when one is given: docs/soak.md) into the
+	// soak's host tree, and every pod's ADD runs what the runtime finds
+	// there. The environment's chain is back for the next run.
+	if s.host, err = newHostTree(env); err != nil {
+		return nil, fmt.Errorf("the node's CNI tree: %w", err)
 	}
-	if s.node, err = startNode(ctx, env, c, log); err != nil {
+	defer s.host.remove()
+	defer func(chain *e2eenv.Chain) { env.Chain = chain }(env.Chain)
+	env.Chain = s.host.runtime
+	if err := createDaemonSet(ctx, env); err != nil {
+		return nil, fmt.Errorf("the agent's DaemonSet: %w", err)
+	}
+	// After the agent stopped (deferred calls run last first): with the
+	// DaemonSet gone first, its SIGTERM would uninstall.
+	defer func() {
+		if err := deleteDaemonSet(context.WithoutCancel(ctx), env); err != nil {
+			s.logf("deleting the agent's DaemonSet: %v", err)
+		}
+	}()
+	if c.pluginBin == "" {
+		c.pluginBin = env.Bins.CNIPlugin
+		s.cfg.pluginBin = c.pluginBin
+	}
+	if s.node, err = startNode(ctx, env, c, s.host.agentArgs(c.pluginBin, c.leaseTTLOr()), log); err != nil {
+		return nil, err
+	}
+	if err := s.host.waitInstalled(ctx, 30*time.Second); err != nil {
+		s.node.stop()
 		return nil, err
 	}
 	res.baseline = s.node.measure(ctx)
@@ -222,6 +244,8 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	// state within the lost-pod bound (the sampler judges it).
 	if err := s.node.restore(ctx); err != nil {
 		s.rec.violation(violation{At: time.Now(), Kind: kindStuck, Detail: err.Error()})
+	} else if err := s.host.waitInstalled(ctx, 30*time.Second); err != nil {
+		s.rec.violation(violation{At: time.Now(), Kind: kindStuck, Detail: err.Error()})
 	}
 	s.rec.faultEnded(time.Now())
 	settleCtx, cancelSettle := context.WithTimeout(ctx, lostBound+10*time.Second)
@@ -243,6 +267,12 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 	}
 	res.created, res.deleted = s.created.Load(), s.deleted.Load()
 	res.sidecars, res.downWipes, res.downWipesSeen = s.sidecars.Load(), s.downWipes.Load(), s.downWipesSeen.Load()
+	res.plainPastTTL = s.plainPastTTL.Load()
+	for mesh := range 2 {
+		for started := range 2 {
+			res.absentAdds[mesh][started] = s.absentAdds[mesh][started].Load()
+		}
+	}
 	res.ops = s.ops
 	res.agentLog = s.node.agent.LogPath
 	res.attachLogs()
@@ -254,7 +284,7 @@ func run(ctx context.Context, env *e2eenv.Env, c config, log io.Writer) (*result
 // (plain chain, plain namespace) that serves remotePort, the outbound
 // probes' destination, and dials the pods' appPort, the inbound probes.
 func (s *soak) setup(ctx context.Context) error {
-	run := fmt.Sprintf("%d", s.cfg.seed)
+	run := fmt.Sprintf("%d%s", s.cfg.seed, s.cfg.nsSuffix)
 	for _, n := range []struct {
 		suffix  string
 		ambient bool
@@ -508,7 +538,14 @@ func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, ki
 	began := time.Now()
 	p, err := s.env.CreatePod(ctx, spec)
 	if err != nil {
+		if !kind.sidecar {
+			s.countAbsent(mesh, false, policySince, began, time.Now())
+			s.judgePlainRefused(ns.name+"/"+name, mesh, policySince, began, time.Now(), err)
+		}
 		return err
+	}
+	if !kind.sidecar {
+		s.countAbsent(mesh, true, policySince, began, time.Now())
 	}
 	s.judgeAbsentAdd(ns.name+"/"+name, p.UID, mesh, policySince, began, time.Now())
 	s.created.Add(1)
@@ -521,7 +558,7 @@ func (s *soak) createPod(ctx context.Context, id int, ns *nsRec, mode string, ki
 	}
 	s.mu.Lock()
 	r.stableSince = time.Now()
-	r.sidecarRules = kind.sidecar && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
+	r.sidecarRules = kind.sidecar && !s.conflistInFlux(began, r.stableSince)
 	s.pods[id] = r
 	s.mu.Unlock()
 	return nil
@@ -576,6 +613,7 @@ func (s *soak) deletePod(ctx context.Context, r *podRec) error {
 	r.deleted = true
 	r.closeListeners()
 	s.deleted.Add(1)
+	s.host.waitRuntimeConfig(ctx)
 	return s.env.DeletePod(ctx, r.p)
 }
 
@@ -634,9 +672,14 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 	s.mu.Lock()
 	mesh, policySince := wantMesh(r) && !withoutPlugin, stable(r)
 	s.mu.Unlock()
+	s.host.waitRuntimeConfig(ctx) // the old sandbox's DEL (waitRuntimeConfig)
 	began := time.Now()
 	_, err := s.env.RecreateSandbox(ctx, r.p, e2eenv.SandboxOptions{Chain: chain})
 	if err != nil {
+		if !withoutPlugin && !r.sidecar {
+			s.countAbsent(mesh, false, policySince, began, time.Now())
+			s.judgePlainRefused(r.ns.name+"/"+r.name, mesh, policySince, began, time.Now(), err)
+		}
 		// The old sandbox is gone and no new one was made (e.g. the ADD
 		// found no agent): the runtime would retry; the soak deletes the
 		// pod instead, so no pod without a sandbox is sampled.
@@ -648,10 +691,13 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 		_ = s.env.DeletePod(ctx, r.p) // its sandbox is gone already: only the object matters
 		return err
 	}
+	if !withoutPlugin && !r.sidecar {
+		s.countAbsent(mesh, true, policySince, began, time.Now())
+	}
 	s.judgeAbsentAdd(r.ns.name+"/"+r.name, r.uid, mesh, policySince, began, time.Now())
 	s.mu.Lock()
 	r.stableSince = time.Now()
-	r.sidecarRules = r.sidecar && !withoutPlugin && !s.rec.overlaps("conflist-rewritten", began, r.stableSince)
+	r.sidecarRules = r.sidecar && !withoutPlugin && !s.conflistInFlux(began, r.stableSince)
 	s.mu.Unlock()
 	return r.listen()
 }
@@ -664,11 +710,53 @@ func (s *soak) recreate(ctx context.Context, r *podRec, withoutPlugin bool) erro
 // uncaptured with nobody to enroll it — the plugin must refuse it until an
 // agent answers.
 func (s *soak) judgeAbsentAdd(pod, uid string, mesh bool, policySince, began, ended time.Time) {
-	if !mesh || !policySince.Before(began) || s.rec.overlaps("conflist-rewritten", began, ended) || !s.rec.agentGoneThrough(began, ended) {
+	if !mesh || !policySince.Before(began) || s.conflistInFlux(began, ended) || !s.rec.agentGoneThrough(began, ended) {
 		return
 	}
 	s.rec.violation(violation{At: began, Kind: kindAbsentAdd, Pod: pod, UID: uid,
 		Detail: fmt.Sprintf("its sandbox was made through our plugin in %v, all of it while no agent process ran", ended.Sub(began).Round(time.Millisecond))})
+}
+
+// countAbsent counts an ADD through our plugin (not a sidecar pod's) that
+// the absence verdicts judge: made wholly while no agent process ran, the
+// API server up, the runtime's config ours throughout and the pod's policy
+// unchanged since before it. The summary gives the counts: what the
+// plugin did while no agent answered.
+func (s *soak) countAbsent(mesh, started bool, policySince, began, ended time.Time) {
+	if !policySince.Before(began) || s.conflistInFlux(began, ended) || s.rec.overlaps("apiserver-stop", began, ended) || !s.rec.agentGoneThrough(began, ended) {
+		return
+	}
+	s.absentAdds[b2i(mesh)][b2i(started)].Add(1)
+	// The agent renewed its lease until it exited: an ADD that began a
+	// TTL after that met a lease past its TTL.
+	if !mesh && started && began.Sub(s.rec.goneSince(began)) > s.cfg.leaseTTLOr() {
+		s.plainPastTTL.Add(1)
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// judgePlainRefused judges a sandbox made through the runtime's config
+// (our plugin in it) that failed (from began to ended) with a plugin's
+// error: a pod outside the mesh by the soak's own labels (unchanged since
+// policySince; never a sidecar pod, which waits like a mesh pod), all of
+// it while no agent process ran, the API server up (no apiserver-stop in
+// flight) and the runtime's config ours throughout. The plugin reads the
+// pod and its namespace from the API and must let such a pod start: only
+// mesh pods wait for the agent (docs/install.md, "While no agent
+// answers").
+func (s *soak) judgePlainRefused(pod string, mesh bool, policySince, began, ended time.Time, err error) {
+	cerr, ok := e2eenv.IsCNIError(err)
+	if mesh || !ok || !policySince.Before(began) || s.conflistInFlux(began, ended) || s.rec.overlaps("apiserver-stop", began, ended) || !s.rec.agentGoneThrough(began, ended) {
+		return
+	}
+	s.rec.violation(violation{At: began, Kind: kindPlainRefused, Pod: pod,
+		Detail: fmt.Sprintf("its ADD failed in %v, all of it while no agent process ran and the API server was up: code %d %s", ended.Sub(began).Round(time.Millisecond), cerr.Code, cerr.Msg)})
 }
 
 // teardownPods deletes every pod the soak made, the prober last.
