@@ -134,20 +134,6 @@ func (c *Chain) DualStack(subnet6 netip.Prefix, confFile string) (*Chain, error)
 	return NewChain(cfg)
 }
 
-// PreferBinDir makes the chain look for its plugin binaries in dir first
-// (a plugin built on purpose with a known bug, as the soak's negative runs
-// do: docs/soak.md), until the returned func restores the bin dirs. Call
-// it while no ADD, DEL or CHECK runs through the chain.
-func (c *Chain) PreferBinDir(dir string) (restore func()) {
-	old := c.cfg.BinDirs
-	c.cfg.BinDirs = append([]string{dir}, old...)
-	c.cni = libcni.NewCNIConfigWithCacheDir(c.cfg.BinDirs, c.CacheDir, c.exec)
-	return func() {
-		c.cfg.BinDirs = old
-		c.cni = libcni.NewCNIConfigWithCacheDir(old, c.CacheDir, c.exec)
-	}
-}
-
 // Bridge is the bridge device's name.
 func (c *Chain) Bridge() string { return c.cfg.Bridge }
 
