@@ -15,8 +15,18 @@
 #   E2E_RUN=regexp    go test -run
 #   E2E_PKGS=...      the packages (default ./test/e2enode/...; hack/e2e-switch.sh
 #                     runs ./test/e2eswitch/... this way)
+#   E2E_NODE_KUBE_VERSION=1.35
+#                     the node and its apiserver on an older Kubernetes (its
+#                     wrapper module hack/kube-1.35, AMBIENTD_KUBE_RELEASE):
+#                     by default only the readiness steps, which hold on every
+#                     release (make e2e-node-k8s135; docs/realnode.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ -n "${E2E_NODE_KUBE_VERSION:-}" ]; then
+  export AMBIENTD_KUBE_RELEASE="$E2E_NODE_KUBE_VERSION"
+  E2E_RUN="${E2E_RUN:-^TestReadinessGateWithHelmDefaults\$}"
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "e2e-node: needs root (namespaces, cgroups, containerd); run: sudo $0" >&2
@@ -42,5 +52,5 @@ set -e
 suite=$(( $(date +%s) - start - build ))
 
 hack/leftovers.sh "$AMBIENTD_E2E_RUN" || { echo "e2e-node: FAIL: the run left things behind (see above)" >&2; rc=1; }
-echo "e2e-node: builds ${build}s, suite ${suite}s, exit code $rc"
+echo "e2e-node${E2E_NODE_KUBE_VERSION:+ (Kubernetes $E2E_NODE_KUBE_VERSION)}: builds ${build}s, suite ${suite}s, exit code $rc"
 exit "$rc"

@@ -42,7 +42,7 @@ func commandVars(t *testing.T) map[string]bool {
 
 // notSettings are AMBIENTD_ variables the docs name that are no setting
 // of a command: the test environments' switches (docs/testenv.md).
-var notSettings = map[string]bool{"AMBIENTD_PRIVILEGED": true, "AMBIENTD_E2E_KEEP": true, "AMBIENTD_KUBE_BIN_DIR": true}
+var notSettings = map[string]bool{"AMBIENTD_PRIVILEGED": true, "AMBIENTD_E2E_KEEP": true, "AMBIENTD_KUBE_BIN_DIR": true, "AMBIENTD_KUBE_RELEASE": true}
 
 // TestDocumentedVariablesAreRead: every settings table row of the docs
 // (`--flag` | `VARIABLE`) names the variable the command reads for that

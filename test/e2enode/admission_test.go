@@ -95,8 +95,10 @@ func hasGate(p *corev1.Pod) bool {
 
 // admissionGatesFromPolicy: the issue's real-node "must show" for gate
 // injection. With deploy/ applied (its MutatingAdmissionPolicy and
-// ValidatingAdmissionPolicy came with `kubectl apply -k`), `kubectl apply`
-// of a Deployment WITHOUT a readiness gate into an ambient namespace: its
+// ValidatingAdmissionPolicy came with `kubectl apply -k`), or the chart
+// installed (before Kubernetes 1.36 its webhook adds the gate instead of the
+// MutatingAdmissionPolicy: r.gate), `kubectl apply` of a Deployment
+// WITHOUT a readiness gate into an ambient namespace: its
 // pods carry the gate, run (containers ready: no probe) but stay NotReady
 // while no ztunnel is there, and turn Ready only after the emulator acked
 // them — no pod version is ever Ready with the condition not True. A pod in
@@ -192,7 +194,7 @@ func (r *agentRun) admissionGatesFromPolicy(t *testing.T, ctx context.Context) {
 			t.Errorf("%s Ready without ztunnel: %s", p.Name, describe(&p))
 		}
 	}
-	t.Logf("web pods gated by the admission policy, containers ready 3+ s (no probe), still NotReady: %v", describePods(list()))
+	t.Logf("web pods gated by the admission %s, containers ready 3+ s (no probe), still NotReady: %v", r.gateMechanism(), describePods(list()))
 	for _, p := range []*corev1.Pod{plainPod, hostPod, optedOut} {
 		got, err := waitPod(ctx, p.Namespace, p.Name, podReady)
 		if err != nil {
@@ -233,7 +235,7 @@ func (r *agentRun) admissionGatesFromPolicy(t *testing.T, ctx context.Context) {
 		t.Fatal(err)
 	}
 	if !hasGate(created) {
-		t.Fatalf("switched: no gate from the admission policy: %v", created.Spec.ReadinessGates)
+		t.Fatalf("switched: no gate from the admission %s: %v", r.gateMechanism(), created.Spec.ReadinessGates)
 	}
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"none"}}}`, podmeta.LabelDataplaneMode)
 	if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Patch(ctx, "switched", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
@@ -289,8 +291,8 @@ func (r *agentRun) checkTellsTheTruth(t *testing.T, ctx context.Context, namespa
 		if err := json.Unmarshal(out, &rep); err != nil {
 			t.Fatalf("ambientd check output: %v\n%s", err, out)
 		}
-		if !rep.Admission.GatePolicy || !rep.Admission.AnnotationPolicy {
-			t.Errorf("check: admission %+v, deploy/ installed both policies", rep.Admission)
+		if gate := map[string]bool{"policy": rep.Admission.GatePolicy, "webhook": rep.Admission.GateWebhook}; !gate[r.gateMechanism()] || !rep.Admission.AnnotationPolicy {
+			t.Errorf("check: admission %+v; installed: the gate's %s and the annotation policy", rep.Admission, r.gateMechanism())
 		}
 		list, err := node.Env.CP.Admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {

@@ -23,6 +23,16 @@ type agentRun struct {
 	overlay  string
 	em       *e2eenv.Emulator
 	pristine pristineNode // the node before the first install
+	// gate is how the install adds the readiness gate: "webhook" (the
+	// chart before Kubernetes 1.36), else the MutatingAdmissionPolicy.
+	gate string
+}
+
+func (r *agentRun) gateMechanism() string {
+	if r.gate == "" {
+		return "policy"
+	}
+	return r.gate
 }
 
 // TestAgentOnRealNode runs ambientd's own DaemonSet (deploy/ through a test

@@ -32,6 +32,23 @@ func helm(t *testing.T, ctx context.Context, bin, home string, args ...string) (
 	return string(out), err
 }
 
+// helmNodeValues are the values this node needs whatever the install: the
+// image imported by the test (no registry: pull policy Never), and the
+// apiserver where the agent (host network) reaches it, through the chart's
+// env (no kube-proxy here).
+func helmNodeValues(t *testing.T) []string {
+	t.Helper()
+	u, err := url.Parse(node.Env.CP.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{
+		"--set", "ambientd.image.repository=" + nodeenv.AgentImage, "--set", "ambientd.image.tag=" + nodeenv.AgentTag,
+		"--set", "pullPolicy=Never",
+		"--set-string", "env.KUBERNETES_SERVICE_HOST=" + u.Hostname(), "--set-string", "env.KUBERNETES_SERVICE_PORT=" + u.Port(),
+	}
+}
+
 // TestHelmInstallUpgradeUninstall installs ambientd on the real node with
 // the chart (deploy/helm/ambientd) and the commands docs/install.md gives:
 // the agent becomes ready and the demo's ambient pods are enrolled, Ready
@@ -56,18 +73,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	if err := node.ImportImage(ctx, agentImageArchive(t)); err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(node.Env.CP.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The image imported above (no registry: pull policy Never); the
-	// apiserver on loopback (no kube-proxy here), through the chart's env.
-	set := []string{
-		"--set", "profile=ambient",
-		"--set", "ambientd.image.repository=" + nodeenv.AgentImage, "--set", "ambientd.image.tag=" + nodeenv.AgentTag,
-		"--set", "pullPolicy=Never",
-		"--set-string", "env.KUBERNETES_SERVICE_HOST=" + u.Hostname(), "--set-string", "env.KUBERNETES_SERVICE_PORT=" + u.Port(),
-	}
+	set := append([]string{"--set", "profile=ambient"}, helmNodeValues(t)...)
 	// --take-ownership: the environment's control plane starts with
 	// deploy/rbac.yaml loaded (its agent identity); a cluster has none of it.
 	if _, err := helm(t, ctx, bins.Helm, home, append([]string{"install", "ambientd", chart, "-n", "istio-system", "--take-ownership"}, set...)...); err != nil {

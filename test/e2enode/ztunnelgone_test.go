@@ -46,6 +46,13 @@ func readyEndpoints(ctx context.Context, ns, service string) ([]string, error) {
 // EndpointSlice drops them, so clients stop being sent to a node that
 // refuses them. A ztunnel comes back: they are Ready and listed again.
 func (r *agentRun) ztunnelGoneDropsEndpoints(t *testing.T, ctx context.Context) {
+	r.ztunnelGoneDropsEndpointsOf(t, ctx, nodeenv.GatedPod)
+}
+
+// ztunnelGoneDropsEndpointsOf is ztunnelGoneDropsEndpoints with the pods
+// made from manifest: GatedPod's gate written in it, or AppPod's none, which
+// the installed admission (policy or webhook) must add.
+func (r *agentRun) ztunnelGoneDropsEndpointsOf(t *testing.T, ctx context.Context, manifest func(name string) *corev1.Pod) {
 	ns := ambientNamespace(t, ctx, "ambient-ztgone")
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
@@ -59,10 +66,14 @@ func (r *agentRun) ztunnelGoneDropsEndpoints(t *testing.T, ctx context.Context) 
 	}
 	names := []string{"web-0", "web-1"}
 	for _, name := range names {
-		p := nodeenv.GatedPod(name)
+		p := manifest(name)
 		p.Labels = map[string]string{"app": "web"}
-		if _, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		created, err := node.Env.CP.Admin.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
 			t.Fatal(err)
+		}
+		if !hasGate(created) {
+			t.Fatalf("%s created without the readiness gate (manifest's gates %v): %v", name, p.Spec.ReadinessGates, created.Spec.ReadinessGates)
 		}
 	}
 	for _, name := range names {

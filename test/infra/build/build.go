@@ -146,6 +146,9 @@ func (p Part) title() string {
 	if t, ok := titles[p]; ok {
 		return t
 	}
+	if rel := os.Getenv(EnvKubeRelease); rel != "" && slices.Contains(releaseParts, p) {
+		return string(p) + " of Kubernetes " + rel
+	}
 	return string(p)
 }
 
@@ -210,7 +213,9 @@ func (p Program) buildArgs(out, version string) []string {
 
 // Binaries are the paths of everything the environments run.
 type Binaries struct {
-	// Control plane: etcd and kube-apiserver, built into KubeDir.
+	// Control plane: etcd and kube-apiserver. KubeDir holds etcd and
+	// kubectl (hack/kube's) and, unless EnvKubeRelease names an older
+	// release, kube-apiserver and the node's components too.
 	KubeDir, Etcd, KubeAPIServer string
 	// The real node: kubelet, kube-controller-manager, kube-scheduler and
 	// kubectl (KubeDir), containerd, ctr, the runc shim and runc (Debian).
@@ -245,14 +250,20 @@ func Locate(root string) (Binaries, error) {
 	if err != nil {
 		return Binaries{}, err
 	}
+	release := kube // the apiserver's and the node's release
+	if rel := os.Getenv(EnvKubeRelease); rel != "" {
+		if release, err = releaseDir(root, rel); err != nil {
+			return Binaries{}, err
+		}
+	}
 	if d := os.Getenv(EnvKubeBinDir); d != "" {
-		kube = d
+		kube, release = d, d
 	}
 	bin := filepath.Join(root, "bin")
 	b := Binaries{
-		KubeDir: kube, Etcd: filepath.Join(kube, "etcd"), KubeAPIServer: filepath.Join(kube, "kube-apiserver"),
-		Kubelet: filepath.Join(kube, "kubelet"), ControllerManager: filepath.Join(kube, "kube-controller-manager"),
-		Scheduler: filepath.Join(kube, "kube-scheduler"), Kubectl: filepath.Join(kube, "kubectl"),
+		KubeDir: kube, Etcd: filepath.Join(kube, "etcd"), KubeAPIServer: filepath.Join(release, "kube-apiserver"),
+		Kubelet: filepath.Join(release, "kubelet"), ControllerManager: filepath.Join(release, "kube-controller-manager"),
+		Scheduler: filepath.Join(release, "kube-scheduler"), Kubectl: filepath.Join(kube, "kubectl"),
 		CNIRefDir: cni, Helm: helm,
 		Agent: filepath.Join(bin, "ambientd"), CNIPlugin: filepath.Join(bin, "ambientd-cni"), Emulator: filepath.Join(bin, "ztunnel-emulator"),
 		Validation: filepath.Join(bin, "sidecar-validation"), Multus: filepath.Join(bin, "multus"),

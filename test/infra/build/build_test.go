@@ -194,3 +194,46 @@ func TestMustExist(t *testing.T) {
 		t.Errorf("check-only printed build progress:\n%s", out.String())
 	}
 }
+
+// TestOlderRelease: with AMBIENTD_KUBE_RELEASE the apiserver and the
+// node's components come from that release's wrapper module and cache dir,
+// stamped with its version, while etcd and kubectl stay the current
+// release's; a release with no wrapper module is refused with the ones
+// there are.
+func TestOlderRelease(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	current, err := Locate(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvKubeRelease, "1.35")
+	b, err := Locate(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := filepath.Join(root, ".cache", "kube", "v1.35.4")
+	for _, p := range []Part{KubeAPIServer, Kubelet, ControllerManager, Scheduler} {
+		if got := filepath.Dir(b.files(p)[0]); got != older {
+			t.Errorf("%s in %s, want %s", p, got, older)
+		}
+		mod, v, err := kubeModule(root, p)
+		if err != nil || mod != filepath.Join(root, "hack", "kube-1.35") || v != "v1.35.4" {
+			t.Errorf("%s built from %s at %s (%v), want hack/kube-1.35 at v1.35.4", p, mod, v, err)
+		}
+	}
+	for _, p := range []Part{Etcd, Kubectl} {
+		if got, want := b.files(p)[0], current.files(p)[0]; got != want {
+			t.Errorf("%s at %s, want the current release's %s", p, got, want)
+		}
+		if mod, _, err := kubeModule(root, p); err != nil || mod != filepath.Join(root, "hack", "kube") {
+			t.Errorf("%s built from %s (%v), want hack/kube", p, mod, err)
+		}
+	}
+	t.Setenv(EnvKubeRelease, "1.20")
+	if _, err := Locate(root); err == nil || !strings.Contains(err.Error(), "no wrapper module hack/kube-1.20") || !strings.Contains(err.Error(), "1.35") {
+		t.Errorf("unknown release: %v", err)
+	}
+}

@@ -92,7 +92,7 @@ func Ensure(ctx context.Context, parts []Part, opts Options) (Binaries, error) {
 			opts.Name, strings.Join(todo, ", "), roundMinutes(estimate))
 	}
 
-	modulesDone := false
+	modulesDone := map[string]bool{} // by wrapper module
 	for _, p := range parts {
 		if err := ctx.Err(); err != nil {
 			return b, err
@@ -114,10 +114,14 @@ func Ensure(ctx context.Context, parts []Part, opts Options) (Binaries, error) {
 			if !b.missing(p) {
 				continue
 			}
-			if !modulesDone {
-				modulesDone = true
+			var mod string
+			if mod, _, err = kubeModule(opts.Root, p); err != nil {
+				break
+			}
+			if !modulesDone[mod] {
+				modulesDone[mod] = true
 				if err = e.step(ctx, "modules", true, func(ctx context.Context, log io.Writer) error {
-					return e.run(ctx, log, filepath.Join(opts.Root, "hack", "kube"), kubeEnv(), "go", "mod", "download")
+					return e.run(ctx, log, mod, kubeEnv(), "go", "mod", "download")
 				}); err != nil {
 					break
 				}
@@ -284,15 +288,15 @@ func kubeEnv() []string {
 // and renames it, so an interrupted build never leaves a half-written binary
 // that a later check takes for a finished one.
 func (e *ensurer) buildKube(ctx context.Context, log io.Writer, b Binaries, p Part) error {
-	kube, _, err := kubeVersions(e.opts.Root)
+	mod, kube, err := kubeModule(e.opts.Root, p)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(b.KubeDir, 0o755); err != nil {
+	dst := b.files(p)[0]
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
-	dst := b.files(p)[0]
-	tmp := filepath.Join(b.KubeDir, "."+string(p)+".tmp")
+	tmp := filepath.Join(filepath.Dir(dst), "."+string(p)+".tmp")
 	var args []string
 	if p == Etcd {
 		args = []string{"build", "-trimpath", "-ldflags=-s -w", "-o", tmp, "./etcd"}
@@ -306,7 +310,7 @@ func (e *ensurer) buildKube(ctx context.Context, log io.Writer, b Binaries, p Pa
 			" -X k8s.io/component-base/version.gitTreeState=clean"
 		args = []string{"build", "-trimpath", "-ldflags=" + ldflags, "-o", tmp, "k8s.io/kubernetes/cmd/" + string(p)}
 	}
-	if err := e.run(ctx, log, filepath.Join(e.opts.Root, "hack", "kube"), kubeEnv(), "go", args...); err != nil {
+	if err := e.run(ctx, log, mod, kubeEnv(), "go", args...); err != nil {
 		os.Remove(tmp)
 		return err
 	}

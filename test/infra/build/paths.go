@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -17,6 +18,14 @@ const EnvRoot = "AMBIENTD_ROOT"
 // EnvKubeBinDir points at a directory holding etcd and the Kubernetes
 // binaries, instead of the ones built into .cache/kube.
 const EnvKubeBinDir = "AMBIENTD_KUBE_BIN_DIR"
+
+// EnvKubeRelease selects an older Kubernetes release for the control plane
+// and the node: the minor ("1.35") of a wrapper module hack/kube-<minor>,
+// whose kube-apiserver, kubelet, kube-controller-manager and kube-scheduler
+// then replace hack/kube's; etcd and kubectl stay hack/kube's. Empty: the
+// current release (hack/kube). `make e2e-node`'s E2E_NODE_KUBE_VERSION sets
+// it (docs/realnode.md).
+const EnvKubeRelease = "AMBIENTD_KUBE_RELEASE"
 
 // EnvCheckOnly, set to 1, makes the environments' programs (the e2e and
 // real-node suites, the demos, the benchmark) only check that everything
@@ -69,6 +78,56 @@ func kubeDir(root string) (string, error) {
 		return "", err
 	}
 	return filepath.Join(root, ".cache", "kube", kube+"-etcd-"+etcd), nil
+}
+
+// releaseParts are the parts an older release (EnvKubeRelease) builds from
+// its own wrapper module: the apiserver and the node's components, whose
+// versions must agree (the version skew policy: no controller newer than
+// the apiserver). etcd speaks the same v3 API to every release, and kubectl
+// is only the tests' client.
+var releaseParts = []Part{KubeAPIServer, Kubelet, ControllerManager, Scheduler}
+
+// kubeModule is the wrapper module that builds p, and the Kubernetes
+// version it pins: hack/kube-<minor> for releaseParts when EnvKubeRelease
+// names an older release, else hack/kube.
+func kubeModule(root string, p Part) (dir, version string, err error) {
+	dir = filepath.Join(root, "hack", "kube")
+	if rel := os.Getenv(EnvKubeRelease); rel != "" && slices.Contains(releaseParts, p) {
+		if dir, err = releaseModule(root, rel); err != nil {
+			return "", "", err
+		}
+	}
+	version, err = requiredVersion(filepath.Join(dir, "go.mod"), "k8s.io/kubernetes")
+	return dir, version, err
+}
+
+// releaseModule is the wrapper module of an older release's minor, or an
+// error that lists the releases there are.
+func releaseModule(root, minor string) (string, error) {
+	dir := filepath.Join(root, "hack", "kube-"+minor)
+	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		return dir, nil
+	}
+	found, _ := filepath.Glob(filepath.Join(root, "hack", "kube-*", "go.mod"))
+	var have []string
+	for _, f := range found {
+		have = append(have, strings.TrimPrefix(filepath.Base(filepath.Dir(f)), "kube-"))
+	}
+	return "", fmt.Errorf("%s=%s: no wrapper module hack/kube-%s (older releases there are: %s; empty: the current one, hack/kube)",
+		EnvKubeRelease, minor, minor, strings.Join(have, ", "))
+}
+
+// releaseDir is where an older release's binaries go: .cache/kube/<version>.
+func releaseDir(root, minor string) (string, error) {
+	dir, err := releaseModule(root, minor)
+	if err != nil {
+		return "", err
+	}
+	v, err := requiredVersion(filepath.Join(dir, "go.mod"), "k8s.io/kubernetes")
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, ".cache", "kube", v), nil
 }
 
 // helmPath is where the helm command goes, per Helm version test/helm pins.

@@ -179,7 +179,8 @@ func Program(opts Options, run func(ctx context.Context, n *Node) int) int {
 		fmt.Fprintf(opts.Log, "nodeenv: %v\n", err)
 		return 1
 	}
-	env, err := e2eenv.Start(ctx, e2eenv.Options{NodeName: opts.NodeName, SkipNode: true, Log: opts.Log})
+	env, err := e2eenv.Start(ctx, e2eenv.Options{NodeName: opts.NodeName, SkipNode: true, Log: opts.Log,
+		APIServerArgs: apiServerArgs(), ServingIPs: apiServerServingIPs(opts.NodeIP.String())})
 	if err != nil {
 		fmt.Fprintf(opts.Log, "nodeenv: start control plane: %v\n", err)
 		return 1
@@ -314,6 +315,9 @@ func start(ctx context.Context, env *e2eenv.Env, mounts []cgroupMount, opts Opti
 	n.NetnsDir = "/var/run/netns"
 	start := time.Now()
 	if err := n.setupNetwork(ctx); err != nil {
+		return n, err
+	}
+	if err := n.proxyKubernetesService(ctx); err != nil {
 		return n, err
 	}
 	if err := n.startContainerd(ctx); err != nil {

@@ -60,13 +60,17 @@ func (n *Node) PowerOff(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// PowerOn boots the node again after PowerOff: kubelet's cgroup root, then
-// containerd and kubelet with the configuration they had (containerd keeps its
+// PowerOn boots the node again after PowerOff: kubelet's cgroup root, the
+// kubernetes Service's DNAT (proxyKubernetesService), then containerd and
+// kubelet with the configuration they had (containerd keeps its
 // images and metadata), and returns once both answer. Kubelet then finds the
 // pods bound to the node in the API and makes new sandboxes for them, as
 // after a reboot; PowerOn does not wait for that.
 func (n *Node) PowerOn(ctx context.Context) error {
 	if err := createCgroupRoot(n.cgroups, n.cgroupRoot); err != nil {
+		return err
+	}
+	if err := n.proxyKubernetesService(ctx); err != nil {
 		return err
 	}
 	if err := n.Containerd.Start(); err != nil {
