@@ -130,41 +130,23 @@ func (a *Agent) handOver() {
 // True pods and pods the agent does not hold are left as they are.
 func (a *Agent) releaseConditions(ctx context.Context, moved map[string]bool) {
 	n := 0
-	for _, obj := range a.podInformer.GetStore().List() {
-		pod, ok := obj.(*corev1.Pod)
-		if !ok {
-			continue
-		}
-		cur, _ := a.shows(pod)
-		// For a pod the agent holds, what its phase derives rather than
-		// only what the informer shows: a False written (or queued) just
-		// before the stop may not have come back through the watch yet,
-		// and a gated pod left False would be NotReady for ever.
-		e, held := a.reg.Get(string(pod.UID))
-		if held {
-			if st, ok := statusFor(e, true); ok {
-				cur = st
-			}
-		}
+	for _, h := range a.heldFalse() {
 		var want podstatus.Status
 		write := false
 		switch {
-		case !held:
-			// Not the agent's: its condition stays as the agent last
-			// wrote it.
-		case e.Phase == registry.Unserved:
+		case h.entry.Phase == registry.Unserved:
 			// Black-holed (no ztunnel served the node for the grace):
 			// its False/ZtunnelUnavailable says what is wrong, and stays
 			// true under the successor until a ztunnel serves.
-		case moved[string(pod.UID)]:
+		case moved[string(h.pod.UID)]:
 			// Its rules are in place in the successor's backend: the
 			// successor adds it to ztunnel.
-			want, write = handedOver(cur)
+			want, write = handedOver(h.cur)
 		default:
-			want, write = notHandedOver(cur)
+			want, write = notHandedOver(h.cur)
 		}
 		if write {
-			a.status.Set(pod.Namespace, pod.Name, string(pod.UID), want)
+			a.status.Set(h.pod.Namespace, h.pod.Name, string(h.pod.UID), want)
 			n++
 		}
 	}
@@ -176,6 +158,42 @@ func (a *Agent) releaseConditions(ctx context.Context, moved map[string]bool) {
 		return
 	}
 	a.log.Info("handover: pods whose condition was False set True (the successor keeps no condition)", "pods", n)
+}
+
+// heldPod is a pod the agent holds, its registry entry and the status it
+// shows.
+type heldPod struct {
+	pod   *corev1.Pod
+	entry registry.Entry
+	cur   podstatus.Status
+}
+
+// heldFalse lists the pods the agent holds whose condition is False, as
+// their phase derives it rather than only as the informer shows it: a
+// False written (or queued) just before the stop may not have come back
+// through the watch yet, and a gated pod left False would be NotReady for
+// ever. What settles them as the agent stops (a handover, an uninstall)
+// walks these; pods it does not hold keep what it last wrote.
+func (a *Agent) heldFalse() []heldPod {
+	var out []heldPod
+	for _, obj := range a.podInformer.GetStore().List() {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			continue
+		}
+		e, held := a.reg.Get(string(pod.UID))
+		if !held {
+			continue
+		}
+		cur, _ := a.shows(pod)
+		if st, ok := statusFor(e, true); ok {
+			cur = st
+		}
+		if cur.Condition.Status == corev1.ConditionFalse {
+			out = append(out, heldPod{pod: pod, entry: e, cur: cur})
+		}
+	}
+	return out
 }
 
 type handOverResult int

@@ -29,21 +29,10 @@ var errNetnsNeverFound = errors.New("its network namespace was never found")
 func (a *Agent) releaseAtUninstall(ctx context.Context) {
 	start := time.Now()
 	released, failed := 0, 0
-	for _, obj := range a.podInformer.GetStore().List() {
-		pod, ok := obj.(*corev1.Pod)
-		if !ok {
-			continue
-		}
-		e, held := a.reg.Get(string(pod.UID))
-		if !held || e.Phase == registry.Releasing {
-			continue
-		}
-		cur, _ := a.shows(pod)
-		if st, ok := statusFor(e, true); ok {
-			cur = st // what its phase derives: a False may not be back through the watch yet
-		}
-		if cur.Condition.Status != corev1.ConditionFalse {
-			continue
+	for _, h := range a.heldFalse() {
+		pod, e, cur := h.pod, h.entry, h.cur
+		if e.Phase == registry.Releasing {
+			continue // its rules are already gone (or going with the pod)
 		}
 		log := a.podLog(pod.Namespace, pod.Name, string(pod.UID))
 		want := podstatus.Status{Condition: podstatus.Condition{
