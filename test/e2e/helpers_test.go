@@ -23,7 +23,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ambientd/ambientd/test/infra/e2eenv"
@@ -506,4 +508,42 @@ func stopAPIServer(t *testing.T, ctx context.Context) (restart func()) {
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// applyAgentDaemonSet creates deploy/'s DaemonSet (it selects this node),
+// so an agent's shutdown rule sees an installation that stays; it is
+// deleted when the test ends.
+func applyAgentDaemonSet(t *testing.T, ctx context.Context) *unstructured.Unstructured {
+	t.Helper()
+	var ds *unstructured.Unstructured
+	for _, o := range renderDeploy(t) {
+		if o.GetKind() == "DaemonSet" {
+			ds = o
+		}
+	}
+	if ds == nil {
+		t.Fatal("deploy/ renders no DaemonSet")
+	}
+	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
+	if err := serverSideApply(ctx, dyn, mapper, ds, false); err != nil {
+		t.Fatalf("creating the DaemonSet: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = testEnv.CP.Admin.AppsV1().DaemonSets(ds.GetNamespace()).Delete(context.Background(), ds.GetName(), metav1.DeleteOptions{})
+	})
+	return ds
+}
+
+// deleteAgentDaemonSet deletes ds and waits until it is gone: the
+// uninstall an agent's shutdown rule then sees.
+func deleteAgentDaemonSet(t *testing.T, ctx context.Context, ds *unstructured.Unstructured) {
+	t.Helper()
+	admin := testEnv.CP.Admin
+	if err := admin.AppsV1().DaemonSets(ds.GetNamespace()).Delete(ctx, ds.GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "DaemonSet gone", time.Minute, func() bool {
+		_, err := admin.AppsV1().DaemonSets(ds.GetNamespace()).Get(ctx, ds.GetName(), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
 }

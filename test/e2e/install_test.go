@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -12,9 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ambientd/ambientd/cniinstall"
 	"github.com/ambientd/ambientd/nodeagent/daemon"
@@ -31,7 +27,6 @@ import (
 // deleted it uninstalls, leaving the conf dir as it was before the install.
 func TestAgentInstallCNI(t *testing.T) {
 	ctx := testutil.Context(t, 3*time.Minute)
-	admin := testEnv.CP.Admin
 	root := t.TempDir()
 	binDir, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
 	if err := os.MkdirAll(confDir, 0o755); err != nil {
@@ -72,19 +67,7 @@ func TestAgentInstallCNI(t *testing.T) {
 
 	// The DaemonSet from deploy/ exists and selects this node (its
 	// nodeSelector kubernetes.io/os=linux matches the environment's node).
-	var ds *unstructured.Unstructured
-	for _, o := range renderDeploy(t) {
-		if o.GetKind() == "DaemonSet" {
-			ds = o
-		}
-	}
-	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
-	if err := serverSideApply(ctx, dyn, mapper, ds, false); err != nil {
-		t.Fatalf("creating the DaemonSet: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = admin.AppsV1().DaemonSets(ds.GetNamespace()).Delete(context.Background(), ds.GetName(), metav1.DeleteOptions{})
-	})
+	ds := applyAgentDaemonSet(t, ctx)
 
 	a := start("agent-install-1")
 	if err := a.Stop(10 * time.Second); err != nil {
@@ -98,13 +81,7 @@ func TestAgentInstallCNI(t *testing.T) {
 	}
 
 	a = start("agent-install-2")
-	if err := admin.AppsV1().DaemonSets(ds.GetNamespace()).Delete(ctx, ds.GetName(), metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, "DaemonSet gone", time.Minute, func() bool {
-		_, err := admin.AppsV1().DaemonSets(ds.GetNamespace()).Get(ctx, ds.GetName(), metav1.GetOptions{})
-		return apierrors.IsNotFound(err)
-	})
+	deleteAgentDaemonSet(t, ctx, ds)
 	if err := a.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}

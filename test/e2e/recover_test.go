@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ambientd/ambientd/cniapi"
@@ -146,31 +144,13 @@ func (n *leaseNode) installed() bool {
 // agent's shutdown rule sees an installation that stays.
 func (n *leaseNode) withDaemonSet(t *testing.T, ctx context.Context) {
 	t.Helper()
-	for _, o := range renderDeploy(t) {
-		if o.GetKind() == "DaemonSet" {
-			n.ds = o
-		}
-	}
-	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
-	if err := serverSideApply(ctx, dyn, mapper, n.ds, false); err != nil {
-		t.Fatalf("creating the DaemonSet: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = testEnv.CP.Admin.AppsV1().DaemonSets(n.ds.GetNamespace()).Delete(context.Background(), n.ds.GetName(), metav1.DeleteOptions{})
-	})
+	n.ds = applyAgentDaemonSet(t, ctx)
 }
 
 // deleteDaemonSet deletes it and waits until it is gone.
 func (n *leaseNode) deleteDaemonSet(t *testing.T, ctx context.Context) {
 	t.Helper()
-	admin := testEnv.CP.Admin
-	if err := admin.AppsV1().DaemonSets(n.ds.GetNamespace()).Delete(ctx, n.ds.GetName(), metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, "DaemonSet gone", time.Minute, func() bool {
-		_, err := admin.AppsV1().DaemonSets(n.ds.GetNamespace()).Get(ctx, n.ds.GetName(), metav1.GetOptions{})
-		return apierrors.IsNotFound(err)
-	})
+	deleteAgentDaemonSet(t, ctx, n.ds)
 }
 
 // start runs bin/ambientd --install-cni on this tree (extra flags last) and

@@ -3,16 +3,13 @@
 package e2e
 
 import (
-	"context"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ambientd/ambientd/nodeagent/agent"
 	"github.com/ambientd/ambientd/podmeta"
@@ -30,21 +27,7 @@ import (
 func TestUninstallReleasesPendingPods(t *testing.T) {
 	root := t.TempDir()
 	binDir, confDir := filepath.Join(root, "opt/cni/bin"), filepath.Join(root, "etc/cni/net.d")
-	var ds *unstructured.Unstructured
-	for _, o := range renderDeploy(t) {
-		if o.GetKind() == "DaemonSet" {
-			ds = o
-		}
-	}
-	ctx := testutil.Context(t, 3*time.Minute)
-	dyn, mapper := dynamicClient(t, testEnv.CP.AdminConfig)
-	if err := serverSideApply(ctx, dyn, mapper, ds, false); err != nil {
-		t.Fatalf("creating the DaemonSet: %v", err)
-	}
-	admin := testEnv.CP.Admin
-	t.Cleanup(func() {
-		_ = admin.AppsV1().DaemonSets(ds.GetNamespace()).Delete(context.Background(), ds.GetName(), metav1.DeleteOptions{})
-	})
+	ds := applyAgentDaemonSet(t, testutil.Context(t, 3*time.Minute))
 	s := newScenario(t, "uninstall-release", withoutZtunnel(), agentArgs(
 		"--install-cni", "--cni-bin-dir="+binDir, "--cni-conf-dir="+confDir,
 		"--cni-bin-source="+testEnv.Bins.CNIPlugin, "--daemonset-namespace="+e2eenv.AgentNamespace,
@@ -59,18 +42,12 @@ func TestUninstallReleasesPendingPods(t *testing.T) {
 		t.Fatalf("pending pod has no rules:\n%s", rules)
 	}
 
-	if err := admin.AppsV1().DaemonSets(ds.GetNamespace()).Delete(ctx, ds.GetName(), metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, "DaemonSet gone", time.Minute, func() bool {
-		_, err := admin.AppsV1().DaemonSets(ds.GetNamespace()).Get(ctx, ds.GetName(), metav1.GetOptions{})
-		return apierrors.IsNotFound(err)
-	})
+	deleteAgentDaemonSet(t, ctx, ds)
 	if err := a.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 
-	obj, err := admin.CoreV1().Pods(s.ns).Get(ctx, "held", metav1.GetOptions{})
+	obj, err := testEnv.CP.Admin.CoreV1().Pods(s.ns).Get(ctx, "held", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
